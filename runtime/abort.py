@@ -1,0 +1,130 @@
+"""Abort signals for one run (the seed's AbortController, for asyncio).
+
+A signal is threaded through the model call and every tool's ``execute``. Aborting
+is explicit; a consumer going away only detaches (see ``runtime.think``). Signals
+can be chained: a sub-agent's signal follows its parent's, so aborting a parent run
+aborts every run it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class AbortError(Exception):
+    """Raised inside a run when its signal fires."""
+
+    def __init__(self, reason: str = "aborted") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class AbortSignal:
+    """Read side. ``aborted`` flips once; listeners run once, in registration order."""
+
+    def __init__(self) -> None:
+        self._aborted = False
+        self.reason: str | None = None
+        self._listeners: list[Callable[[str], None]] = []
+        self._events: list[asyncio.Event] = []
+
+    @property
+    def aborted(self) -> bool:
+        return self._aborted
+
+    def throw_if_aborted(self) -> None:
+        if self._aborted:
+            raise AbortError(self.reason or "aborted")
+
+    def add_listener(self, listener: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``listener(reason)`` on abort (at once if already aborted). Returns remover."""
+        if self._aborted:
+            listener(self.reason or "aborted")
+            return lambda: None
+        self._listeners.append(listener)
+
+        def remove() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return remove
+
+    async def wait(self) -> str:
+        if self._aborted:
+            return self.reason or "aborted"
+        event = asyncio.Event()
+        self._events.append(event)
+        try:
+            await event.wait()
+        finally:
+            if event in self._events:
+                self._events.remove(event)
+        return self.reason or "aborted"
+
+    def _fire(self, reason: str) -> None:
+        if self._aborted:
+            return
+        self._aborted = True
+        self.reason = reason
+        listeners, self._listeners = self._listeners, []
+        for listener in listeners:
+            listener(reason)
+        for event in self._events:
+            event.set()
+
+    def follow(self, parent: AbortSignal | None, reason: str = "aborted by parent") -> None:
+        """Abort this signal when ``parent`` aborts."""
+        if parent is not None:
+            parent.add_listener(lambda _r: self._fire(reason))
+
+
+class AbortController:
+    def __init__(self, parent: AbortSignal | None = None) -> None:
+        self.signal = AbortSignal()
+        self.signal.follow(parent)
+
+    def abort(self, reason: str = "aborted") -> bool:
+        """Abort; returns False if it was already aborted."""
+        if self.signal.aborted:
+            return False
+        self.signal._fire(reason)
+        return True
+
+
+async def abortable(iterator: AsyncIterator[T], signal: AbortSignal) -> AsyncIterator[T]:
+    """Iterate ``iterator`` until it ends or ``signal`` fires (then raise AbortError).
+
+    The pending ``__anext__`` is cancelled on abort, so a model call stops at once
+    (its HTTP stream closes) instead of at the next chunk.
+    """
+    signal.throw_if_aborted()
+    abort_wait = asyncio.ensure_future(signal.wait())
+    try:
+        while True:
+            step = asyncio.ensure_future(iterator.__anext__())
+            done, _ = await asyncio.wait({step, abort_wait}, return_when=asyncio.FIRST_COMPLETED)
+            if step in done:
+                try:
+                    item = step.result()
+                except StopAsyncIteration:
+                    return
+                yield item
+                continue
+            step.cancel()
+            try:
+                await step
+            except (asyncio.CancelledError, StopAsyncIteration, Exception):
+                pass
+            raise AbortError(signal.reason or "aborted")
+    finally:
+        abort_wait.cancel()
+        aclose = getattr(iterator, "aclose", None)
+        if aclose is not None:
+            try:
+                await aclose()
+            except (RuntimeError, Exception):
+                pass

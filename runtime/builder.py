@@ -1,0 +1,204 @@
+"""applyChunkToParts: fold UI stream chunks into a UIMessage's parts.
+
+``apply`` returns the index of the part a chunk changed (or None), so the recorder
+rewrites only that row. Text and reasoning accumulate in lists and are joined when
+a part is materialized — ``str +=`` per delta would make long answers quadratic.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+class MessageBuilder:
+    def __init__(self, message_id: str, role: str = "assistant") -> None:
+        self.message: dict[str, Any] = {
+            "id": message_id,
+            "role": role,
+            "metadata": None,
+            "parts": [],
+        }
+        self._text: dict[int, list[str]] = {}
+        self._by_block: dict[str, int] = {}
+        self._by_call: dict[str, int] = {}
+        self._tool_input_text: dict[int, list[str]] = {}
+        self.metadata_dirty = False
+
+    @property
+    def parts(self) -> list[dict[str, Any]]:
+        return self.message["parts"]
+
+    def _append(self, part: dict[str, Any]) -> int:
+        self.parts.append(part)
+        return len(self.parts) - 1
+
+    def _merge_metadata(self, meta: dict[str, Any] | None) -> None:
+        if meta:
+            current = self.message["metadata"] or {}
+            current.update(meta)
+            self.message["metadata"] = current
+            self.metadata_dirty = True
+
+    def part(self, index: int) -> dict[str, Any]:
+        """The part at ``index`` with its accumulated text materialized."""
+        part = self.parts[index]
+        buf = self._text.get(index)
+        if buf is not None and len(buf) > 1:
+            joined = "".join(buf)
+            buf[:] = [joined]
+            part["text"] = joined
+        elif buf:
+            part["text"] = buf[0]
+        return part
+
+    def apply(self, chunk: dict[str, Any]) -> int | None:
+        t = chunk.get("type")
+        if t == "text-delta" or t == "reasoning-delta":
+            idx = self._by_block.get(chunk["id"])
+            if idx is None:
+                raise ValueError(f"{t} for unknown block {chunk['id']!r}: its start is missing")
+            self._text[idx].append(chunk["delta"])
+            return idx
+        if t == "text-start" or t == "reasoning-start":
+            kind = "text" if t == "text-start" else "reasoning"
+            idx = self._append({"type": kind, "text": "", "state": "streaming"})
+            self._by_block[chunk["id"]] = idx
+            self._text[idx] = []
+            if chunk.get("providerMetadata"):
+                self.parts[idx]["providerMetadata"] = chunk["providerMetadata"]
+            return idx
+        if t == "text-end" or t == "reasoning-end":
+            idx = self._by_block.get(chunk["id"])
+            if idx is None:
+                return None
+            self.parts[idx]["state"] = "done"
+            if chunk.get("providerMetadata"):
+                self.parts[idx]["providerMetadata"] = chunk["providerMetadata"]
+            return idx
+        if t == "start-step":
+            return self._append({"type": "step-start"})
+        if t == "tool-input-start":
+            idx = self._append(
+                {
+                    "type": "dynamic-tool",
+                    "toolName": chunk["toolName"],
+                    "toolCallId": chunk["toolCallId"],
+                    "state": "input-streaming",
+                    "input": None,
+                }
+            )
+            self._by_call[chunk["toolCallId"]] = idx
+            self._tool_input_text[idx] = []
+            return idx
+        if t == "tool-input-delta":
+            idx = self._by_call.get(chunk["toolCallId"])
+            if idx is None:
+                raise ValueError("tool-input-delta before its tool-input-start")
+            self._tool_input_text[idx].append(chunk["inputTextDelta"])
+            return None  # partial JSON is not worth a row write; input lands when available
+        if t in ("tool-input-available", "tool-input-error"):
+            idx = self._by_call.get(chunk["toolCallId"])
+            if idx is None:
+                idx = self._append(
+                    {
+                        "type": "dynamic-tool",
+                        "toolName": chunk["toolName"],
+                        "toolCallId": chunk["toolCallId"],
+                    }
+                )
+                self._by_call[chunk["toolCallId"]] = idx
+            part = self.parts[idx]
+            part["input"] = chunk.get("input")
+            if t == "tool-input-available":
+                part["state"] = "input-available"
+            else:
+                part["state"] = "output-error"
+                part["errorText"] = chunk.get("errorText")
+            self._tool_input_text.pop(idx, None)
+            return idx
+        if t in ("tool-output-available", "tool-output-error", "tool-output-denied"):
+            idx = self._by_call.get(chunk["toolCallId"])
+            if idx is None:
+                return None
+            part = self.parts[idx]
+            if t == "tool-output-available":
+                part["state"] = "output-available"
+                part["output"] = chunk.get("output")
+            elif t == "tool-output-error":
+                part["state"] = "output-error"
+                part["errorText"] = chunk.get("errorText")
+            else:
+                part["state"] = "output-denied"
+            return idx
+        if t == "tool-approval-request":
+            idx = self._by_call.get(chunk["toolCallId"])
+            if idx is None:
+                return None
+            self.parts[idx]["state"] = "approval-requested"
+            self.parts[idx]["approval"] = {"id": chunk["approvalId"]}
+            return idx
+        if t == "start":
+            self._merge_metadata(chunk.get("messageMetadata"))
+            return None
+        if t in ("finish", "message-metadata"):
+            self._merge_metadata(chunk.get("messageMetadata"))
+            return None
+        if isinstance(t, str) and t.startswith("data-"):
+            if chunk.get("transient"):
+                return None
+            part = {"type": t, "data": chunk.get("data")}
+            if chunk.get("id") is not None:
+                part["id"] = chunk["id"]
+                for i, existing in enumerate(self.parts):
+                    if existing.get("type") == t and existing.get("id") == chunk["id"]:
+                        self.parts[i] = part
+                        return i
+            return self._append(part)
+        if t == "file":
+            return self._append(
+                {"type": "file", "mediaType": chunk.get("mediaType"), "url": chunk.get("url")}
+            )
+        if t == "source-url":
+            return self._append(
+                {
+                    "type": "source-url",
+                    "sourceId": chunk.get("sourceId"),
+                    "url": chunk.get("url"),
+                    "title": chunk.get("title"),
+                }
+            )
+        return None  # finish-step, error, abort: no part changes
+
+    def finalize_streaming(self) -> list[int]:
+        """On abort or error: text stops where it stopped (state ``done``), partial tool
+        input is kept as text. Returns the indexes that changed."""
+        changed = []
+        for idx, part in enumerate(self.parts):
+            if part.get("state") == "streaming":
+                part["state"] = "done"
+                changed.append(idx)
+            if part.get("type") == "dynamic-tool" and part.get("state") == "input-streaming":
+                raw = "".join(self._tool_input_text.get(idx, ()))
+                if raw:
+                    try:
+                        part["input"] = json.loads(raw)
+                    except json.JSONDecodeError:
+                        part["input"] = raw
+                    changed.append(idx)
+        return changed
+
+    def unfinished_tool_calls(self) -> list[str]:
+        """Tool call ids whose part has no output yet (input streaming or available)."""
+        return [
+            p["toolCallId"]
+            for p in self.parts
+            if p.get("type") == "dynamic-tool"
+            and p.get("state") in ("input-streaming", "input-available", "approval-requested")
+        ]
+
+    def snapshot(self) -> dict[str, Any]:
+        """The message with every part materialized (shares part dicts)."""
+        for idx in self._text:
+            self.part(idx)
+        return self.message

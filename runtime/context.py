@@ -1,0 +1,170 @@
+"""From stored UIMessages to what a model sees: conversion and pruning.
+
+``to_model_messages`` is the AI SDK's convertToModelMessages for our parts: an
+assistant message splits at ``step-start`` into (assistant, tool) pairs, one per step.
+``prune_tool_calls`` is pruneMessages(toolCalls="before-last-N-messages").
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from runtime.model import (
+    FileContent,
+    ModelMessage,
+    ReasoningContent,
+    TextContent,
+    ToolCallContent,
+    ToolResultContent,
+)
+
+_CALLED_STATES = {"input-available", "output-available", "output-error", "output-denied"}
+
+
+def _file_content(part: dict[str, Any]) -> FileContent:
+    url = part.get("url", "")
+    media = part.get("mediaType") or "application/octet-stream"
+    if url.startswith("data:") and "," in url:
+        header, data = url.split(",", 1)
+        if ";base64" in header:
+            return FileContent(media_type=media, data=data, filename=part.get("filename"))
+    return FileContent(media_type=media, data=url, url=True, filename=part.get("filename"))
+
+
+def _summary_text(part: dict[str, Any]) -> str:
+    data = part.get("data") or {}
+    summary = data.get("summary", "") if isinstance(data, dict) else str(data)
+    return f"[Summary of the earlier conversation]\n{summary}"
+
+
+def _assistant_steps(message: dict[str, Any]) -> list[ModelMessage]:
+    out: list[ModelMessage] = []
+    content: list[Any] = []
+    results: list[ToolResultContent] = []
+
+    def close_step() -> None:
+        if content:
+            out.append(ModelMessage(role="assistant", content=list(content)))
+        if results:
+            out.append(ModelMessage(role="tool", content=list(results)))
+        content.clear()
+        results.clear()
+
+    for part in message.get("parts", ()):
+        ptype = part.get("type")
+        if ptype == "step-start":
+            close_step()
+        elif ptype == "text":
+            if part.get("text"):
+                content.append(TextContent(text=part["text"]))
+        elif ptype == "reasoning":
+            meta = (part.get("providerMetadata") or {}).get("anthropic") or {}
+            if part.get("text") or meta.get("redactedData"):
+                content.append(
+                    ReasoningContent(
+                        text=part.get("text", ""),
+                        signature=meta.get("signature"),
+                        redacted_data=meta.get("redactedData"),
+                    )
+                )
+        elif ptype == "dynamic-tool":
+            state = part.get("state")
+            if state not in _CALLED_STATES:
+                # An unfinished call (input still streaming) was never executed.
+                continue
+            call_id, name = part["toolCallId"], part["toolName"]
+            content.append(
+                ToolCallContent(tool_call_id=call_id, tool_name=name, input=part.get("input"))
+            )
+            if state == "output-available":
+                results.append(
+                    ToolResultContent(tool_call_id=call_id, tool_name=name, output=part.get("output"))
+                )
+            elif state == "output-error":
+                results.append(
+                    ToolResultContent(
+                        tool_call_id=call_id,
+                        tool_name=name,
+                        output=part.get("errorText") or "tool error",
+                        is_error=True,
+                    )
+                )
+            elif state == "output-denied":
+                results.append(
+                    ToolResultContent(
+                        tool_call_id=call_id,
+                        tool_name=name,
+                        output="The user denied this tool call.",
+                        is_error=True,
+                    )
+                )
+            else:
+                # input-available with no result: finalize as an error so the prompt
+                # never carries an unresolved call.
+                results.append(
+                    ToolResultContent(
+                        tool_call_id=call_id,
+                        tool_name=name,
+                        output="tool call did not complete",
+                        is_error=True,
+                    )
+                )
+        elif ptype == "data-compaction":
+            content.append(TextContent(text=_summary_text(part)))
+    close_step()
+    return out
+
+
+def to_model_messages(messages: list[dict[str, Any]]) -> list[ModelMessage]:
+    out: list[ModelMessage] = []
+    for message in messages:
+        role = message.get("role")
+        parts = message.get("parts", ())
+        if role == "assistant":
+            if any(p.get("type") == "data-compaction" for p in parts):
+                # A compaction summary is context the model should read as given.
+                summary = "\n\n".join(
+                    _summary_text(p) for p in parts if p.get("type") == "data-compaction"
+                )
+                out.append(ModelMessage(role="user", content=[TextContent(text=summary)]))
+                continue
+            out.extend(_assistant_steps(message))
+            continue
+        content: list[Any] = []
+        for part in parts:
+            ptype = part.get("type")
+            if ptype == "text" and part.get("text"):
+                content.append(TextContent(text=part["text"]))
+            elif ptype == "file":
+                content.append(_file_content(part))
+        if content:
+            out.append(ModelMessage(role="system" if role == "system" else "user", content=content))
+    return out
+
+
+def prune_tool_calls(messages: list[ModelMessage], keep_last: int = 2) -> list[ModelMessage]:
+    """Drop tool calls and results from every message but the last ``keep_last``;
+    messages left empty are dropped."""
+    if keep_last < 0:
+        raise ValueError("keep_last must be >= 0")
+    cutoff = max(0, len(messages) - keep_last)
+    out: list[ModelMessage] = []
+    for i, msg in enumerate(messages):
+        if i >= cutoff:
+            out.append(msg)
+            continue
+        kept = [c for c in msg.content if c.type not in ("tool-call", "tool-result")]
+        if kept:
+            out.append(ModelMessage(role=msg.role, content=kept) if len(kept) != len(msg.content) else msg)
+    return out
+
+
+def render_output(output: Any) -> str:
+    """Tool output as text for providers that take strings."""
+    if isinstance(output, str):
+        return output
+    try:
+        return json.dumps(output, default=str)
+    except (TypeError, ValueError):
+        return str(output)

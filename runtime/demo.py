@@ -1,0 +1,104 @@
+"""Agents that ship with the package: the demo agent and a configurable test agent.
+
+They live in the package (not in tests) so Ray workers can import them by name.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from runtime.model import Model, ModelRequest
+from runtime.testing import FunctionModel, Reply, reply, tool_call
+from runtime.think import Think
+from runtime.tools import Tool, tool
+
+_FORECASTS = {"paris": ("light rain", 14), "tokyo": ("clear skies", 22), "lima": ("fog", 17)}
+
+
+@tool
+def get_weather(city: str) -> dict:
+    """Current weather for a city (an offline table: demo data, not a real forecast)."""
+    summary, temp = _FORECASTS.get(city.strip().lower(), ("mild and cloudy", 18))
+    return {"city": city, "summary": summary, "temperature_c": temp}
+
+
+def _offline_step(request: ModelRequest, step: int) -> Reply:
+    """A deterministic stand-in for Claude: asks for the weather tool when the user
+    names a city, then answers from the tool result."""
+    last = request.messages[-1] if request.messages else None
+    if last is not None and last.role == "tool":
+        result = last.content[0].output
+        if isinstance(result, dict):
+            words = (
+                f"In {result['city']} it is {result['summary']} and "
+                f"{result['temperature_c']}°C right now."
+            ).split(" ")
+            return reply(*[w + " " for w in words[:-1]], words[-1])
+    text = ""
+    for msg in reversed(request.messages):
+        if msg.role == "user":
+            text = " ".join(getattr(c, "text", "") for c in msg.content)
+            break
+    match = re.search(r"\bin ([A-Z][a-zA-Z]+)", text)
+    if match:
+        return reply("Let me check. ", tool_call("get_weather", {"city": match.group(1)}))
+    turns = sum(1 for m in request.messages if m.role == "user")
+    words = f"Hello! This is turn {turns} of our chat; I remember everything so far.".split()
+    return reply(*[w + " " for w in words[:-1]], words[-1])
+
+
+class DemoAgent(Think):
+    """Claude when ANTHROPIC_API_KEY is set, else the offline scripted model."""
+
+    def get_model(self) -> Model:
+        if os.environ.get("ANTHROPIC_API_KEY"):
+            from runtime.anthropic_model import AnthropicModel
+
+            return AnthropicModel(os.environ.get("THINKRAY_MODEL", "claude-sonnet-4-5"))
+        return FunctionModel(_offline_step, model_id="offline-demo", delay=0.01)
+
+    def get_system_prompt(self) -> str:
+        return "You are a concise assistant. Use get_weather for weather questions."
+
+    def get_tools(self) -> dict[str, Tool]:
+        return {"get_weather": get_weather}
+
+
+class ScriptAgent(Think):
+    """A test agent whose replies are shaped by its constructor arguments.
+
+    Every turn answers ``reply_text`` split into ``chunks`` deltas, sleeping ``delay``
+    between them; a user message containing ``weather in <City>`` calls the weather
+    tool first.
+    """
+
+    def __init__(
+        self,
+        store: Any = None,
+        *,
+        chunks: int = 5,
+        delay: float = 0.0,
+        reply_text: str | None = None,
+    ) -> None:
+        self.chunks = chunks
+        self.delay = delay
+        self.reply_text = reply_text
+        super().__init__(store)
+
+    def get_model(self) -> Model:
+        return FunctionModel(self._step, model_id="script", delay=self.delay)
+
+    def get_tools(self) -> dict[str, Tool]:
+        return {"get_weather": get_weather}
+
+    def _step(self, request: ModelRequest, step: int) -> Reply:
+        last = request.messages[-1] if request.messages else None
+        if last is not None and last.role == "user":
+            text = " ".join(getattr(c, "text", "") for c in last.content)
+            match = re.search(r"weather in ([A-Za-z]+)", text)
+            if match:
+                return reply(tool_call("get_weather", {"city": match.group(1)}))
+        body = self.reply_text or "chunk"
+        return reply(*[f"{body}{i} " for i in range(self.chunks)])

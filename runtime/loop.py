@@ -1,0 +1,321 @@
+"""The agentic loop: model steps and tool calls until done, as UI stream chunks.
+
+One universal loop (seed 002 "Streaming and layering"): assemble, call the model,
+emit chunks, validate and execute tool calls, loop until no tool calls, the step
+limit, abort or error. It knows nothing about storage or transport; the caller
+(``Think``) records and relays what it yields.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.abort import AbortError, AbortSignal, abortable
+from runtime.model import (
+    Model,
+    ModelError,
+    ModelMessage,
+    ModelRequest,
+    ReasoningContent,
+    TextContent,
+    ToolCallContent,
+    ToolResultContent,
+)
+from runtime.tools import Tool, ToolContext, ToolInputError, run_tool, tool_spec
+from runtime.usage import Usage
+
+Chunk = dict[str, Any]
+
+
+@dataclass
+class RetryPolicy:
+    """Transient model failures (overload, rate limit, 5xx) are retried with
+    exponential backoff, but only while the failing step has emitted nothing."""
+
+    max_retries: int = 3
+    base_delay: float = 0.5
+    max_delay: float = 20.0
+
+    def delay(self, attempt: int, error: ModelError) -> float:
+        if error.retry_after is not None:
+            return min(self.max_delay, max(0.0, error.retry_after))
+        return min(self.max_delay, self.base_delay * (2 ** (attempt - 1))) * (
+            0.8 + 0.4 * random.random()
+        )
+
+
+PermissionCheck = Callable[[str, Any, str], Awaitable[str | None]]
+"""``(tool_name, input, tool_call_id) -> None`` to allow, or a reason string to deny."""
+
+
+@dataclass
+class LoopHooks:
+    on_step_finish: Callable[[int, Usage, str], Any] | None = None
+    on_retry: Callable[[int, ModelError, float], Any] | None = None
+    check_permission: PermissionCheck | None = None
+
+
+@dataclass
+class LoopResult:
+    steps: int = 0
+    finish_reason: str = "stop"
+    usage: Usage = field(default_factory=Usage)
+
+
+def _tool_output_error(call_id: str, text: str) -> Chunk:
+    return {"type": "tool-output-error", "toolCallId": call_id, "errorText": text}
+
+
+async def run_loop(
+    model: Model,
+    *,
+    system: str,
+    messages: list[ModelMessage],
+    tools: dict[str, Tool],
+    signal: AbortSignal,
+    max_steps: int = 10,
+    message_id: str | None = None,
+    retry: RetryPolicy | None = None,
+    hooks: LoopHooks | None = None,
+    result: LoopResult | None = None,
+    tool_context: dict[str, Any] | None = None,
+    request_options: dict[str, Any] | None = None,
+) -> AsyncIterator[Chunk]:
+    """Yield UI chunks for one assistant turn. Raises AbortError or ModelError."""
+    retry = retry or RetryPolicy()
+    hooks = hooks or LoopHooks()
+    result = result if result is not None else LoopResult()
+    history = list(messages)
+    specs = [tool_spec(t) for t in tools.values()]
+    yield {"type": "start", "messageId": message_id} if message_id else {"type": "start"}
+
+    for step in range(max_steps):
+        request = ModelRequest(
+            system=system, messages=history, tools=specs, **(request_options or {})
+        )
+        yield {"type": "start-step"}
+        assistant_content: list[Any] = []
+        calls: list[tuple[str, str, Any, str | None]] = []  # id, name, input, input error
+        finish_reason = "stop"
+        step_usage = Usage()
+        text_buf: dict[str, list[str]] = {}
+        reasoning_buf: dict[str, list[str]] = {}
+        attempt = 0
+        while True:
+            emitted = False
+            try:
+                async for ev in abortable(model.stream(request), signal):
+                    emitted = True
+                    t = ev.type
+                    if t == "text-delta":
+                        text_buf[ev.id].append(ev.delta)
+                        yield {"type": "text-delta", "id": ev.id, "delta": ev.delta}
+                    elif t == "text-start":
+                        text_buf[ev.id] = []
+                        yield {"type": "text-start", "id": ev.id}
+                    elif t == "text-end":
+                        assistant_content.append(TextContent(text="".join(text_buf[ev.id])))
+                        yield {"type": "text-end", "id": ev.id}
+                    elif t == "reasoning-start":
+                        reasoning_buf[ev.id] = []
+                        yield {"type": "reasoning-start", "id": ev.id}
+                    elif t == "reasoning-delta":
+                        reasoning_buf[ev.id].append(ev.delta)
+                        yield {"type": "reasoning-delta", "id": ev.id, "delta": ev.delta}
+                    elif t == "reasoning-end":
+                        assistant_content.append(
+                            ReasoningContent(
+                                text="".join(reasoning_buf.get(ev.id, ())),
+                                signature=ev.signature,
+                                redacted_data=ev.redacted_data,
+                            )
+                        )
+                        chunk: Chunk = {"type": "reasoning-end", "id": ev.id}
+                        meta = {}
+                        if ev.signature:
+                            meta["signature"] = ev.signature
+                        if ev.redacted_data:
+                            meta["redactedData"] = ev.redacted_data
+                        if meta:
+                            chunk["providerMetadata"] = {"anthropic": meta}
+                        yield chunk
+                    elif t == "tool-input-start":
+                        yield {
+                            "type": "tool-input-start",
+                            "toolCallId": ev.id,
+                            "toolName": ev.tool_name,
+                            "dynamic": True,
+                        }
+                    elif t == "tool-input-delta":
+                        yield {
+                            "type": "tool-input-delta",
+                            "toolCallId": ev.id,
+                            "inputTextDelta": ev.delta,
+                        }
+                    elif t == "tool-call":
+                        call_chunk, call = _validate_call(ev, tools)
+                        calls.append(call)
+                        assistant_content.append(
+                            ToolCallContent(
+                                tool_call_id=call[0], tool_name=call[1], input=call[2]
+                            )
+                        )
+                        yield call_chunk
+                    elif t == "step-finish":
+                        finish_reason = ev.finish_reason
+                        step_usage = ev.usage
+                break
+            except ModelError as exc:
+                if not exc.transient or emitted or attempt >= retry.max_retries:
+                    raise
+                attempt += 1
+                delay = retry.delay(attempt, exc)
+                if hooks.on_retry:
+                    hooks.on_retry(attempt, exc, delay)
+                await _sleep_or_abort(delay, signal)
+
+        result.steps = step + 1
+        result.usage = result.usage + step_usage
+        if hooks.on_step_finish:
+            hooks.on_step_finish(step, step_usage, finish_reason)
+        if assistant_content:
+            history.append(ModelMessage(role="assistant", content=assistant_content))
+
+        tool_results: list[ToolResultContent] = []
+        if calls:
+            async for chunk in _execute_calls(calls, tools, signal, tool_context, hooks):
+                if chunk["type"] == "tool-output-available":
+                    tool_results.append(
+                        ToolResultContent(
+                            tool_call_id=chunk["toolCallId"],
+                            tool_name=_name_of(calls, chunk["toolCallId"]),
+                            output=chunk.get("output"),
+                        )
+                    )
+                elif chunk["type"] == "tool-output-error":
+                    tool_results.append(
+                        ToolResultContent(
+                            tool_call_id=chunk["toolCallId"],
+                            tool_name=_name_of(calls, chunk["toolCallId"]),
+                            output=chunk["errorText"],
+                            is_error=True,
+                        )
+                    )
+                yield chunk
+            # Keep results in call order for providers that care.
+            order = {c[0]: i for i, c in enumerate(calls)}
+            tool_results.sort(key=lambda r: order.get(r.tool_call_id, 0))
+            history.append(ModelMessage(role="tool", content=tool_results))
+        yield {"type": "finish-step"}
+        result.finish_reason = finish_reason
+        if not calls or finish_reason not in ("tool-calls", "stop", "other"):
+            break
+    yield {"type": "finish", "finishReason": result.finish_reason}
+
+
+def _name_of(calls: list[tuple[str, str, Any, str | None]], call_id: str) -> str:
+    for c in calls:
+        if c[0] == call_id:
+            return c[1]
+    return "unknown"
+
+
+def _validate_call(ev: Any, tools: dict[str, Tool]) -> tuple[Chunk, tuple[str, str, Any, str | None]]:
+    raw = ev.input
+    try:
+        parsed = json.loads(raw) if raw and raw.strip() else {}
+    except json.JSONDecodeError:
+        parsed = raw
+    t = tools.get(ev.tool_name)
+    error: str | None = None
+    value: Any = parsed
+    if t is None:
+        error = f"unknown tool {ev.tool_name!r}; available: {', '.join(sorted(tools)) or 'none'}"
+    else:
+        try:
+            value = t.validate(parsed)
+        except ToolInputError as exc:
+            error = str(exc)
+    if error is not None:
+        chunk = {
+            "type": "tool-input-error",
+            "toolCallId": ev.tool_call_id,
+            "toolName": ev.tool_name,
+            "input": parsed,
+            "errorText": error,
+            "dynamic": True,
+        }
+        return chunk, (ev.tool_call_id, ev.tool_name, parsed, error)
+    chunk = {
+        "type": "tool-input-available",
+        "toolCallId": ev.tool_call_id,
+        "toolName": ev.tool_name,
+        "input": parsed,
+        "dynamic": True,
+    }
+    return chunk, (ev.tool_call_id, ev.tool_name, value, None)
+
+
+async def _execute_calls(
+    calls: list[tuple[str, str, Any, str | None]],
+    tools: dict[str, Tool],
+    signal: AbortSignal,
+    tool_context: dict[str, Any] | None,
+    hooks: LoopHooks,
+) -> AsyncIterator[Chunk]:
+    """Run valid calls concurrently; yield each result as it completes."""
+    queue: asyncio.Queue[Chunk] = asyncio.Queue()
+    ctx_extra = dict(tool_context or {})
+
+    async def one(call_id: str, name: str, value: Any, input_error: str | None) -> None:
+        if input_error is not None:
+            # The model sees the validation error as this call's result; the tool never ran.
+            await queue.put(_tool_output_error(call_id, input_error))
+            return
+        if hooks.check_permission is not None:
+            denied = await hooks.check_permission(name, value, call_id)
+            if denied:
+                await queue.put(_tool_output_error(call_id, denied))
+                return
+        ctx = ToolContext(
+            tool_call_id=call_id,
+            tool_name=name,
+            signal=signal,
+            session_id=ctx_extra.get("session_id"),
+            run_id=ctx_extra.get("run_id"),
+            agent=ctx_extra.get("agent"),
+            extras=ctx_extra,
+        )
+        try:
+            output = await run_tool(tools[name], value, ctx)
+        except AbortError:
+            await queue.put(_tool_output_error(call_id, f"aborted: {signal.reason or 'aborted'}"))
+            return
+        except Exception as exc:  # any tool failure is a result for the model
+            await queue.put(_tool_output_error(call_id, f"{type(exc).__name__}: {exc}"))
+            return
+        await queue.put({"type": "tool-output-available", "toolCallId": call_id, "output": output})
+
+    tasks = [asyncio.ensure_future(one(*c)) for c in calls]
+    try:
+        for _ in tasks:
+            yield await queue.get()
+    finally:
+        for task in tasks:
+            task.cancel()
+    signal.throw_if_aborted()
+
+
+async def _sleep_or_abort(delay: float, signal: AbortSignal) -> None:
+    if delay <= 0:
+        return
+    try:
+        await asyncio.wait_for(signal.wait(), timeout=delay)
+    except asyncio.TimeoutError:
+        return
+    raise AbortError(signal.reason or "aborted")

@@ -1,0 +1,224 @@
+"""The model seam: what the agentic loop asks of a language model.
+
+A model turns one :class:`ModelRequest` (system prompt, provider-neutral messages,
+tool specs) into an async stream of :data:`ModelEvent` for ONE step. The loop owns
+steps, tools, retries and UI chunks; a model adapter owns only the wire of its
+provider. Adapters: :mod:`runtime.anthropic_model` and the test models in
+:mod:`runtime.testing`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from runtime.usage import Usage
+
+FinishReason = Literal["stop", "length", "content-filter", "tool-calls", "error", "other"]
+"""The AI SDK's finish reasons, used on the wire in ``finish`` chunks."""
+
+
+# -- provider-neutral conversation ------------------------------------------------------
+
+
+class TextContent(BaseModel):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ReasoningContent(BaseModel):
+    """Thinking. ``signature`` must go back to Anthropic unchanged within a tool loop."""
+
+    type: Literal["reasoning"] = "reasoning"
+    text: str
+    signature: str | None = None
+    redacted_data: str | None = None
+
+
+class FileContent(BaseModel):
+    """An image or document: ``data`` is base64 or a URL (``url`` True)."""
+
+    type: Literal["file"] = "file"
+    media_type: str
+    data: str
+    url: bool = False
+    filename: str | None = None
+
+
+class ToolCallContent(BaseModel):
+    type: Literal["tool-call"] = "tool-call"
+    tool_call_id: str
+    tool_name: str
+    input: Any
+
+
+class ToolResultContent(BaseModel):
+    type: Literal["tool-result"] = "tool-result"
+    tool_call_id: str
+    tool_name: str
+    output: Any
+    is_error: bool = False
+
+
+Content = Annotated[
+    TextContent | ReasoningContent | FileContent | ToolCallContent | ToolResultContent,
+    Field(discriminator="type"),
+]
+
+
+class ModelMessage(BaseModel):
+    """One provider-neutral message. ``tool`` messages carry tool results only."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: list[Content]
+
+
+class ToolSpec(BaseModel):
+    name: str
+    description: str = ""
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+
+class ModelRequest(BaseModel):
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    system: str = ""
+    messages: list[ModelMessage] = Field(default_factory=list)
+    tools: list[ToolSpec] = Field(default_factory=list)
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    # Extra provider options (e.g. {"thinking": {...}} for Anthropic).
+    provider_options: dict[str, Any] = Field(default_factory=dict)
+
+
+# -- one step's stream ---------------------------------------------------------------------
+
+
+class TextStart(BaseModel):
+    type: Literal["text-start"] = "text-start"
+    id: str
+
+
+class TextDelta(BaseModel):
+    type: Literal["text-delta"] = "text-delta"
+    id: str
+    delta: str
+
+
+class TextEnd(BaseModel):
+    type: Literal["text-end"] = "text-end"
+    id: str
+
+
+class ReasoningStart(BaseModel):
+    type: Literal["reasoning-start"] = "reasoning-start"
+    id: str
+
+
+class ReasoningDelta(BaseModel):
+    type: Literal["reasoning-delta"] = "reasoning-delta"
+    id: str
+    delta: str
+
+
+class ReasoningEnd(BaseModel):
+    type: Literal["reasoning-end"] = "reasoning-end"
+    id: str
+    signature: str | None = None
+    redacted_data: str | None = None
+
+
+class ToolInputStart(BaseModel):
+    type: Literal["tool-input-start"] = "tool-input-start"
+    id: str
+    tool_name: str
+
+
+class ToolInputDelta(BaseModel):
+    type: Literal["tool-input-delta"] = "tool-input-delta"
+    id: str
+    delta: str
+
+
+class ToolCall(BaseModel):
+    """A complete tool call. ``input`` is the raw JSON text the model produced."""
+
+    type: Literal["tool-call"] = "tool-call"
+    tool_call_id: str
+    tool_name: str
+    input: str
+
+
+class StepFinish(BaseModel):
+    """Last event of every successful step. ``usage`` is this step's only."""
+
+    type: Literal["step-finish"] = "step-finish"
+    finish_reason: FinishReason
+    usage: Usage = Field(default_factory=Usage)
+    raw_finish_reason: str | None = None
+    provider_metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+ModelEvent = Annotated[
+    TextStart
+    | TextDelta
+    | TextEnd
+    | ReasoningStart
+    | ReasoningDelta
+    | ReasoningEnd
+    | ToolInputStart
+    | ToolInputDelta
+    | ToolCall
+    | StepFinish,
+    Field(discriminator="type"),
+]
+
+
+# -- errors ------------------------------------------------------------------------------
+
+
+class ModelError(Exception):
+    """A model call failed. ``transient`` errors are retried by the loop with backoff
+    (only while the step has emitted nothing, so no output is ever duplicated)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        transient: bool = False,
+        status_code: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.transient = transient
+        self.status_code = status_code
+        self.retry_after = retry_after
+
+
+# -- the protocol --------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Model(Protocol):
+    """A language model that streams one step.
+
+    Contract:
+    - ``stream`` yields events of one step in order, ending with exactly one
+      :class:`StepFinish` when the step succeeds; text/reasoning deltas come between
+      their start and end; every :class:`ToolCall` follows its ``ToolInput*`` events.
+    - Failure raises :class:`ModelError` (``transient=True`` for overload, rate limit,
+      5xx and connection errors) — before or after events were yielded.
+    - Cancel: the loop cancels the consuming task (``asyncio.CancelledError``) on
+      abort; the adapter must release its connection and not swallow the cancel.
+    - ``context_window`` / ``max_output_tokens`` describe the model's limits for
+      compaction decisions.
+    """
+
+    provider_id: str
+    model_id: str
+    context_window: int
+    max_output_tokens: int
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]: ...

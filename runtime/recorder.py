@@ -1,0 +1,171 @@
+"""The recorder: the one consumer always attached to a run (seed 002).
+
+It folds chunks into the assistant message and writes, in batches, the parts that
+changed and the chunk log. A batch is flushed when its oldest chunk is
+``flush_interval`` old — on the next chunk, or by a timer if the stream stalls — and
+at the end of the run, so a chunk is durable within about ``flush_interval`` of its
+emission while storage pays one transaction per batch, not one per chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from runtime.builder import MessageBuilder
+from runtime.persistence import PersistCache, enforce_row_size, sanitize_message
+from storage.protocols import SessionStore
+from storage.types import ChunkWrite, PartWrite, StreamFlush
+
+DEFAULT_FLUSH_INTERVAL = 0.03
+
+
+class Recorder:
+    def __init__(
+        self,
+        store: SessionStore,
+        session_id: str,
+        run_id: str,
+        message_id: str,
+        *,
+        parent_id: str | None,
+        cache: PersistCache,
+        flush_interval: float = DEFAULT_FLUSH_INTERVAL,
+        is_stale: Callable[[], bool] = lambda: False,
+        record_chunks: bool = True,
+    ) -> None:
+        self.store = store
+        self.session_id = session_id
+        self.run_id = run_id
+        self.builder = MessageBuilder(message_id)
+        self.parent_id = parent_id
+        self.cache = cache
+        self.flush_interval = flush_interval
+        self.is_stale = is_stale
+        self.record_chunks = record_chunks
+        self._dirty: set[int] = set()
+        self._pending_chunks: list[ChunkWrite] = []
+        self._oldest_pending: float | None = None
+        self._chunk_index = 0
+        self._inserted = False
+        self._timer: asyncio.TimerHandle | None = None
+        self.flushes = 0
+        self.flush_seconds = 0.0
+        self.closed = False
+
+    @property
+    def message(self) -> dict[str, Any]:
+        return self.builder.message
+
+    @property
+    def chunk_count(self) -> int:
+        return self._chunk_index
+
+    def record(self, chunk: dict[str, Any]) -> None:
+        idx = self.builder.apply(chunk)
+        if idx is not None:
+            self._dirty.add(idx)
+        if self.record_chunks:
+            self._pending_chunks.append(ChunkWrite(self.run_id, self._chunk_index, chunk))
+        self._chunk_index += 1
+        now = time.monotonic()
+        if self._oldest_pending is None:
+            self._oldest_pending = now
+            self._arm_timer()
+        elif now - self._oldest_pending >= self.flush_interval:
+            self.flush()
+
+    def _arm_timer(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if self._timer is None:
+            self._timer = loop.call_later(self.flush_interval, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if not self.closed and self._oldest_pending is not None:
+            self.flush()
+
+    def flush(self, *, final: bool = False, parts_length: int | None = None) -> None:
+        """Write what accumulated, in one transaction. Discards if the session was
+        cleared since the run started (the clear-during-stream guard)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.is_stale():
+            self._dirty.clear()
+            self._pending_chunks.clear()
+            self._oldest_pending = None
+            return
+        message_id = self.builder.message["id"]
+        writes = []
+        for idx in sorted(self._dirty):
+            part = enforce_row_size(self.builder.part(idx))
+            if self.cache.changed(message_id, idx, part):
+                writes.append(PartWrite(message_id, idx, part))
+        self._dirty.clear()
+        if final and self._pending_chunks:
+            self._pending_chunks[-1].is_final = True
+        need_envelope = not self._inserted or self.builder.metadata_dirty
+        if not writes and not self._pending_chunks and not need_envelope and parts_length is None:
+            self._oldest_pending = None
+            return
+        envelope = None
+        if need_envelope:
+            m = self.builder.message
+            envelope = {"id": m["id"], "role": m["role"], "metadata": m["metadata"], "parts": []}
+        started = time.perf_counter()
+        self.store.flush_stream(
+            StreamFlush(
+                session_id=self.session_id,
+                message=envelope,
+                parent_id=self.parent_id,
+                use_head=False,
+                parts=writes,
+                chunks=self._pending_chunks,
+                parts_length=parts_length,
+            )
+        )
+        self.flush_seconds += time.perf_counter() - started
+        self.flushes += 1
+        self._inserted = True
+        self.builder.metadata_dirty = False
+        self._pending_chunks = []
+        self._oldest_pending = None
+
+    def finish(self, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Final persist: sanitize, row-size, write what changed. Returns the message."""
+        for idx in self.builder.finalize_streaming():
+            self._dirty.add(idx)
+        if metadata:
+            current = self.builder.message["metadata"] or {}
+            current.update(metadata)
+            self.builder.message["metadata"] = current
+            self.builder.metadata_dirty = True
+        snapshot = self.builder.snapshot()
+        clean = sanitize_message(snapshot)
+        length = None
+        if len(clean["parts"]) != len(snapshot["parts"]):
+            # Sanitizing removed parts: rewrite the message's parts from scratch.
+            self.builder.message["parts"] = clean["parts"]
+            self.cache.forget(snapshot["id"])
+            self._dirty = set(range(len(clean["parts"])))
+            length = len(clean["parts"])
+        else:
+            for idx, (old, new) in enumerate(zip(snapshot["parts"], clean["parts"], strict=True)):
+                if old != new:
+                    self.builder.message["parts"][idx] = new
+                    self._dirty.add(idx)
+        self.flush(final=True, parts_length=length)
+        self.close()
+        return self.builder.message
+
+    def close(self) -> None:
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

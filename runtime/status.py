@@ -1,0 +1,87 @@
+"""Session status: the back-channel that says whether a session is running (seed 002).
+
+Volatile by design: never persisted, so after a restart every session reads idle,
+which is true because no run survives a restart.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Literal
+
+from pydantic import BaseModel
+
+StatusState = Literal["idle", "busy", "retrying", "error"]
+
+
+class SessionStatus(BaseModel):
+    state: StatusState = "idle"
+    attempt: int | None = None
+    message: str | None = None
+    started_at: int | None = None  # epoch ms, when busy or retrying
+    run_id: str | None = None
+
+
+class SessionBusyError(RuntimeError):
+    """A run is already in flight for this session (one run per session at a time)."""
+
+    def __init__(self, session_id: str, run_id: str | None = None) -> None:
+        super().__init__(
+            f"session {session_id!r} already has a run in flight"
+            + (f" ({run_id})" if run_id else "")
+            + "; wait for it to finish or abort it"
+        )
+        self.session_id = session_id
+        self.run_id = run_id
+
+
+StatusListener = Callable[[str, SessionStatus], None]
+
+
+class StatusBoard:
+    """In-memory status per session id, with subscribers (the host's event bus)."""
+
+    def __init__(self) -> None:
+        self._status: dict[str, SessionStatus] = {}
+        self._listeners: list[StatusListener] = []
+
+    def get(self, session_id: str) -> SessionStatus:
+        return self._status.get(session_id) or SessionStatus()
+
+    def is_idle(self, session_id: str) -> bool:
+        return self.get(session_id).state in ("idle", "error")
+
+    def set(self, session_id: str, status: SessionStatus) -> None:
+        self._status[session_id] = status
+        for listener in list(self._listeners):
+            listener(session_id, status)
+
+    def busy(self, session_id: str, run_id: str) -> None:
+        self.set(
+            session_id,
+            SessionStatus(state="busy", started_at=int(time.time() * 1000), run_id=run_id),
+        )
+
+    def retrying(self, session_id: str, attempt: int, message: str) -> None:
+        prev = self.get(session_id)
+        self.set(
+            session_id,
+            SessionStatus(
+                state="retrying",
+                attempt=attempt,
+                message=message,
+                started_at=prev.started_at or int(time.time() * 1000),
+                run_id=prev.run_id,
+            ),
+        )
+
+    def idle(self, session_id: str) -> None:
+        self.set(session_id, SessionStatus())
+
+    def error(self, session_id: str, message: str) -> None:
+        self.set(session_id, SessionStatus(state="error", message=message))
+
+    def subscribe(self, listener: StatusListener) -> Callable[[], None]:
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None

@@ -1,0 +1,71 @@
+"""Live run streams: one log per run, any number of consumers, replay from index 0.
+
+A consumer that attaches mid-run (or reconnects) gets every chunk from index 0 and
+then the live tail, exactly once and contiguous (seed 002 "Resume across renderer
+disconnect"). A consumer that goes away detaches; it never cancels the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+Chunk = dict[str, Any]
+
+
+class RunStream:
+    """The chunk log of one run plus wake-ups for tailing consumers."""
+
+    def __init__(self, run_id: str, session_id: str, message_id: str | None = None) -> None:
+        self.run_id = run_id
+        self.session_id = session_id
+        self.message_id = message_id
+        self.chunks: list[Chunk] = []
+        self.done = False
+        self.error: str | None = None
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def push(self, chunk: Chunk) -> None:
+        self.chunks.append(chunk)
+        self._wake()
+
+    def close(self, error: str | None = None) -> None:
+        self.done = True
+        self.error = error
+        self._wake()
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def wait_beyond(self, index: int) -> None:
+        """Return once there are more than ``index`` chunks or the run is done."""
+        while len(self.chunks) <= index and not self.done:
+            fut = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            await fut
+
+    async def follow(self, start: int = 0, max_batch: int = 512) -> AsyncIterator[list[Chunk]]:
+        """Batches of chunks from ``start``: whatever accumulated since the last batch.
+
+        Batching is what lets a slow consumer (a Ray call per batch) keep up: the
+        faster the producer, the larger each batch.
+        """
+        index = start
+        while True:
+            await self.wait_beyond(index)
+            if index < len(self.chunks):
+                batch = self.chunks[index : index + max_batch]
+                index += len(batch)
+                yield batch
+                continue
+            if self.done:
+                return
+
+    async def __aiter__(self) -> AsyncIterator[Chunk]:  # pragma: no cover - convenience
+        async for batch in self.follow():
+            for chunk in batch:
+                yield chunk

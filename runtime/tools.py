@@ -1,0 +1,214 @@
+"""Tools: declared from typed Python functions or pydantic models.
+
+Arguments are validated against the declared types before a tool runs; input that
+fails validation never reaches the tool and goes back to the model as a tool error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, get_type_hints, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from runtime.abort import AbortSignal
+from runtime.model import ToolSpec
+
+
+class ToolInputError(ValueError):
+    """The model's arguments did not validate. Sent back to the model as a tool error."""
+
+
+class ToolExecutionError(RuntimeError):
+    """A tool failed. Its message is sent back to the model as a tool error."""
+
+
+@dataclass
+class ToolContext:
+    """What a running tool may know about its call.
+
+    ``signal`` fires on abort: long-running tools should watch it (or await with it);
+    tools that do not are left to finish naturally (seed 002 "Interruption").
+    """
+
+    tool_call_id: str
+    tool_name: str
+    signal: AbortSignal
+    session_id: str | None = None
+    run_id: str | None = None
+    agent: Any = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Tool(Protocol):
+    """A tool the model can call.
+
+    Contract: ``validate`` raises :class:`ToolInputError` and has no side effects;
+    ``execute`` receives validated input, returns a JSON-serializable result or
+    raises (any exception becomes a tool error for the model); on abort the loop
+    stops waiting for it and finalizes the call as an error.
+    """
+
+    name: str
+    description: str
+
+    @property
+    def input_schema(self) -> dict[str, Any]: ...
+
+    def validate(self, raw_input: Any) -> Any: ...
+
+    async def execute(self, input: Any, ctx: ToolContext) -> Any: ...
+
+
+def tool_spec(t: Tool) -> ToolSpec:
+    return ToolSpec(name=t.name, description=t.description, input_schema=t.input_schema)
+
+
+class ModelTool:
+    """A tool whose input is a pydantic model, executed by ``fn(input_model[, ctx])``."""
+
+    def __init__(
+        self,
+        name: str,
+        input_model: type[BaseModel],
+        fn: Callable[..., Any],
+        description: str = "",
+        *,
+        wants_context: bool | None = None,
+        spread: bool = False,
+    ) -> None:
+        self.name = name
+        self.description = description
+        self.input_model = input_model
+        self.fn = fn
+        self._spread = spread
+        if wants_context is None:
+            wants_context = "ctx" in inspect.signature(fn).parameters
+        self._wants_context = wants_context
+        self._schema = _clean_schema(input_model.model_json_schema())
+
+    @property
+    def input_schema(self) -> dict[str, Any]:
+        return self._schema
+
+    def validate(self, raw_input: Any) -> BaseModel:
+        if isinstance(raw_input, str):
+            try:
+                raw_input = json.loads(raw_input) if raw_input.strip() else {}
+            except json.JSONDecodeError as exc:
+                raise ToolInputError(f"input is not valid JSON: {exc}") from exc
+        if raw_input is None:
+            raw_input = {}
+        try:
+            return self.input_model.model_validate(raw_input)
+        except ValidationError as exc:
+            raise ToolInputError(_format_validation(self.name, exc)) from exc
+
+    async def execute(self, input: Any, ctx: ToolContext) -> Any:
+        kwargs: dict[str, Any] = {}
+        if self._wants_context:
+            kwargs["ctx"] = ctx
+        if self._spread:
+            args = {k: getattr(input, k) for k in type(input).model_fields}
+            result = self.fn(**args, **kwargs)
+        else:
+            result = self.fn(input, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        if isinstance(result, BaseModel):
+            result = result.model_dump(mode="json")
+        return result
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+) -> Any:
+    """Declare a tool from a typed function; parameters become the input schema.
+
+    ``@tool`` or ``@tool(name=..., description=...)``. A parameter named ``ctx`` receives
+    the :class:`ToolContext` and is not part of the schema. The description defaults
+    to the docstring.
+    """
+
+    def build(f: Callable[..., Any]) -> ModelTool:
+        sig = inspect.signature(f)
+        hints = get_type_hints(f)
+        fields: dict[str, Any] = {}
+        for pname, param in sig.parameters.items():
+            if pname == "ctx":
+                continue
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                raise TypeError(f"tool {f.__name__}: *args/**kwargs are not supported")
+            annotation = hints.get(pname, Any)
+            default = param.default if param.default is not param.empty else ...
+            fields[pname] = (annotation, default)
+        model = create_model(  # type: ignore[call-overload]
+            f"{f.__name__}_input", __config__=ConfigDict(extra="forbid"), **fields
+        )
+        return ModelTool(
+            name or f.__name__,
+            model,
+            f,
+            (description or inspect.getdoc(f) or "").strip(),
+            wants_context="ctx" in sig.parameters,
+            spread=True,
+        )
+
+    if fn is not None:
+        return build(fn)
+    return build
+
+
+def tool_from_model(
+    name: str,
+    input_model: type[BaseModel],
+    fn: Callable[[Any], Any] | Callable[[Any, ToolContext], Awaitable[Any]],
+    description: str | None = None,
+) -> ModelTool:
+    """A tool whose input is ``input_model``; ``fn(input[, ctx=...])``."""
+    return ModelTool(name, input_model, fn, description or (input_model.__doc__ or "").strip())
+
+
+def _clean_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    schema = dict(schema)
+    schema.pop("title", None)
+    for prop in schema.get("properties", {}).values():
+        if isinstance(prop, dict):
+            prop.pop("title", None)
+    schema.setdefault("type", "object")
+    return schema
+
+
+def _format_validation(tool_name: str, exc: ValidationError) -> str:
+    problems = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ())) or "input"
+        problems.append(f"{loc}: {err.get('msg')}")
+    return f"invalid input for tool {tool_name!r}: " + "; ".join(problems)
+
+
+async def run_tool(t: Tool, input: Any, ctx: ToolContext) -> Any:
+    """Execute with abort: when ``ctx.signal`` fires, stop waiting and raise."""
+    from runtime.abort import AbortError
+
+    task = asyncio.ensure_future(t.execute(input, ctx))
+    if ctx.signal.aborted:
+        task.cancel()
+        raise AbortError(ctx.signal.reason or "aborted")
+    abort_wait = asyncio.ensure_future(ctx.signal.wait())
+    try:
+        done, _ = await asyncio.wait({task, abort_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        task.cancel()
+        raise AbortError(ctx.signal.reason or "aborted")
+    finally:
+        abort_wait.cancel()

@@ -1,0 +1,85 @@
+"""Token usage: one shape, mapped from each provider in exactly one place.
+
+``input`` EXCLUDES cache tokens everywhere in thinkray. Anthropic already reports it
+that way (total input = input_tokens + cache_creation + cache_read); the AI SDK's
+``inputTokens`` includes them, so :meth:`Usage.from_ai_sdk` subtracts. Seed 002: the
+recorder bumps rollups from per-step usage only, never from finish-step chunks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+
+class Usage(BaseModel):
+    input: int = 0
+    output: int = 0
+    reasoning: int = 0
+    cache_read: int = 0
+    cache_write: int = 0
+    cost_usd: float | None = None
+
+    @property
+    def total(self) -> int:
+        return self.input + self.output + self.reasoning + self.cache_read + self.cache_write
+
+    def __add__(self, other: Usage) -> Usage:
+        cost = None
+        if self.cost_usd is not None or other.cost_usd is not None:
+            cost = (self.cost_usd or 0.0) + (other.cost_usd or 0.0)
+        return Usage(
+            input=self.input + other.input,
+            output=self.output + other.output,
+            reasoning=self.reasoning + other.reasoning,
+            cache_read=self.cache_read + other.cache_read,
+            cache_write=self.cache_write + other.cache_write,
+            cost_usd=cost,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "input": self.input,
+            "output": self.output,
+            "reasoning": self.reasoning,
+            "cache_read": self.cache_read,
+            "cache_write": self.cache_write,
+        }
+        if self.cost_usd is not None:
+            d["cost_usd"] = self.cost_usd
+        return d
+
+    @classmethod
+    def from_anthropic(cls, usage: Any) -> Usage:
+        """Map an Anthropic ``Usage``/``MessageDeltaUsage`` (object or dict)."""
+
+        def get(name: str) -> int:
+            value = usage.get(name) if isinstance(usage, dict) else getattr(usage, name, None)
+            return int(value or 0)
+
+        # Anthropic's input_tokens already excludes cache reads and writes; thinking
+        # tokens are billed inside output_tokens and not reported apart.
+        return cls(
+            input=get("input_tokens"),
+            output=get("output_tokens"),
+            cache_read=get("cache_read_input_tokens"),
+            cache_write=get("cache_creation_input_tokens"),
+        )
+
+    @classmethod
+    def from_ai_sdk(cls, usage: dict[str, Any]) -> Usage:
+        """Map AI SDK usage, whose ``inputTokens`` INCLUDES cache reads and writes."""
+        details = usage.get("inputTokenDetails") or {}
+        cache_read = int(details.get("cacheReadTokens") or usage.get("cachedInputTokens") or 0)
+        cache_write = int(details.get("cacheWriteTokens") or 0)
+        output_details = usage.get("outputTokenDetails") or {}
+        reasoning = int(output_details.get("reasoningTokens") or usage.get("reasoningTokens") or 0)
+        output = int(usage.get("outputTokens") or 0)
+        return cls(
+            input=max(0, int(usage.get("inputTokens") or 0) - cache_read - cache_write),
+            output=max(0, output - reasoning),
+            reasoning=reasoning,
+            cache_read=cache_read,
+            cache_write=cache_write,
+        )

@@ -1,0 +1,1 @@
+"""thinkray storage: DuckDB persistence, one file per actor. The only package that imports duckdb."""

@@ -1,0 +1,205 @@
+"""One DuckDB file, opened the way every thinkray actor opens it.
+
+A session actor owns exactly one database file for as long as it is bound to the
+session; DuckDB's file lock guarantees a single writer. Every store in this package
+(sessions, workspace, fibers, ...) shares one :class:`Database` so that a stream flush
+that touches several tables commits in one transaction.
+
+Each store owns its tables through a :class:`Migration` list registered under a
+component name; ``schema_version`` keeps one row per component, so stores can be
+added (or grow) independently and a file written by an older build is upgraded in
+place on open.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from storage.types import StorageError
+# 16 KiB blocks: an empty session file is ~28 KiB instead of ~780 KiB with the 256 KiB
+# default, which matters when thousands of hibernated sessions sit on shared storage.
+BLOCK_SIZE = 16384
+MEMORY_PATH = ":memory:"
+
+
+class DatabaseLockedError(StorageError):
+    """Another process holds the file (DuckDB allows one writer per file)."""
+
+
+class DatabaseClosedError(StorageError):
+    """The database was closed (the actor hibernated or is shutting down)."""
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One schema step of a component. ``apply`` runs inside the migration transaction."""
+
+    version: int
+    apply: Callable[[duckdb.DuckDBPyConnection], None]
+
+
+class Database:
+    """A DuckDB connection with the settings, locking and lifecycle thinkray needs.
+
+    Contract:
+    - ``execute``/``transaction`` may be called from any thread; calls are serialized
+      by an internal re-entrant lock (DuckDB connections are not thread-safe).
+    - ``transaction()`` commits on normal exit and rolls back on exception; nested
+      use joins the outer transaction.
+    - ``close()`` checkpoints so that no ``.wal`` file is left behind, and is
+      idempotent. Any use after close raises :class:`DatabaseClosedError`.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] = MEMORY_PATH,
+        *,
+        lock_retry_seconds: float = 2.0,
+    ) -> None:
+        self.path = str(path)
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._migrated: set[str] = set()
+        if self.path != MEMORY_PATH:
+            parent = Path(self.path).parent
+            if not parent.exists():
+                parent.mkdir(parents=True, exist_ok=True)
+        self._con: duckdb.DuckDBPyConnection | None = self._connect(lock_retry_seconds)
+
+    def _connect(self, lock_retry_seconds: float) -> duckdb.DuckDBPyConnection:
+        config = {
+            "threads": 1,
+            "default_block_size": str(BLOCK_SIZE),
+            # Checkpoint small: a hibernating actor should leave a compact file.
+            "checkpoint_threshold": "4MB",
+        }
+        # DuckDB's file lock lingers briefly after the previous owner was killed
+        # (~50 ms after ray.kill): retry instead of failing a wake.
+        deadline = time.monotonic() + lock_retry_seconds
+        delay = 0.01
+        while True:
+            try:
+                return duckdb.connect(self.path, config=config)
+            except duckdb.IOException as exc:
+                if "lock" not in str(exc).lower() or time.monotonic() >= deadline:
+                    if "lock" in str(exc).lower():
+                        raise DatabaseLockedError(
+                            f"database {self.path!r} is held by another process: {exc}"
+                        ) from exc
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 0.2)
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._con is None
+
+    def close(self) -> None:
+        """Checkpoint and close. Leaves no ``.wal`` file. Idempotent."""
+        with self._lock:
+            if self._con is None:
+                return
+            con, self._con = self._con, None
+            try:
+                con.execute("CHECKPOINT")
+            finally:
+                con.close()
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def con(self) -> duckdb.DuckDBPyConnection:
+        con = self._con
+        if con is None:
+            raise DatabaseClosedError(f"database {self.path!r} is closed")
+        return con
+
+    # -- queries -------------------------------------------------------------------
+
+    def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] | None = None) -> Any:
+        with self._lock:
+            if params is None:
+                return self.con.execute(sql)
+            return self.con.execute(sql, params)
+
+    def fetchall(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self.execute(sql, params).fetchall()
+
+    def fetchone(self, sql: str, params: Sequence[Any] | None = None) -> tuple[Any, ...] | None:
+        with self._lock:
+            return self.execute(sql, params).fetchone()
+
+    @contextmanager
+    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """One transaction; nested calls join the outermost one."""
+        with self._lock:
+            con = self.con
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield con
+                finally:
+                    self._depth -= 1
+                return
+            con.execute("BEGIN TRANSACTION")
+            self._depth = 1
+            try:
+                yield con
+            except BaseException:
+                self._depth = 0
+                con.execute("ROLLBACK")
+                raise
+            self._depth = 0
+            con.execute("COMMIT")
+
+    # -- migrations ----------------------------------------------------------------
+
+    def migrate(self, component: str, migrations: Sequence[Migration]) -> int:
+        """Bring ``component``'s tables to the newest version. Returns that version.
+
+        Idempotent and cheap after the first call on this connection.
+        """
+        if component in self._migrated:
+            return migrations[-1].version if migrations else 0
+        with self._lock:
+            self.con.execute(
+                "CREATE TABLE IF NOT EXISTS schema_version (component VARCHAR, version INTEGER)"
+            )
+            row = self.con.execute(
+                "SELECT version FROM schema_version WHERE component = ?", [component]
+            ).fetchone()
+            current = row[0] if row else 0
+            pending = [m for m in migrations if m.version > current]
+            if pending:
+                with self.transaction() as con:
+                    for migration in sorted(pending, key=lambda m: m.version):
+                        migration.apply(con)
+                    newest = max(m.version for m in pending)
+                    if row:
+                        con.execute(
+                            "UPDATE schema_version SET version = ? WHERE component = ?",
+                            [newest, component],
+                        )
+                    else:
+                        con.execute(
+                            "INSERT INTO schema_version VALUES (?, ?)", [component, newest]
+                        )
+                current = newest
+            self._migrated.add(component)
+            return current

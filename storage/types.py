@@ -1,0 +1,166 @@
+"""Rows and errors shared by every store implementation.
+
+Storage deals in plain JSON-compatible dicts for message content: a message is the
+AI SDK UIMessage shape ``{"id", "role", "metadata", "parts": [...]}`` with camelCase
+keys. ``runtime`` owns the typed models and validates at its boundary; storage only
+reads ``type``, ``state`` and ``toolCallId`` of a part to fill its index columns.
+This keeps ``storage`` free of ``runtime`` imports and the history path free of
+per-message model validation (10,000 messages must load in ≤ 30 ms).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+Message = dict[str, Any]
+Part = dict[str, Any]
+
+USAGE_KEYS = (
+    "prompt_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+    "cache_read",
+    "cache_write",
+    "total_tokens",
+)
+
+
+def empty_rollup() -> dict[str, Any]:
+    rollup: dict[str, Any] = dict.fromkeys(USAGE_KEYS, 0)
+    rollup["cost_usd"] = None  # only set when a writer supplies a cost
+    return rollup
+
+
+class StorageError(Exception):
+    """Base class for storage errors (re-exported by :mod:`storage.db`)."""
+
+
+class NotFoundError(StorageError, KeyError):
+    """A session, message or thread that does not exist. Never silently created."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
+        return str(self.args[0]) if self.args else "not found"
+
+
+class SessionNotFoundError(NotFoundError):
+    pass
+
+
+class MessageNotFoundError(NotFoundError):
+    pass
+
+
+class InvalidInputError(StorageError, ValueError):
+    """Input rejected before anything was written."""
+
+
+@dataclass
+class SessionInfo:
+    """One row of ``sessions``. Threads (seed 001) and branches (seed 002) are sessions."""
+
+    id: str
+    name: str
+    created_at: float
+    updated_at: float
+    parent_session_id: str | None = None
+    parent_message_id: str | None = None
+    thread_key: str | None = None
+    head_id: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] | None = None
+    permissions: dict[str, Any] = field(default_factory=dict)
+    usage: dict[str, Any] = field(default_factory=empty_rollup)
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ephemeral(self) -> bool:
+        return bool(self.metadata.get("ephemeral"))
+
+    @property
+    def context_window_used(self) -> int:
+        """Seed 002: prompt + completion + reasoning + cache_read + cache_write."""
+        u = self.usage
+        return int(
+            u.get("prompt_tokens", 0)
+            + u.get("completion_tokens", 0)
+            + u.get("reasoning_tokens", 0)
+            + u.get("cache_read", 0)
+            + u.get("cache_write", 0)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "parent_session_id": self.parent_session_id,
+            "parent_message_id": self.parent_message_id,
+            "thread_key": self.thread_key,
+            "head_id": self.head_id,
+            "metadata": self.metadata,
+            "model": self.model,
+            "permissions": self.permissions,
+            "usage": self.usage,
+            "settings": self.settings,
+            "context_window_used": self.context_window_used,
+        }
+
+
+@dataclass
+class MessageRow:
+    """A message with its tree position and visibility, for lifecycle operations."""
+
+    id: str
+    session_id: str
+    parent_id: str | None
+    role: str
+    seq: int
+    created_at: float
+    hidden_at: float | None
+    message: Message
+
+    @property
+    def hidden(self) -> bool:
+        return self.hidden_at is not None
+
+
+@dataclass
+class PartWrite:
+    """One part of an in-flight message, by position. Upserted on ``(message_id, index)``."""
+
+    message_id: str
+    index: int
+    part: Part
+
+
+@dataclass
+class ChunkWrite:
+    """One UI stream chunk of a run (``generation_id``), in emit order."""
+
+    generation_id: str
+    index: int
+    chunk: dict[str, Any]
+    is_final: bool = False
+
+
+@dataclass
+class StreamFlush:
+    """Everything a recorder accumulated since its last flush; written in one transaction.
+
+    ``message`` is the in-flight message's envelope (``id``, ``role``, ``metadata``;
+    ``parts`` ignored). It is inserted on first flush with ``parent_id`` (or the
+    session head when ``parent_id`` is None and ``use_head`` is True) and its
+    metadata updated on later ones. ``parts_length``, when set, drops parts at or
+    beyond that index (a message can only shrink when a part was removed by
+    sanitization).
+    """
+
+    session_id: str
+    message: Message | None = None
+    parent_id: str | None = None
+    use_head: bool = True
+    parts: list[PartWrite] = field(default_factory=list)
+    chunks: list[ChunkWrite] = field(default_factory=list)
+    parts_length: int | None = None

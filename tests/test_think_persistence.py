@@ -1,0 +1,335 @@
+"""Seed 000 suites: maxPersistedMessages, sanitization, row size, sessions; plus the
+recorder's batching, the clear-during-stream guard and orphaned tool calls."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from runtime import Think
+from runtime.persistence import (
+    ROW_MAX_BYTES,
+    TRUNCATED_MARKER,
+    PersistCache,
+    enforce_row_size,
+    sanitize_message,
+)
+from runtime.testing import ScriptedModel, pause, reply, tool_call
+from runtime.tools import tool
+from storage.types import SessionNotFoundError
+
+
+def texts(history):
+    return ["".join(p.get("text", "") for p in m["parts"] if p["type"] == "text") for m in history]
+
+
+# -- maxPersistedMessages --------------------------------------------------------------
+
+
+async def test_max_persisted_messages_drops_oldest(store):
+    class Bounded(Think):
+        max_persisted_messages = 4
+
+    agent = Bounded(store, model=ScriptedModel([reply(f"a{i}") for i in range(4)]))
+    for i in range(4):
+        await agent.chat(f"u{i}")
+    assert texts(agent.get_history()) == ["u2", "a2", "u3", "a3"]
+    assert agent.message_count() == 4
+
+
+async def test_max_persisted_messages_none_is_unlimited(store):
+    agent = Think(store, model=ScriptedModel([reply(f"a{i}") for i in range(5)]))
+    for i in range(5):
+        await agent.chat(f"u{i}")
+    assert agent.message_count() == 10
+
+
+# -- sanitization ----------------------------------------------------------------------
+
+
+def test_sanitize_strips_openai_item_id_and_keeps_other_metadata():
+    msg = {
+        "id": "m",
+        "role": "assistant",
+        "parts": [
+            {
+                "type": "text",
+                "text": "x",
+                "providerMetadata": {"openai": {"itemId": "it_1", "keep": 1}, "other": {"a": 1}},
+            }
+        ],
+    }
+    out = sanitize_message(msg)
+    assert out["parts"][0]["providerMetadata"] == {"openai": {"keep": 1}, "other": {"a": 1}}
+    assert msg["parts"][0]["providerMetadata"]["openai"]["itemId"] == "it_1"  # input untouched
+
+
+def test_sanitize_strips_reasoning_encrypted_content_and_empty_openai():
+    msg = {
+        "id": "m",
+        "role": "assistant",
+        "parts": [
+            {
+                "type": "reasoning",
+                "text": "thought",
+                "providerMetadata": {"openai": {"reasoningEncryptedContent": "enc"}},
+            }
+        ],
+    }
+    part = sanitize_message(msg)["parts"][0]
+    assert "providerMetadata" not in part and part["text"] == "thought"
+
+
+def test_sanitize_drops_empty_reasoning_without_metadata_only():
+    msg = {
+        "id": "m",
+        "role": "assistant",
+        "parts": [
+            {"type": "reasoning", "text": ""},
+            {"type": "reasoning", "text": "", "providerMetadata": {"anthropic": {"signature": "s"}}},
+            {"type": "text", "text": "hi"},
+        ],
+    }
+    out = sanitize_message(msg)["parts"]
+    assert [p["type"] for p in out] == ["reasoning", "text"]
+    assert out[0]["providerMetadata"]["anthropic"]["signature"] == "s"
+
+
+async def test_empty_reasoning_is_removed_when_persisting(store):
+    class Emits(Think):
+        async def on_chat_message(self, options):
+            yield {"type": "start"}
+            yield {"type": "reasoning-start", "id": "r"}
+            yield {"type": "reasoning-end", "id": "r"}
+            yield {"type": "text-start", "id": "t"}
+            yield {"type": "text-delta", "id": "t", "delta": "hi"}
+            yield {"type": "text-end", "id": "t"}
+            yield {"type": "finish"}
+
+    agent = Emits(store)
+    await agent.chat("x")
+    assert [p["type"] for p in agent.get_history()[-1]["parts"]] == ["text"]
+
+
+def test_sanitize_passthrough_for_clean_messages():
+    msg = {"id": "m", "role": "user", "parts": [{"type": "text", "text": "plain"}]}
+    assert sanitize_message(msg) == msg
+
+
+# -- row size --------------------------------------------------------------------------
+
+
+def test_small_parts_pass_through_unchanged():
+    part = {"type": "text", "text": "small"}
+    assert enforce_row_size(part) is part
+
+
+async def test_large_tool_output_is_truncated_with_marker(store):
+    @tool
+    def dump() -> str:
+        """Return a lot."""
+        return "x" * (ROW_MAX_BYTES + 10_000)
+
+    model = ScriptedModel([reply(tool_call("dump", {})), reply("done")])
+    agent = Think(store, model=model)
+    agent.get_tools = lambda: {"dump": dump}
+    await agent.chat("go")
+    part = [p for p in agent.get_history()[-1]["parts"] if p["type"] == "dynamic-tool"][0]
+    assert part["state"] == "output-available"
+    assert part["output"].startswith(TRUNCATED_MARKER)
+    assert len(part["output"]) < ROW_MAX_BYTES
+    # within the turn the model still saw the full output
+    assert len(model.requests[1].messages[-1].content[0].output) > ROW_MAX_BYTES
+
+
+async def test_large_user_text_is_truncated_not_dropped(store):
+    agent = Think(store, model=ScriptedModel([reply("ok")]))
+    await agent.chat("y" * (ROW_MAX_BYTES + 5000))
+    stored = agent.get_history()[0]["parts"][0]["text"]
+    assert stored.endswith(TRUNCATED_MARKER)
+    assert stored.startswith("yyyy") and len(stored.encode()) <= ROW_MAX_BYTES
+
+
+# -- persist cache and batching --------------------------------------------------------
+
+
+def test_persist_cache_skips_unchanged():
+    cache = PersistCache()
+    part = {"type": "text", "text": "a"}
+    assert cache.changed("m", 0, part)
+    assert not cache.changed("m", 0, dict(part))
+    assert cache.changed("m", 0, {"type": "text", "text": "ab"})
+    assert cache.skipped == 1
+
+
+async def test_stream_is_written_in_batches_not_per_chunk(store):
+    flushes = []
+    original = store.flush_stream
+
+    def spy(flush):
+        flushes.append(len(flush.chunks))
+        return original(flush)
+
+    store.flush_stream = spy
+    agent = Think(store, model=ScriptedModel([reply(*["t"] * 2000)]))
+    agent.flush_interval = 0.05
+    await agent.chat("go")
+    total = sum(flushes)
+    assert total >= 2000  # every chunk reached the log
+    assert len(flushes) < total / 20  # ...in far fewer transactions than chunks
+    assert store.get_chunks(agent.get_status().run_id or agent._last_stream[
+        agent.current_session_id].run_id)[-1]["type"] == "finish"
+
+
+async def test_chunks_are_durable_while_streaming(store):
+    agent = Think(store, model=ScriptedModel([reply("a", "b", pause(0.5), "c")]))
+    agent.flush_interval = 0.02
+    run = agent.start_chat("x")
+    await asyncio.sleep(0.2)  # stalled mid-stream: the timer must have flushed
+    logged = [c["type"] for c in store.get_chunks(run.run_id)]
+    assert "text-delta" in logged
+    partial = store.get_message(run.stream.message_id)
+    assert partial is not None and partial["parts"][-1]["text"] == "ab"
+    await run.task
+    assert store.get_message(run.stream.message_id)["parts"][-1]["text"] == "abc"
+
+
+async def test_tool_part_moves_through_states_on_one_row(store):
+    seen_states = []
+    gate = asyncio.Event()
+
+    @tool
+    async def wait_gate() -> str:
+        """Waits."""
+        await gate.wait()
+        return "opened"
+
+    agent = Think(store, model=ScriptedModel([reply(tool_call("wait_gate", {})), reply("ok")]))
+    agent.flush_interval = 0.01
+    agent.get_tools = lambda: {"wait_gate": wait_gate}
+    run = agent.start_chat("x")
+    for _ in range(100):
+        msg = store.get_message(run.stream.message_id)
+        tools = [p for p in (msg or {"parts": []})["parts"] if p["type"] == "dynamic-tool"]
+        if tools:
+            seen_states.append(tools[0]["state"])
+            if tools[0]["state"] == "input-available":
+                break
+        await asyncio.sleep(0.01)
+    gate.set()
+    await run.task
+    final = [p for p in agent.get_history()[-1]["parts"] if p["type"] == "dynamic-tool"]
+    assert len(final) == 1 and final[0]["state"] == "output-available"
+    assert "input-available" in seen_states
+
+
+# -- clear during stream ---------------------------------------------------------------
+
+
+async def test_clear_during_stream_does_not_resurrect_messages(store):
+    agent = Think(store, model=ScriptedModel([reply("a", pause(0.3), "b")]))
+    agent.flush_interval = 0.01
+    run = agent.start_chat("x")
+    await asyncio.sleep(0.1)
+    agent.clear_messages()
+    result = await run.task
+    assert result.status == "aborted"
+    assert agent.get_history() == []
+    assert agent.message_count() == 0
+
+
+# -- orphaned tool calls ---------------------------------------------------------------
+
+
+async def test_orphaned_tool_call_is_finalized_before_next_run(store):
+    model = ScriptedModel([reply("answer")])
+    agent = Think(store, model=model)
+    sid = agent.create_session().id
+    store.append_message(sid, {"id": "u", "role": "user", "parts": [{"type": "text", "text": "q"}]})
+    store.append_message(
+        sid,
+        {
+            "id": "a",
+            "role": "assistant",
+            "parts": [
+                {
+                    "type": "dynamic-tool",
+                    "toolName": "t",
+                    "toolCallId": "c1",
+                    "state": "input-available",
+                    "input": {},
+                }
+            ],
+        },
+    )
+    result = await agent.chat("again")
+    assert result.status == "completed"
+    part = store.get_message("a")["parts"][0]
+    assert part["state"] == "output-error" and "restart" in part["errorText"]
+    sent = model.requests[0].messages
+    results = [c for m in sent for c in m.content if c.type == "tool-result"]
+    assert all(r.is_error for r in results)
+
+
+# -- sessions --------------------------------------------------------------------------
+
+
+async def test_session_crud_and_counts(store):
+    agent = Think(store, model=ScriptedModel([reply("r1"), reply("r2")]))
+    a = agent.create_session("alpha")
+    assert agent.get_current_session_id() == a.id
+    await agent.chat("hello")
+    b = agent.create_session("beta")
+    assert {s.name for s in agent.get_sessions()} == {"alpha", "beta"}
+    agent.rename_session(b.id, "gamma")
+    assert agent.get_session(b.id).name == "gamma"
+    assert agent.message_count(a.id) == 2 and agent.message_count(b.id) == 0
+    agent.delete_session(a.id)
+    assert [s.id for s in agent.get_sessions()] == [b.id]
+    with pytest.raises(SessionNotFoundError):
+        agent.get_history(a.id)
+    agent.switch_session(b.id)
+    await agent.chat("in beta")
+    agent.clear_messages()
+    assert agent.message_count(b.id) == 0
+    assert agent.get_session(b.id).name == "gamma"  # cleared, not deleted
+
+
+async def test_branching_by_editing_an_earlier_message(store):
+    agent = Think(store, model=ScriptedModel([reply("Hi there"), reply("X is"), reply("Y is")]))
+    sid = agent.create_session().id
+    await agent.chat({"id": "m1", "role": "user", "parts": [{"type": "text", "text": "Hello"}]})
+    hello_reply = agent.get_history()[-1]["id"]
+    await agent.chat({"id": "m3", "role": "user", "parts": [{"type": "text", "text": "X?"}]})
+    # edit: a new user message under the same parent makes a sibling branch
+    store.set_head(sid, hello_reply)
+    await agent.chat({"id": "m5", "role": "user", "parts": [{"type": "text", "text": "Y?"}]})
+    assert [m["id"] for m in agent.children(hello_reply)] == ["m3", "m5"]
+    assert texts(agent.get_history()) == ["Hello", "Hi there", "Y?", "Y is"]
+    leaf_a = agent.children("m3")[0]["id"]
+    assert texts(agent.get_history(leaf_id=leaf_a)) == ["Hello", "Hi there", "X?", "X is"]
+
+
+async def test_regenerate_without_new_message(store):
+    agent = Think(store, model=ScriptedModel([reply("first"), reply("second")]))
+    await agent.chat("q")
+    sid = agent.current_session_id
+    user_id = agent.get_history()[0]["id"]
+    store.set_head(sid, user_id)
+    result = await agent.chat()
+    assert result.text == "second"
+    assert texts(agent.get_history()) == ["q", "second"]
+    assert len(agent.children(user_id)) == 2
+
+
+async def test_configuration_persists(tmp_path):
+    from storage.session_store import DuckDBSessionStore
+
+    path = tmp_path / "c.duckdb"
+    agent = Think(DuckDBSessionStore(path))
+    agent.configure({"modelTier": "capable", "systemPrompt": "be brief"})
+    agent.close()
+    again = Think(DuckDBSessionStore(path))
+    assert again.get_config() == {"modelTier": "capable", "systemPrompt": "be brief"}
+    again.close()
