@@ -56,7 +56,7 @@ class DemoAgent(Think):
         if os.environ.get("ANTHROPIC_API_KEY"):
             from runtime.anthropic_model import AnthropicModel
 
-            return AnthropicModel(os.environ.get("THINKRAY_MODEL", "claude-sonnet-4-5"))
+            return AnthropicModel(os.environ.get("THINKRAY_MODEL", "claude-sonnet-4-6"))
         return FunctionModel(_offline_step, model_id="offline-demo", delay=0.01)
 
     def get_system_prompt(self) -> str:
@@ -102,3 +102,31 @@ class ScriptAgent(Think):
                 return reply(tool_call("get_weather", {"city": match.group(1)}))
         body = self.reply_text or "chunk"
         return reply(*[f"{body}{i} " for i in range(self.chunks)])
+
+    # -- durable work used by the actor tests -------------------------------------------
+
+    def on_start(self) -> None:
+        import uuid
+
+        # A fresh token per construction: proves a wake builds a new instance.
+        self.incarnation = uuid.uuid4().hex
+
+    def whoami(self) -> dict[str, Any]:
+        return {"incarnation": self.incarnation, "pid": os.getpid()}
+
+    async def count_to(self, payload: dict[str, Any], ctx: Any) -> int:
+        """A fiber: counts to ``payload['n']`` stashing progress; resumes from a stash."""
+        import asyncio
+
+        start = (ctx.checkpoint or {}).get("i", 0)
+        for i in range(start, payload["n"]):
+            ctx.stash({"i": i + 1, "recovered": ctx.recovered})
+            await asyncio.sleep(payload.get("sleep", 0.05))
+        return payload["n"]
+
+    def note_alarm(self, payload: Any) -> None:
+        fired = self.store.get_config("alarms_fired", [])
+        self.store.set_config("alarms_fired", [*fired, payload])
+
+    def alarms_fired(self) -> list[Any]:
+        return self.store.get_config("alarms_fired", [])

@@ -26,15 +26,18 @@ from typing import Any, Protocol
 
 from runtime.abort import AbortController, AbortError, AbortSignal, abortable
 from runtime.context import prune_tool_calls, to_model_messages
+from runtime.fibers import FiberManager
 from runtime.loop import LoopHooks, LoopResult, RetryPolicy, run_loop
 from runtime.messages import Role, new_id, parse_message
 from runtime.model import Model, ModelError, ModelMessage
 from runtime.persistence import PersistCache, enforce_row_size, prepare_message
 from runtime.recorder import DEFAULT_FLUSH_INTERVAL, Recorder
+from runtime.schedules import Scheduler
 from runtime.status import SessionBusyError, SessionStatus, StatusBoard
 from runtime.stream import RunStream
 from runtime.tools import Tool
 from runtime.usage import Usage
+from storage.fibers import FiberStore
 from storage.protocols import HEAD, SessionStore
 from storage.types import PartWrite, SessionInfo, StreamFlush
 
@@ -132,6 +135,7 @@ class Think:
     retry_policy: RetryPolicy = RetryPolicy()
     prune_keep_last: int = 2
     keep_chunk_logs: int = 2  # the current run's and the last finished run's
+    recover_fibers: bool = True  # restart interrupted fibers from their checkpoint on wake
 
     def __init__(
         self,
@@ -156,6 +160,13 @@ class Think:
         self._current_session_id: str | None = self.store.get_config(CURRENT_SESSION_KEY)
         if self._current_session_id and not self.store.has_session(self._current_session_id):
             self._current_session_id = None
+        self.fibers: FiberManager | None = None
+        self.scheduler: Scheduler | None = None
+        db = getattr(self.store, "db", None)
+        if db is not None:
+            fiber_store = FiberStore(db)
+            self.fibers = FiberManager(fiber_store, self, recover=self.recover_fibers)
+            self.scheduler = Scheduler(fiber_store, self)
         self.on_start()
 
     # -- override points --------------------------------------------------------------
@@ -620,6 +631,81 @@ class Think:
         """Return ``None`` to allow a tool call, or the reason it is denied."""
         return None
 
+    # -- fibers and alarms (seed 000 "Durable fibers") -------------------------------
+
+    def _fiber_manager(self) -> FiberManager:
+        if self.fibers is None:
+            raise RuntimeError("fibers need a store with a database (DuckDBSessionStore)")
+        return self.fibers
+
+    def _scheduler(self) -> Scheduler:
+        if self.scheduler is None:
+            raise RuntimeError("schedules need a store with a database (DuckDBSessionStore)")
+        return self.scheduler
+
+    def spawn_fiber(self, method: str, payload: Any = None, *, max_retries: int = 3) -> str:
+        """Run ``await self.<method>(payload, ctx)`` durably; returns the fiber id."""
+        return self._fiber_manager().spawn_fiber(method, payload, max_retries=max_retries)
+
+    def stash_fiber(self, data: Any) -> None:
+        """Checkpoint the running fiber; a recovered fiber gets it as ``ctx.checkpoint``."""
+        self._fiber_manager().stash_fiber(data)
+
+    def cancel_fiber(self, fiber_id: str) -> bool:
+        return self._fiber_manager().cancel_fiber(fiber_id)
+
+    def get_fiber(self, fiber_id: str) -> Any:
+        return self._fiber_manager().get_fiber(fiber_id)
+
+    def list_fibers(self, status: str | None = None) -> list[Any]:
+        return self._fiber_manager().list_fibers(status)
+
+    async def wait_fiber(self, fiber_id: str, timeout: float | None = None) -> Any:
+        return await self._fiber_manager().wait(fiber_id, timeout)
+
+    def schedule(self, when: Any, method: str, payload: Any = None) -> str:
+        """Call ``self.<method>(payload)`` at ``when`` (seconds from now, a datetime, or a
+        5-field cron string). Persisted; a hibernated agent is woken when it is due."""
+        schedule_id = self._scheduler().schedule(when, method, payload)
+        self._scheduler().start()
+        return schedule_id
+
+    def schedule_every(self, seconds: float, method: str, payload: Any = None) -> str:
+        schedule_id = self._scheduler().schedule_every(seconds, method, payload)
+        self._scheduler().start()
+        return schedule_id
+
+    def cancel_schedule(self, schedule_id: str) -> bool:
+        return self._scheduler().cancel_schedule(schedule_id)
+
+    def list_schedules(self) -> list[Any]:
+        return self._scheduler().list_schedules()
+
+    async def on_wake(self) -> None:
+        """First async entry after construction: resume interrupted fibers and run
+        due schedules (the actor calls this right after binding)."""
+        if self.fibers is not None:
+            await self.fibers.start()
+        if self.scheduler is not None:
+            self.scheduler.start()
+
+    def has_pending_work(self) -> bool:
+        """True while fibers or scheduled tasks run here: do not hibernate."""
+        fibers = self.fibers is not None and self.fibers.has_work
+        scheduled = self.scheduler is not None and self.scheduler.busy
+        return bool(fibers or scheduled)
+
+    def next_alarm_at(self) -> float | None:
+        """Epoch seconds of the next due schedule (what a waker needs), or None."""
+        return self.scheduler.next_due_at() if self.scheduler is not None else None
+
+    async def aclose(self) -> None:
+        """Stop fibers and timers without marking them finished (hibernation)."""
+        if self.fibers is not None and not self.fibers.closed:
+            await self.fibers.close()
+        if self.scheduler is not None:
+            await self.scheduler.close()
+
     # -- storage upkeep ---------------------------------------------------------------
 
     def finalize_orphaned_tool_calls(self, session_id: str) -> int:
@@ -677,6 +763,8 @@ class Think:
     def close(self) -> None:
         for run in list(self._runs.values()):
             run.controller.abort("closing")
+        if self.scheduler is not None:
+            self.scheduler.stop()
         self.store.close()
 
 

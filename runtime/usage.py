@@ -58,11 +58,28 @@ class Usage(BaseModel):
             value = usage.get(name) if isinstance(usage, dict) else getattr(usage, name, None)
             return int(value or 0)
 
-        # Anthropic's input_tokens already excludes cache reads and writes; thinking
-        # tokens are billed inside output_tokens and not reported apart.
+        # Anthropic's input_tokens already excludes cache reads and writes. Thinking
+        # tokens are billed inside output_tokens; when the API reports them apart
+        # (output_tokens_details.thinking_tokens) they move to ``reasoning`` so the two
+        # are never counted twice.
+        details = (
+            usage.get("output_tokens_details")
+            if isinstance(usage, dict)
+            else getattr(usage, "output_tokens_details", None)
+        )
+        thinking = 0
+        if details is not None:
+            value = (
+                details.get("thinking_tokens")
+                if isinstance(details, dict)
+                else getattr(details, "thinking_tokens", None)
+            )
+            thinking = int(value or 0)
+        output = get("output_tokens")
         return cls(
             input=get("input_tokens"),
-            output=get("output_tokens"),
+            output=max(0, output - thinking),
+            reasoning=min(thinking, output) if output else thinking,
             cache_read=get("cache_read_input_tokens"),
             cache_write=get("cache_creation_input_tokens"),
         )

@@ -1,0 +1,390 @@
+"""Session actors on Ray (issue 3): names, relay, abort receivers, hibernate/wake
+through the warm pool, resume, fibers and alarms — with real actors on one shared
+local Ray."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.ray
+
+
+def wait_until(predicate, timeout=10.0, interval=0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError("condition not met in time")
+
+
+def text_of(message):
+    return "".join(p.get("text", "") for p in message["parts"] if p["type"] == "text")
+
+
+@pytest.fixture
+def collector_cls(ray_local):
+    @ray_local.remote(num_cpus=0)
+    class Collector:
+        def __init__(self, delay: float = 0.0):
+            self.chunks = []
+            self.calls = 0
+            self.done = 0
+            self.errors = []
+            self.delay = delay
+
+        def on_chunks(self, batch):
+            self.calls += 1
+            self.chunks.extend(batch)
+            if self.delay:
+                time.sleep(self.delay)
+
+        def on_done(self):
+            self.done += 1
+
+        def on_error(self, error):
+            self.errors.append(error)
+
+        def state(self):
+            return {"chunks": self.chunks, "calls": self.calls, "done": self.done,
+                    "errors": self.errors}
+
+    return Collector
+
+
+# -- addressing ------------------------------------------------------------------------
+
+
+def test_get_creates_and_chat_persists(namespace_factory):
+    ns = namespace_factory()
+    agent = ns.get("alice")
+    result = agent.chat("hello")
+    assert result["status"] == "completed"
+    assert result["text"] == "chunk0 chunk1 chunk2 chunk3 chunk4 "
+    history = agent.history()
+    assert [m["role"] for m in history] == ["user", "assistant"]
+    assert "alice" in ns.names()
+
+
+def test_concurrent_get_or_create_yields_one_actor(namespace_factory, ray_local):
+    ns = namespace_factory(pool_size=2)
+
+    @ray_local.remote(num_cpus=0)
+    def resolve_from_another_process(namespace_name, agent_name):
+        from actors.namespace import AgentNamespace
+
+        handle = AgentNamespace.connect(namespace_name).get(agent_name)
+        return handle.invoke("whoami")
+
+    refs = [resolve_from_another_process.remote(ns.name, "shared") for _ in range(4)]
+    local = ns.get("shared").invoke("whoami")
+    seen = ray_local.get(refs) + [local]
+    assert len({s["incarnation"] for s in seen}) == 1  # one live instance
+    assert len({s["pid"] for s in seen}) == 1  # one process, so one writer
+    assert ns.stats()["counters"]["binds"] == 1
+
+
+# -- relay ----------------------------------------------------------------------------
+
+
+def test_callback_actor_receives_every_chunk_in_order(namespace_factory, collector_cls):
+    from runtime.demo import ScriptAgent  # noqa: F401
+
+    ns = namespace_factory(agent_kwargs={"chunks": 300})
+    collector = collector_cls.remote(delay=0.01)  # a lagging consumer
+    agent = ns.get("relay")
+    result = agent.chat("go", callback=collector)
+    state = ray_local_get(collector.state.remote())
+    deltas = [c["delta"] for c in state["chunks"] if c["type"] == "text-delta"]
+    assert deltas == [f"chunk{i} " for i in range(300)]
+    assert state["chunks"][0]["type"] == "start" and state["chunks"][-1]["type"] == "finish"
+    assert state["done"] == 1
+    # coalesced: far fewer Ray calls than chunks
+    assert state["calls"] < len(state["chunks"]) / 5
+    assert result["text"].startswith("chunk0 ")
+
+
+def ray_local_get(ref):
+    import ray
+
+    return ray.get(ref)
+
+
+def test_streaming_generator_matches_chunk_log(namespace_factory):
+    ns = namespace_factory(agent_kwargs={"chunks": 500})
+    agent = ns.get("streamer")
+    stream = agent.stream_chat("go")
+    chunks = list(stream)
+    assert stream.run_id and stream.batches < len(chunks)
+    assert [c["type"] for c in chunks][-1] == "finish"
+    stored = agent.history()[-1]
+    assert text_of(stored) == "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
+
+
+def test_local_object_callback_is_served_by_streaming(namespace_factory):
+    class Local:
+        def __init__(self):
+            self.events, self.done = [], 0
+
+        def on_event(self, chunk):
+            self.events.append(chunk)
+
+        def on_done(self):
+            self.done += 1
+
+    ns = namespace_factory()
+    cb = Local()
+    ns.get("local-cb").chat("hi", callback=cb)
+    assert cb.done == 1 and cb.events[-1]["type"] == "finish"
+
+
+def test_configure_and_status(namespace_factory):
+    ns = namespace_factory(agent_kwargs={"chunks": 40, "delay": 0.01})
+    agent = ns.get("cfg")
+    agent.configure({"modelTier": "capable"})
+    run = agent.start_chat("slow")
+    assert agent.status()["state"] == "busy"
+    agent.wait_run(run["run_id"])
+    assert agent.status()["state"] == "idle"
+    assert ns.hibernate("cfg")
+    assert agent.get_config() == {"modelTier": "capable"}  # survived hibernation
+
+
+# -- abort ------------------------------------------------------------------------------
+
+
+def test_abort_receiver_works_from_another_process(namespace_factory, ray_local):
+    ns = namespace_factory(agent_kwargs={"chunks": 400, "delay": 0.01})
+    agent = ns.get("abortme")
+    run = agent.start_chat("long")
+    receiver = run["receiver"]
+
+    @ray_local.remote(num_cpus=0)
+    def abort_elsewhere(r):
+        return r.abort("stop from elsewhere")
+
+    time.sleep(0.3)
+    assert ray_local.get(abort_elsewhere.remote(receiver)) is True
+    result = agent.wait_run(run["run_id"])
+    assert result is None or result["status"] == "aborted"
+    wait_until(lambda: agent.status()["state"] == "idle")
+    assert receiver.abort() is False  # finished: nothing to abort
+    last = agent.history()[-1]
+    n = len(text_of(last).split())
+    assert 0 < n < 400
+    assert last["metadata"]["status"] == "aborted"
+    # truthful after a wake too
+    assert ns.hibernate("abortme")
+    assert text_of(agent.history()[-1]) == text_of(last)
+
+
+def test_abort_unknown_run_returns_false(namespace_factory):
+    ns = namespace_factory()
+    agent = ns.get("nobody")
+    run = agent.start_chat("x")
+    agent.wait_run(run["run_id"])
+    from actors.relay import AbortReceiver
+
+    fake = AbortReceiver(run["receiver"].actor, "nobody", "run_does_not_exist")
+    assert fake.abort() is False
+    assert run["receiver"].abort() is False
+
+
+def test_detach_does_not_cancel(namespace_factory):
+    ns = namespace_factory(agent_kwargs={"chunks": 100, "delay": 0.005})
+    agent = ns.get("detach")
+    stream = agent.stream_chat("go")
+    first = [next(stream) for _ in range(5)]
+    assert first[0]["type"] == "start"
+    del stream  # the consumer goes away mid-stream
+    wait_until(lambda: agent.status()["state"] == "idle")
+    last = agent.history()[-1]
+    assert text_of(last).split()[-1] == "chunk99"
+    assert last["metadata"]["status"] == "completed"
+
+
+# -- resume -----------------------------------------------------------------------------
+
+
+def test_resume_replays_from_zero_then_tails(namespace_factory):
+    ns = namespace_factory(agent_kwargs={"chunks": 150, "delay": 0.01})
+    agent = ns.get("resumer")
+    first = agent.stream_chat("go")
+    seen = [next(first) for _ in range(20)]
+    del first  # disconnect
+    resumed = agent.resume()
+    replay = list(resumed)
+    assert resumed.run_id and replay[0]["type"] == "start"
+    assert replay[: len(seen)] == seen  # replay starts at index 0
+    deltas = [c["delta"] for c in replay if c["type"] == "text-delta"]
+    assert deltas == [f"chunk{i} " for i in range(150)]  # exactly once, contiguous
+    assert replay[-1]["type"] == "finish"
+    # after a wake the last run is replayed from the chunk log in the database
+    assert ns.hibernate("resumer")
+    again = list(agent.resume())
+    assert again == replay
+
+
+# -- hibernate and wake -----------------------------------------------------------------
+
+
+def test_hibernate_closes_file_and_wake_is_a_fresh_instance(namespace_factory, tmp_path):
+    ns = namespace_factory(pool_size=2)
+    agent = ns.get("sleeper")
+    agent.chat("remember")
+    before = agent.invoke("whoami")
+    assert ns.hibernate("sleeper")
+    path = Path(ns.storage_root) / ns.name / "sleeper.duckdb"
+    assert path.exists() and not Path(str(path) + ".wal").exists()
+    assert agent.where() is None
+    created = ns.stats()["counters"]["actors_created"]
+    after = agent.invoke("whoami")
+    assert after["incarnation"] != before["incarnation"]
+    assert [m["role"] for m in agent.history()] == ["user", "assistant"]
+    stats = ns.stats()
+    assert stats["counters"]["pool_hits"] >= 2
+    assert stats["counters"].get("pool_misses", 0) == 0
+    assert stats["counters"]["actors_created"] <= created + 1  # only the pool top-up
+
+
+def test_idle_timeout_hibernates(namespace_factory):
+    ns = namespace_factory(idle_timeout=0.3)
+    agent = ns.get("idler")
+    agent.chat("x")
+    wait_until(lambda: not ns.stats()["live"], timeout=10)
+    assert ns.stats()["counters"]["hibernations"] >= 1
+    assert len(agent.history()) == 2  # wakes on the next call
+
+
+def test_live_cap_hibernates_least_recently_used(namespace_factory):
+    ns = namespace_factory(max_live=2, pool_size=2)
+    a, b, c = ns.get("a1"), ns.get("b1"), ns.get("c1")
+    a.chat("x")
+    time.sleep(0.2)
+    b.chat("y")
+    time.sleep(0.05)
+    c.chat("z")
+    live = set(ns.stats()["live"])
+    assert live == {"b1", "c1"}
+    assert ns.stats()["counters"]["lru_hibernations"] == 1
+    assert len(a.history()) == 2
+
+
+def test_hibernate_refused_while_running(namespace_factory):
+    ns = namespace_factory(agent_kwargs={"chunks": 60, "delay": 0.01})
+    agent = ns.get("busy")
+    run = agent.start_chat("go")
+    assert ns.hibernate("busy") is False
+    agent.wait_run(run["run_id"])
+    assert ns.hibernate("busy") is True
+
+
+def test_crashed_actor_is_replaced(namespace_factory, ray_local):
+    ns = namespace_factory()
+    agent = ns.get("crashy")
+    agent.chat("before crash")
+    pid = agent.where()["pid"]
+    actor = agent._actor
+    ray_local.kill(actor, no_restart=True)
+    result = agent.chat("after crash")  # rebinds on the next call (file lock retried)
+    assert result["status"] == "completed"
+    assert agent.where()["pid"] != pid
+    assert len(agent.history()) == 4
+
+
+def test_recycle_after_n_bindings(namespace_factory):
+    ns = namespace_factory(recycle_after=1, pool_size=1)
+    agent = ns.get("recycled")
+    agent.chat("x")
+    assert ns.hibernate("recycled")
+    assert ns.stats()["counters"]["actors_recycled"] == 1
+
+
+def test_orphaned_tool_call_finalized_after_restart(namespace_factory):
+    from storage.session_store import DuckDBSessionStore
+
+    ns = namespace_factory()
+    path = Path(ns.storage_root) / ns.name / "orphan.duckdb"
+    store = DuckDBSessionStore(path)
+    sid = store.create_session("s").id
+    store.set_config("think.current_session", sid)
+    store.append_message(sid, {"id": "u", "role": "user", "parts": [{"type": "text", "text": "q"}]})
+    store.append_message(
+        sid,
+        {"id": "a", "role": "assistant", "parts": [
+            {"type": "dynamic-tool", "toolName": "get_weather", "toolCallId": "c",
+             "state": "input-available", "input": {"city": "Lima"}}]},
+    )
+    store.close()
+    agent = ns.existing("orphan")
+    agent.chat("next")
+    part = agent.history()[1]["parts"][0]
+    assert part["state"] == "output-error" and "restart" in part["errorText"]
+
+
+# -- fibers and alarms -------------------------------------------------------------------
+
+
+def test_fiber_recovers_after_crash(namespace_factory, ray_local):
+    ns = namespace_factory()
+    agent = ns.get("fiber")
+    fid = agent.invoke("spawn_fiber", "count_to", {"n": 40, "sleep": 0.05})
+    wait_until(lambda: (agent.invoke("get_fiber", fid).checkpoint or {}).get("i", 0) >= 5)
+    assert ns.hibernate("fiber") is False  # a running fiber keeps it awake
+    ray_local.kill(agent._actor, no_restart=True)  # eviction
+    record = wait_until(
+        lambda: (r := agent.invoke("get_fiber", fid)).status == "completed" and r, timeout=20
+    )
+    assert record.result == 40
+    assert record.checkpoint["recovered"] is True  # resumed from its checkpoint
+    assert record.attempts == 2
+
+
+def test_alarm_wakes_hibernated_agent(namespace_factory):
+    ns = namespace_factory()
+    agent = ns.get("alarmed")
+    agent.invoke("schedule", 1.0, "note_alarm", "ding")
+    assert ns.hibernate("alarmed")
+    assert "alarmed" in ns.stats()["alarms"]
+    # the directory wakes it when due, before anyone calls it
+    wait_until(lambda: ns.stats()["counters"].get("alarm_wakes", 0) >= 1, timeout=10)
+    assert wait_until(lambda: agent.invoke("alarms_fired"), timeout=10) == ["ding"]
+    assert agent.invoke("list_schedules") == []
+
+
+# -- bad input --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", ["../escape", "a/b", "", ".hidden", "x" * 200, "a\x00b", "sp ace"])
+def test_unsafe_names_rejected_before_filesystem(namespace_factory, bad):
+    from storage.types import InvalidInputError
+
+    ns = namespace_factory()
+    before = set(os.listdir(Path(ns.storage_root) / ns.name))
+    with pytest.raises(InvalidInputError):
+        ns.get(bad)
+    assert set(os.listdir(Path(ns.storage_root) / ns.name)) == before
+
+
+def test_never_created_name_is_not_found(namespace_factory):
+    from storage.types import SessionNotFoundError
+
+    ns = namespace_factory()
+    with pytest.raises(SessionNotFoundError):
+        ns.existing("ghost").history()
+    assert "ghost" not in ns.names()
+
+
+def test_unwritable_storage_root_fails_at_start(ray_local, tmp_path):
+    from actors.namespace import AgentNamespace
+    from storage.layout import StorageRootError
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(StorageRootError, match="not usable"):
+        AgentNamespace("badroot", storage_root=str(blocker / "root"))
