@@ -45,6 +45,7 @@ class NamespaceConfig:
     recycle_after: int = 200
     actor_options: dict[str, Any] = field(default_factory=dict)
     preload: tuple[str, ...] = DEFAULT_PRELOAD
+    cap_wait: float = 5.0  # how long a wake waits at the live cap before exceeding it
 
 
 @dataclass
@@ -70,6 +71,8 @@ class Directory:
         self.entries: dict[str, Entry] = {}
         self.free: list[PooledActor] = []
         self.starting = 0
+        self.binding = 0  # binds in flight: they count toward the live cap
+        self._admission = asyncio.Lock()
         self.locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.alarms: dict[str, float] = {}
         self._alarm_changed: asyncio.Event | None = None
@@ -107,7 +110,10 @@ class Directory:
         return PooledActor(handle, info["actor_id"], info["node_id"], info["pid"])
 
     async def _top_up(self) -> None:
-        missing = self.cfg.pool_size - len(self.free) - self.starting
+        # Spare processes beyond the live cap are useless (a wake at the cap reuses the
+        # actor of the agent it hibernates), and starting one costs ~1 s of CPU.
+        headroom = self.cfg.max_live + 1 - len(self.entries) - self.binding - len(self.free)
+        missing = min(self.cfg.pool_size - len(self.free), headroom) - self.starting
         if missing <= 0 or self._closed:
             return
         self.starting += missing
@@ -183,6 +189,15 @@ class Directory:
                 f"agent {name!r} does not exist in namespace {self.cfg.namespace!r}"
             )
         await self._make_room(name)
+        self.binding += 1
+        try:
+            return await self._bind_admitted(name, path, create, node_id)
+        finally:
+            self.binding -= 1
+
+    async def _bind_admitted(
+        self, name: str, path: Any, create: bool, node_id: str | None
+    ) -> tuple[Any, str]:
         spec = BindSpec(
             namespace=self.cfg.namespace,
             name=name,
@@ -218,32 +233,44 @@ class Directory:
         raise RuntimeError(f"could not bind {name!r}: {last_error}")
 
     async def _make_room(self, incoming: str) -> None:
-        """Hibernate least recently used idle agents while at the live cap. The cap is
-        soft: if every live agent is busy, the new one binds anyway (blocking it could
-        deadlock an orchestrator waiting on its sub-agents)."""
-        while len(self.entries) >= self.cfg.max_live:
-            names = [n for n in self.entries if n != incoming and not self.locks[n].locked()]
-            if not names:
-                return
-            reports = await asyncio.gather(
-                *(self.entries[n].actor.handle.activity.remote(n) for n in names),
-                return_exceptions=True,
-            )
-            idle = [
-                (r["idle_for"], n)
-                for n, r in zip(names, reports, strict=True)
-                if isinstance(r, dict) and not r["busy"]
-            ]
-            if not idle:
-                self.counters["cap_exceeded"] += 1
-                return
-            idle.sort(reverse=True)
-            for _, victim in idle:
-                if await self.hibernate(victim):
-                    self.counters["lru_hibernations"] += 1
-                    break
-            else:
-                return
+        """Admission at the live cap (binds in flight count too): hibernate the least
+        recently used idle agent and reuse its actor.
+
+        One admission runs at a time, with one activity poll per attempt: under a wake
+        storm the waiters queue on the lock instead of polling every actor. While every
+        live agent is busy it waits briefly; after ``cap_wait`` the cap is exceeded
+        rather than risk a deadlock (an orchestrator waiting on its sub-agents keeps
+        them busy)."""
+        if len(self.entries) + self.binding < self.cfg.max_live:
+            return
+        async with self._admission:
+            deadline = time.monotonic() + self.cfg.cap_wait
+            while len(self.entries) + self.binding >= self.cfg.max_live:
+                names = [n for n in self.entries if n != incoming and not self.locks[n].locked()]
+                reports = await asyncio.gather(
+                    *(self.entries[n].actor.handle.activity.remote(n) for n in names),
+                    return_exceptions=True,
+                )
+                idle = sorted(
+                    (
+                        (r["idle_for"], n)
+                        for n, r in zip(names, reports, strict=True)
+                        if isinstance(r, dict) and not r["busy"]
+                    ),
+                    reverse=True,
+                )
+                hibernated = False
+                for _, victim in idle:
+                    if victim in self.entries and await self.hibernate(victim):
+                        self.counters["lru_hibernations"] += 1
+                        hibernated = True
+                        break
+                if hibernated:
+                    continue
+                if time.monotonic() >= deadline:
+                    self.counters["cap_exceeded"] += 1
+                    return
+                await asyncio.sleep(0.01)
 
     # -- hibernate -------------------------------------------------------------------
 

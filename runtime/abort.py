@@ -98,30 +98,44 @@ class AbortController:
 async def abortable(iterator: AsyncIterator[T], signal: AbortSignal) -> AsyncIterator[T]:
     """Iterate ``iterator`` until it ends or ``signal`` fires (then raise AbortError).
 
-    The pending ``__anext__`` is cancelled on abort, so a model call stops at once
-    (its HTTP stream closes) instead of at the next chunk.
+    A pending ``__anext__`` is interrupted at once (its task is cancelled while it
+    waits on the iterator, so a model call's HTTP stream closes) instead of at the
+    next chunk. No task is created per item: a listener cancels the current task only
+    while it is waiting inside the iterator, and the cancel becomes an AbortError.
     """
     signal.throw_if_aborted()
-    abort_wait = asyncio.ensure_future(signal.wait())
+    task = asyncio.current_task()
+    waiting = False
+    fired = False
+
+    def on_abort(_reason: str) -> None:
+        nonlocal fired
+        fired = True
+        # Nested abortables share the task: the first listener cancels, the others
+        # see the request pending and leave it.
+        if waiting and task is not None and not task.cancelling():
+            task.cancel()
+
+    remove = signal.add_listener(on_abort)
     try:
         while True:
-            step = asyncio.ensure_future(iterator.__anext__())
-            done, _ = await asyncio.wait({step, abort_wait}, return_when=asyncio.FIRST_COMPLETED)
-            if step in done:
-                try:
-                    item = step.result()
-                except StopAsyncIteration:
-                    return
-                yield item
-                continue
-            step.cancel()
+            waiting = True
             try:
-                await step
-            except (asyncio.CancelledError, StopAsyncIteration, Exception):
-                pass
-            raise AbortError(signal.reason or "aborted")
+                item = await iterator.__anext__()
+            except StopAsyncIteration:
+                return
+            except asyncio.CancelledError:
+                if fired and task is not None and task.cancelling():
+                    task.uncancel()
+                    raise AbortError(signal.reason or "aborted") from None
+                raise
+            finally:
+                waiting = False
+            if fired:
+                raise AbortError(signal.reason or "aborted")
+            yield item
     finally:
-        abort_wait.cancel()
+        remove()
         aclose = getattr(iterator, "aclose", None)
         if aclose is not None:
             try:

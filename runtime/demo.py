@@ -49,6 +49,24 @@ def _offline_step(request: ModelRequest, step: int) -> Reply:
     return reply(*[w + " " for w in words[:-1]], words[-1])
 
 
+def _timestamped_deltas(n: int, delay: float) -> Any:
+    import asyncio
+    import time
+
+    from runtime.model import StepFinish, TextDelta, TextEnd, TextStart
+
+    async def events(request: ModelRequest, step: int) -> Any:
+        yield TextStart(id="ts")
+        for _ in range(n):
+            if delay:
+                await asyncio.sleep(delay)
+            yield TextDelta(id="ts", delta=f"{time.time():.6f} ")
+        yield TextEnd(id="ts")
+        yield StepFinish(finish_reason="stop")
+
+    return events
+
+
 class DemoAgent(Think):
     """Claude when ANTHROPIC_API_KEY is set, else the offline scripted model."""
 
@@ -81,7 +99,9 @@ class ScriptAgent(Think):
         chunks: int = 5,
         delay: float = 0.0,
         reply_text: str | None = None,
+        timestamps: bool = False,
     ) -> None:
+        self.timestamps = timestamps
         self.chunks = chunks
         self.delay = delay
         self.reply_text = reply_text
@@ -100,6 +120,9 @@ class ScriptAgent(Think):
             match = re.search(r"weather in ([A-Za-z]+)", text)
             if match:
                 return reply(tool_call("get_weather", {"city": match.group(1)}))
+        if self.timestamps:
+            # Each delta is its own emit time: lets a benchmark measure emit→receive.
+            return _timestamped_deltas(self.chunks, self.delay)(request, step)
         body = self.reply_text or "chunk"
         return reply(*[f"{body}{i} " for i in range(self.chunks)])
 

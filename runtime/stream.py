@@ -48,15 +48,22 @@ class RunStream:
             self._waiters.append(fut)
             await fut
 
-    async def follow(self, start: int = 0, max_batch: int = 512) -> AsyncIterator[list[Chunk]]:
+    async def follow(
+        self, start: int = 0, max_batch: int = 2048, coalesce: float = 0.0
+    ) -> AsyncIterator[list[Chunk]]:
         """Batches of chunks from ``start``: whatever accumulated since the last batch.
 
         Batching is what lets a slow consumer (a Ray call per batch) keep up: the
-        faster the producer, the larger each batch.
+        faster the producer, the larger each batch. ``coalesce`` waits that long after
+        a batch before taking the next, trading that much latency for fewer items
+        across a process boundary.
         """
         index = start
         while True:
             await self.wait_beyond(index)
+            # The first batch goes at once (time to first chunk); later ones gather.
+            if coalesce and index > start and not self.done and len(self.chunks) - index < max_batch:
+                await asyncio.sleep(coalesce)
             if index < len(self.chunks):
                 batch = self.chunks[index : index + max_batch]
                 index += len(batch)

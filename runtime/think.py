@@ -157,6 +157,7 @@ class Think:
         self._clear_generation: dict[str, int] = {}
         self._persist_cache = PersistCache()
         self._config: dict[str, Any] | None = None
+        self._trimmed = False
         self._current_session_id: str | None = self.store.get_config(CURRENT_SESSION_KEY)
         if self._current_session_id and not self.store.has_session(self._current_session_id):
             self._current_session_id = None
@@ -450,12 +451,10 @@ class Think:
                 user_msg = prepare_message(user_msg)
                 user_id = user_msg["id"]
                 self.store.append_message(sid, user_msg)  # a repeated id is a no-op
-            self.finalize_orphaned_tool_calls(sid)
             history = self.store.get_history(sid)
-            if sid == self._current_session_id or self._current_session_id is None:
-                self.messages = history
-            else:
-                self.messages = history  # the turn's view; switch_session restores others
+            if self.finalize_orphaned_tool_calls(sid, history):
+                history = self.store.get_history(sid)
+            self.messages = history  # the turn's view (switch_session restores others)
             parent_id = history[-1]["id"] if history else None
             recorder = Recorder(
                 self.store,
@@ -535,7 +534,9 @@ class Think:
         message = None
         if recorder is not None:
             message = self._finish_recorder(recorder, run, status, step_usage, finish_reason, stale)
-            if sid == self._current_session_id and not stale():
+            if message is not None and not self._trimmed:
+                self.messages = [*self.messages, message]
+            elif not stale():
                 self.messages = self.store.get_history(sid)
         self._end_run(run, status, error_text)
         if callback is not None:
@@ -708,7 +709,9 @@ class Think:
 
     # -- storage upkeep ---------------------------------------------------------------
 
-    def finalize_orphaned_tool_calls(self, session_id: str) -> int:
+    def finalize_orphaned_tool_calls(
+        self, session_id: str, history: list[dict[str, Any]] | None = None
+    ) -> int:
         """A tool call left without output (a run that died with the process) becomes a
         tool error, so the next prompt never carries an unresolved call. Returns the
         number finalized. Calls belonging to a run in flight are left alone."""
@@ -717,7 +720,9 @@ class Think:
         else:
             active = None
         writes: list[PartWrite] = []
-        for message in self.store.get_history(session_id)[-8:]:
+        if history is None:
+            history = self.store.get_history(session_id)
+        for message in history[-8:]:
             if message.get("role") != "assistant" or message["id"] == active:
                 continue
             for idx, part in enumerate(message.get("parts", ())):
@@ -734,6 +739,7 @@ class Think:
         return len(writes)
 
     def _enforce_max_persisted(self, session_id: str) -> None:
+        self._trimmed = False
         limit = self.max_persisted_messages
         if limit is None:
             return
@@ -743,6 +749,7 @@ class Think:
         if excess > 0:
             doomed = [row.id for row in visible[:excess]]
             self.store.delete_messages(session_id, doomed)
+            self._trimmed = True
             for mid in doomed:
                 self._persist_cache.forget(mid)
 

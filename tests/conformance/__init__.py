@@ -1,0 +1,13 @@
+"""Conformance suites that every storage implementation must pass.
+
+Usage (pattern: langgraph's checkpoint-conformance): import the test classes into a
+test module and provide the fixtures the suite documents::
+
+    from conformance.session_store_suite import *  # noqa: F403
+
+    @pytest.fixture
+    def store(): ...
+
+    @pytest.fixture
+    def reopen(): ...  # or return None for a store without a file
+"""

@@ -1,0 +1,1259 @@
+"""Conformance suite for :class:`storage.protocols.SessionStore`.
+
+Every store implementation runs these tests. The importing module provides:
+
+- ``store``: a fresh, empty store, closed by the fixture afterwards (whatever the test
+  did to it).
+- ``reopen``: a callable ``reopen(store) -> store`` that closes ``store`` and opens
+  the same backing file again (the new store is also closed by the fixture), or
+  ``None`` for a store that has no file; tests that need it then skip.
+
+The classes follow the clauses of the protocol docstring. ``TestResolutions`` pins
+down what the protocol leaves open, so that every implementation resolves it the
+same way; each test there says which choice it checks.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from storage.protocols import HEAD, SessionStore
+from storage.types import (
+    ChunkWrite,
+    InvalidInputError,
+    MessageNotFoundError,
+    PartWrite,
+    SessionInfo,
+    SessionNotFoundError,
+    StreamFlush,
+    empty_rollup,
+)
+
+__all__ = [
+    "TestChunkLog",
+    "TestConfig",
+    "TestFlushStream",
+    "TestHiddenAndPath",
+    "TestIdempotency",
+    "TestLifecycle",
+    "TestNotFound",
+    "TestResolutions",
+    "TestSessions",
+    "TestTreeAndHead",
+    "TestUsage",
+    "TestValidation",
+]
+
+
+# -- helpers -----------------------------------------------------------------------
+
+
+def msg(mid: str, role: str = "user", text: str | None = None, **extra: Any) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "id": mid,
+        "role": role,
+        "metadata": None,
+        "parts": [{"type": "text", "text": text if text is not None else f"text of {mid}"}],
+    }
+    message.update(extra)
+    return message
+
+
+def ids(messages: list[dict[str, Any]]) -> list[str]:
+    return [m["id"] for m in messages]
+
+
+def chain(store: SessionStore, sid: str, *mids: str) -> None:
+    """Append a linear conversation, alternating user/assistant."""
+    for i, mid in enumerate(mids):
+        assert store.append_message(sid, msg(mid, "user" if i % 2 == 0 else "assistant"))
+
+
+def tool_part(call_id: str, state: str, **fields: Any) -> dict[str, Any]:
+    return {
+        "type": "dynamic-tool",
+        "toolName": "search",
+        "toolCallId": call_id,
+        "state": state,
+        **fields,
+    }
+
+
+RICH = {
+    "id": "rich",
+    "role": "assistant",
+    "metadata": {
+        "usage": {"input": 12, "output": 5, "cache_read": 0},
+        "createdAt": 1712345678.25,
+        "tags": ["a", "b"],
+        "nested": {"none": None, "bool": True, "neg": -3, "unicode": "héllo ✓ 你好"},
+    },
+    "parts": [
+        {"type": "step-start"},
+        {"type": "reasoning", "text": "thinking...", "state": "done"},
+        {"type": "text", "text": "hi there", "state": "done"},
+        tool_part("call-1", "output-available", input={"q": "x", "k": [1, 2.5]}, output="ok"),
+        {"type": "data-compaction", "data": {"summary": "s", "tail_start_id": "m9"}},
+        {"type": "file", "mediaType": "image/png", "url": "data:image/png;base64,AAAA"},
+    ],
+}
+
+
+def assert_nothing_written(store: SessionStore, sid: str, before: SessionInfo) -> None:
+    after = store.get_session(sid)
+    assert after.head_id == before.head_id
+    assert after.usage == before.usage
+    assert after.metadata == before.metadata
+
+
+UNKNOWN = "no-such-session"
+
+
+# -- sessions ----------------------------------------------------------------------
+
+
+class TestSessions:
+    def test_create_and_get(self, store: SessionStore) -> None:
+        info = store.create_session(
+            "Research",
+            metadata={"owner": "ana"},
+            parent_session_id="p1",
+            parent_message_id="pm1",
+            thread_key="topic-a",
+            model={"provider": "anthropic", "id": "claude"},
+        )
+        assert isinstance(info, SessionInfo)
+        assert info.id and info.name == "Research"
+        got = store.get_session(info.id)
+        assert got.to_dict() == info.to_dict()
+        assert got.metadata == {"owner": "ana"}
+        assert got.parent_session_id == "p1" and got.parent_message_id == "pm1"
+        assert got.thread_key == "topic-a"
+        assert got.model == {"provider": "anthropic", "id": "claude"}
+        assert got.head_id is None
+        assert got.usage == empty_rollup()
+        assert got.permissions == {} and got.settings == {}
+        assert got.created_at <= got.updated_at
+        assert abs(got.created_at - time.time()) < 60
+        assert store.has_session(info.id)
+        assert not store.has_session(UNKNOWN)
+
+    def test_defaults_and_explicit_id(self, store: SessionStore) -> None:
+        info = store.create_session(session_id="s-1")
+        assert info.id == "s-1" and info.name == "New Chat"
+        assert store.get_session("s-1").name == "New Chat"
+
+    def test_generated_ids_are_unique(self, store: SessionStore) -> None:
+        made = {store.create_session().id for _ in range(5)}
+        assert len(made) == 5
+
+    def test_list_most_recently_updated_first(self, store: SessionStore) -> None:
+        a = store.create_session("a").id
+        b = store.create_session("b").id
+        c = store.create_session("c").id
+        assert [s.id for s in store.list_sessions()] == [c, b, a]
+        store.rename_session(a, "a2")
+        assert [s.id for s in store.list_sessions()] == [a, c, b]
+        store.append_message(b, msg("m1"))
+        assert [s.id for s in store.list_sessions()] == [b, a, c]
+
+    def test_list_filters_ephemeral(self, store: SessionStore) -> None:
+        keep = store.create_session("keep").id
+        side = store.create_session("side", metadata={"ephemeral": True}).id
+        assert [s.id for s in store.list_sessions()] == [keep]
+        listed = store.list_sessions(include_ephemeral=True)
+        assert {s.id for s in listed} == {keep, side}
+        assert [s.ephemeral for s in listed if s.id == side] == [True]
+
+    def test_list_by_parent(self, store: SessionStore) -> None:
+        root = store.create_session("root").id
+        b1 = store.create_session("b1", parent_session_id=root).id
+        b2 = store.create_session("b2", parent_session_id=root).id
+        store.create_session("other", parent_session_id="elsewhere")
+        assert [s.id for s in store.list_sessions(parent_session_id=root)] == [b2, b1]
+        assert store.list_sessions(parent_session_id=b1) == []
+        assert len(store.list_sessions()) == 4
+
+    def test_rename(self, store: SessionStore) -> None:
+        sid = store.create_session("old").id
+        before = store.get_session(sid).updated_at
+        store.rename_session(sid, "new")
+        got = store.get_session(sid)
+        assert got.name == "new"
+        assert got.updated_at > before
+
+    def test_update_merges_metadata_and_replaces_the_rest(self, store: SessionStore) -> None:
+        sid = store.create_session(metadata={"a": 1, "b": {"x": 1}}, model={"id": "m1"}).id
+        info = store.update_session(sid, metadata={"b": {"y": 2}, "c": 3})
+        assert info.metadata == {"a": 1, "b": {"y": 2}, "c": 3}  # shallow merge
+        assert info.model == {"id": "m1"}  # untouched
+        info = store.update_session(
+            sid,
+            model={"id": "m2"},
+            permissions={"tools": ["read"]},
+            settings={"temperature": 0.5},
+        )
+        assert info.model == {"id": "m2"}
+        assert info.permissions == {"tools": ["read"]}
+        assert info.settings == {"temperature": 0.5}
+        assert info.metadata == {"a": 1, "b": {"y": 2}, "c": 3}
+        info = store.update_session(sid, permissions={"tools": []})
+        assert info.permissions == {"tools": []}  # replaced, not merged
+        assert store.get_session(sid).to_dict() == info.to_dict()
+
+    def test_delete_session(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        other = store.create_session().id
+        chain(store, sid, "m1", "m2")
+        chain(store, other, "o1")
+        store.delete_session(sid)
+        assert not store.has_session(sid)
+        assert store.get_message("m1") is None and store.get_message("m2") is None
+        with pytest.raises(SessionNotFoundError):
+            store.get_session(sid)
+        assert ids(store.get_history(other)) == ["o1"]
+        assert [s.id for s in store.list_sessions()] == [other]
+
+    def test_clear_messages(self, store: SessionStore) -> None:
+        sid = store.create_session("keep me", metadata={"k": 1}).id
+        chain(store, sid, "m1", "m2")
+        store.add_usage(sid, {"input": 10, "output": 5})
+        store.clear_messages(sid)
+        info = store.get_session(sid)
+        assert info.name == "keep me" and info.metadata == {"k": 1}
+        assert info.head_id is None
+        assert info.usage == empty_rollup()
+        assert store.get_history(sid) == []
+        assert store.message_count(sid, include_hidden=True) == 0
+        assert store.get_message("m1") is None
+        assert store.append_message(sid, msg("m3"))
+        assert ids(store.get_history(sid)) == ["m3"]
+
+
+# -- not found ---------------------------------------------------------------------
+
+SESSION_CALLS: dict[str, Callable[[SessionStore, str], Any]] = {
+    "get_session": lambda s, sid: s.get_session(sid),
+    "rename_session": lambda s, sid: s.rename_session(sid, "x"),
+    "update_session": lambda s, sid: s.update_session(sid, metadata={"a": 1}),
+    "add_usage": lambda s, sid: s.add_usage(sid, {"input": 1}),
+    "set_usage": lambda s, sid: s.set_usage(sid, empty_rollup()),
+    "delete_session": lambda s, sid: s.delete_session(sid),
+    "clear_messages": lambda s, sid: s.clear_messages(sid),
+    "append_message": lambda s, sid: s.append_message(sid, msg("nf-1")),
+    "upsert_message": lambda s, sid: s.upsert_message(sid, msg("nf-1")),
+    "flush_stream": lambda s, sid: s.flush_stream(
+        StreamFlush(
+            session_id=sid,
+            message={"id": "nf-1", "role": "assistant", "metadata": None},
+            parts=[PartWrite("nf-1", 0, {"type": "text", "text": "x"})],
+            chunks=[ChunkWrite("nf-gen", 0, {"type": "start"})],
+        )
+    ),
+    "get_history": lambda s, sid: s.get_history(sid),
+    "get_path": lambda s, sid: s.get_path(sid),
+    "message_count": lambda s, sid: s.message_count(sid),
+    "set_head": lambda s, sid: s.set_head(sid, None),
+    "delete_messages": lambda s, sid: s.delete_messages(sid, ["x"]),
+    "set_hidden": lambda s, sid: s.set_hidden(sid, [], None),
+}
+
+
+class TestNotFound:
+    def test_unknown_session_raises_and_creates_nothing(self, store: SessionStore) -> None:
+        # One loop rather than one test per method: a fresh store per case costs more
+        # than the case itself.
+        for name, call in SESSION_CALLS.items():
+            try:
+                call(store, UNKNOWN)
+            except SessionNotFoundError:
+                pass
+            else:
+                pytest.fail(f"{name} did not raise SessionNotFoundError")
+            assert not store.has_session(UNKNOWN), name
+            assert store.list_sessions(include_ephemeral=True) == [], name
+            assert store.get_message("nf-1") is None, name
+            assert store.get_chunks("nf-gen") == [], name
+
+    def test_not_found_is_a_key_error(self, store: SessionStore) -> None:
+        with pytest.raises(KeyError):
+            store.get_session(UNKNOWN)
+
+    def test_unknown_message(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "m1")
+        assert store.get_message("nope") is None
+        assert store.get_message_row("nope") is None
+        with pytest.raises(MessageNotFoundError):
+            store.get_history(sid, leaf_id="nope")
+        with pytest.raises(MessageNotFoundError):
+            store.get_path(sid, leaf_id="nope")
+        with pytest.raises(MessageNotFoundError):
+            store.set_head(sid, "nope")
+        with pytest.raises(MessageNotFoundError):
+            store.append_message(sid, msg("m2"), parent_id="nope")
+        assert store.get_message("m2") is None
+        assert store.get_session(sid).head_id == "m1"
+
+    def test_message_of_another_session_is_not_found(self, store: SessionStore) -> None:
+        a = store.create_session().id
+        b = store.create_session().id
+        chain(store, a, "a1")
+        chain(store, b, "b1")
+        with pytest.raises(MessageNotFoundError):
+            store.get_history(b, leaf_id="a1")
+        with pytest.raises(MessageNotFoundError):
+            store.set_head(b, "a1")
+        with pytest.raises(MessageNotFoundError):
+            store.append_message(b, msg("b2"), parent_id="a1")
+        assert store.get_message("b2") is None
+
+
+# -- validation --------------------------------------------------------------------
+
+BAD_MESSAGES: dict[str, Any] = {
+    "not a dict": ["id", "user"],
+    "no id": {"role": "user", "parts": []},
+    "empty id": {"id": "", "role": "user", "parts": []},
+    "int id": {"id": 7, "role": "user", "parts": []},
+    "bad role": {"id": "bad", "role": "robot", "parts": []},
+    "no role": {"id": "bad", "parts": []},
+    "parts not a list": {"id": "bad", "role": "user", "parts": {"type": "text"}},
+    "no parts": {"id": "bad", "role": "user"},
+    "part not a dict": {"id": "bad", "role": "user", "parts": ["hello"]},
+    "part without type": {"id": "bad", "role": "user", "parts": [{"text": "x"}]},
+    "part type not str": {"id": "bad", "role": "user", "parts": [{"type": 3}]},
+    "metadata not a dict": {"id": "bad", "role": "user", "metadata": [1], "parts": []},
+    "unserializable part": {
+        "id": "bad",
+        "role": "user",
+        "parts": [{"type": "text", "text": "ok"}, {"type": "text", "text": object()}],
+    },
+}
+
+
+class TestValidation:
+    @pytest.mark.parametrize("method", ["append_message", "upsert_message"])
+    def test_invalid_message_writes_nothing(self, store: SessionStore, method: str) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "m1")
+        before = store.get_session(sid)
+        for case, bad in BAD_MESSAGES.items():
+            try:
+                getattr(store, method)(sid, copy.copy(bad))
+            except InvalidInputError:
+                pass
+            else:
+                pytest.fail(f"{method} accepted a message with {case}")
+            assert store.message_count(sid, include_hidden=True) == 1, case
+            assert store.get_message("bad") is None, case
+            assert_nothing_written(store, sid, before)
+
+    def test_invalid_input_is_a_value_error(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        with pytest.raises(ValueError):
+            store.append_message(sid, {"id": "x", "role": "nobody", "parts": []})
+
+    def test_invalid_upsert_keeps_existing_message(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        original = msg("m1", text="original")
+        store.append_message(sid, original)
+        with pytest.raises(InvalidInputError):
+            store.upsert_message(sid, {"id": "m1", "role": "user", "parts": [{"text": "x"}]})
+        assert store.get_message("m1") == original
+
+    def test_invalid_session_fields(self, store: SessionStore) -> None:
+        with pytest.raises(InvalidInputError):
+            store.create_session(123)  # type: ignore[arg-type]
+        with pytest.raises(InvalidInputError):
+            store.create_session(metadata=["not", "a", "dict"])  # type: ignore[arg-type]
+        assert store.list_sessions(include_ephemeral=True) == []
+        sid = store.create_session(metadata={"a": 1}).id
+        before = store.get_session(sid)
+        with pytest.raises(InvalidInputError):
+            store.update_session(sid, metadata="nope")  # type: ignore[arg-type]
+        with pytest.raises(InvalidInputError):
+            store.update_session(sid, metadata={"bad": object()})
+        assert store.get_session(sid).to_dict() == before.to_dict()
+
+    def test_invalid_usage_writes_nothing(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        store.add_usage(sid, {"input": 1})
+        before = store.get_session(sid).usage
+        with pytest.raises(InvalidInputError):
+            store.add_usage(sid, {"input": "ten"})
+        with pytest.raises(InvalidInputError):
+            store.add_usage(sid, "ten")  # type: ignore[arg-type]
+        with pytest.raises(InvalidInputError):
+            store.set_usage(sid, {"prompt_tokens": "x"})
+        assert store.get_session(sid).usage == before
+
+    def test_invalid_flush_writes_nothing(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "m1")
+        before = store.get_session(sid)
+        bad_flushes = [
+            StreamFlush(sid, message={"id": "s1", "role": "wizard"}),
+            StreamFlush(
+                sid,
+                message={"id": "s1", "role": "assistant"},
+                parts=[PartWrite("s1", -1, {"type": "text"})],
+            ),  # fmt: skip
+            StreamFlush(
+                sid,
+                message={"id": "s1", "role": "assistant"},
+                parts=[PartWrite("s1", 0, {"text": "no type"})],
+            ),  # fmt: skip
+            StreamFlush(
+                sid,
+                message={"id": "s1", "role": "assistant"},
+                chunks=[ChunkWrite("g", 0, "not a dict")],
+            ),  # type: ignore[arg-type]  # fmt: skip
+            StreamFlush(
+                sid,
+                message={"id": "s1", "role": "assistant"},
+                chunks=[ChunkWrite("g", 0, {"type": "x", "bad": {1, 2}})],
+            ),  # fmt: skip
+        ]
+        for flush in bad_flushes:
+            with pytest.raises(InvalidInputError):
+                store.flush_stream(flush)
+        assert store.get_message("s1") is None
+        assert store.get_chunks("g") == []
+        assert_nothing_written(store, sid, before)
+
+    def test_invalid_config(self, store: SessionStore) -> None:
+        with pytest.raises(InvalidInputError):
+            store.set_config("k", {"v": object()})
+        assert store.get_config("k", "absent") == "absent"
+
+
+# -- idempotency -------------------------------------------------------------------
+
+
+class TestIdempotency:
+    def test_append_round_trips_exactly(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        original = copy.deepcopy(RICH)
+        assert store.append_message(sid, RICH) is True
+        assert original == RICH  # the input is not mutated
+        assert store.get_message("rich") == RICH
+        assert store.get_history(sid) == [RICH]
+        got = store.get_history(sid)[0]
+        got["parts"].append({"type": "text", "text": "mutated by caller"})
+        got["metadata"]["tags"].append("c")
+        assert store.get_message("rich") == RICH  # results are copies
+
+    def test_round_trip_keeps_absent_and_null_metadata(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        no_meta = {"id": "a", "role": "user", "parts": [{"type": "text", "text": "x"}]}
+        null_meta = {"id": "b", "role": "assistant", "metadata": None, "parts": []}
+        store.append_message(sid, no_meta)
+        store.append_message(sid, null_meta)
+        assert store.get_history(sid) == [no_meta, null_meta]
+
+    def test_second_append_is_a_no_op(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        first = msg("m1", text="first")
+        assert store.append_message(sid, first) is True
+        chain_head = msg("m2", "assistant")
+        store.append_message(sid, chain_head)
+        assert store.append_message(sid, msg("m1", text="second", metadata={"x": 1})) is False
+        assert store.get_message("m1") == first
+        assert store.get_session(sid).head_id == "m2"  # the head did not move back
+        assert ids(store.get_history(sid)) == ["m1", "m2"]
+        assert store.message_count(sid) == 2
+
+    def test_append_of_an_id_from_another_session_is_a_no_op(self, store: SessionStore) -> None:
+        a = store.create_session().id
+        b = store.create_session().id
+        store.append_message(a, msg("m1", text="in a"))
+        assert store.append_message(b, msg("m1", text="in b")) is False
+        assert store.get_history(b) == []
+        assert store.get_message("m1") == msg("m1", text="in a")
+        assert store.get_message_row("m1").session_id == a  # type: ignore[union-attr]
+
+    def test_upsert_inserts_then_replaces(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "m1")
+        store.upsert_message(sid, msg("m2", "assistant", text="v1"))
+        assert store.get_session(sid).head_id == "m2"
+        chain(store, sid, "m3")
+        replacement = {
+            "id": "m2",
+            "role": "assistant",
+            "metadata": {"edited": True},
+            "parts": [{"type": "text", "text": "v2"}, {"type": "text", "text": "more"}],
+        }
+        store.upsert_message(sid, replacement)
+        assert store.get_message("m2") == replacement
+        # Replacing keeps the tree position (and the head).
+        assert ids(store.get_history(sid)) == ["m1", "m2", "m3"]
+        assert store.get_session(sid).head_id == "m3"
+        shrunk = {"id": "m2", "role": "assistant", "metadata": None, "parts": []}
+        store.upsert_message(sid, shrunk)
+        assert store.get_message("m2") == shrunk
+        assert store.get_history(sid)[1] == shrunk
+        assert store.message_count(sid) == 3
+
+
+# -- tree and head -----------------------------------------------------------------
+
+
+class TestTreeAndHead:
+    def test_append_moves_the_head(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        assert store.get_session(sid).head_id is None
+        store.append_message(sid, msg("m1"))
+        assert store.get_session(sid).head_id == "m1"
+        store.append_message(sid, msg("m2", "assistant"))
+        info = store.get_session(sid)
+        assert info.head_id == "m2"
+        assert store.get_message_row("m2").parent_id == "m1"  # type: ignore[union-attr]
+        assert store.get_message_row("m1").parent_id is None  # type: ignore[union-attr]
+
+    def test_history_default_and_explicit_leaf(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "m1", "m2", "m3", "m4")
+        assert ids(store.get_history(sid)) == ["m1", "m2", "m3", "m4"]
+        assert ids(store.get_history(sid, leaf_id="m2")) == ["m1", "m2"]
+        assert ids(store.get_history(sid, leaf_id="m1")) == ["m1"]
+
+    def test_empty_history(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        assert store.get_history(sid) == []
+        assert store.get_path(sid) == []
+        assert store.message_count(sid) == 0
+
+    def test_branching_via_parent_id(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "m1", "m2", "m3")
+        assert store.append_message(sid, msg("m2b", "assistant"), parent_id="m1")
+        assert store.get_session(sid).head_id == "m2b"
+        assert ids(store.get_history(sid)) == ["m1", "m2b"]
+        assert ids(store.get_history(sid, leaf_id="m3")) == ["m1", "m2", "m3"]
+        store.append_message(sid, msg("m3b"))  # HEAD: continues the new branch
+        assert ids(store.get_history(sid)) == ["m1", "m2b", "m3b"]
+        assert ids(store.children("m1")) == ["m2", "m2b"]  # oldest first
+        assert ids(store.children("m2")) == ["m3"]
+        assert store.children("m3") == []
+        assert store.children("m1")[1] == msg("m2b", "assistant")
+        assert store.message_count(sid) == 5
+
+    def test_explicit_head_parent(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "m1")
+        assert store.append_message(sid, msg("m2", "assistant"), parent_id=HEAD)
+        assert ids(store.get_history(sid)) == ["m1", "m2"]
+
+    def test_parent_none_starts_a_new_root(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "m1", "m2")
+        store.append_message(sid, msg("r2"), parent_id=None)
+        assert store.get_message_row("r2").parent_id is None  # type: ignore[union-attr]
+        assert store.get_session(sid).head_id == "r2"
+        assert ids(store.get_history(sid)) == ["r2"]
+        assert ids(store.get_history(sid, leaf_id="m2")) == ["m1", "m2"]
+
+    def test_set_head(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "m1", "m2", "m3")
+        store.set_head(sid, "m2")
+        assert store.get_session(sid).head_id == "m2"
+        assert ids(store.get_history(sid)) == ["m1", "m2"]
+        store.append_message(sid, msg("m3b", "user"))
+        assert ids(store.get_history(sid)) == ["m1", "m2", "m3b"]
+        assert ids(store.children("m2")) == ["m3", "m3b"]
+        store.set_head(sid, "m3")
+        assert ids(store.get_history(sid)) == ["m1", "m2", "m3"]
+
+    def test_unset_head_falls_back_to_latest_visible(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "m1", "m2")
+        store.append_message(sid, msg("x1"), parent_id="m1")
+        store.set_head(sid, "m2")
+        store.set_head(sid, None)
+        assert store.get_session(sid).head_id is None
+        assert ids(store.get_history(sid)) == ["m1", "x1"]  # most recent visible
+        store.set_hidden(sid, ["x1"], time.time())
+        assert ids(store.get_history(sid)) == ["m1", "m2"]
+
+    def test_seq_increases_across_the_store(self, store: SessionStore) -> None:
+        a = store.create_session().id
+        b = store.create_session().id
+        store.append_message(a, msg("a1"))
+        store.append_message(b, msg("b1"))
+        store.append_message(a, msg("a2"), parent_id="a1")
+        store.flush_stream(StreamFlush(b, message={"id": "b2", "role": "assistant"}))
+        seqs = [store.get_message_row(m).seq for m in ("a1", "b1", "a2", "b2")]  # type: ignore[union-attr]
+        assert seqs == sorted(seqs) and len(set(seqs)) == 4
+
+    def test_get_message_row(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "m1", "m2")
+        row = store.get_message_row("m2")
+        assert row is not None
+        assert row.id == "m2" and row.session_id == sid and row.parent_id == "m1"
+        assert row.role == "assistant" and row.hidden_at is None and not row.hidden
+        assert row.message == msg("m2", "assistant")
+        assert abs(row.created_at - time.time()) < 60
+
+    def test_children_keep_parts_order(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "m1")
+        many = {
+            "id": "m2",
+            "role": "assistant",
+            "parts": [{"type": "text", "text": str(i)} for i in range(20)],
+        }
+        store.append_message(sid, many)
+        assert store.children("m1") == [many]
+        assert store.get_history(sid)[-1] == many
+
+    def test_delete_messages(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "m1", "m2", "m3")
+        store.delete_messages(sid, ["m3"])
+        assert store.get_message("m3") is None
+        assert ids(store.get_history(sid)) == ["m1", "m2"]
+        assert store.message_count(sid) == 2
+        store.delete_messages(sid, [])
+        assert store.message_count(sid) == 2
+
+
+# -- hidden messages and the path ----------------------------------------------------
+
+
+class TestHiddenAndPath:
+    def test_hidden_excluded_unless_asked(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "u1", "a1", "u2", "a2")
+        store.set_hidden(sid, ["u2", "a2"], 1234.5)
+        assert ids(store.get_history(sid)) == ["u1", "a1"]
+        assert ids(store.get_history(sid, include_hidden=True)) == ["u1", "a1", "u2", "a2"]
+        assert store.message_count(sid) == 2
+        assert store.message_count(sid, include_hidden=True) == 4
+        row = store.get_message_row("u2")
+        assert row is not None and row.hidden and row.hidden_at == 1234.5
+        # Hiding never deletes: parts are intact.
+        assert store.get_message("a2") == msg("a2", "assistant")
+
+    def test_unhide(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "u1", "a1", "u2", "a2")
+        store.set_hidden(sid, ["u2", "a2"], time.time())
+        store.set_hidden(sid, ["u2", "a2"], None)
+        assert ids(store.get_history(sid)) == ["u1", "a1", "u2", "a2"]
+        assert not store.get_message_row("a2").hidden  # type: ignore[union-attr]
+        store.set_hidden(sid, [], None)  # nothing to do
+
+    def test_rewind_then_resend(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "u1", "a1", "u2", "a2")
+        store.set_hidden(sid, ["u2", "a2"], time.time())
+        store.set_head(sid, "a1")
+        store.append_message(sid, msg("u2b"))
+        assert ids(store.get_history(sid)) == ["u1", "a1", "u2b"]
+        assert ids(store.children("a1")) == ["u2", "u2b"]  # children include hidden
+        assert ids(store.get_history(sid, leaf_id="a2", include_hidden=True)) == [
+            "u1",
+            "a1",
+            "u2",
+            "a2",
+        ]
+
+    def test_get_path_includes_hidden(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "u1", "a1", "u2")
+        store.set_hidden(sid, ["a1"], 99.0)
+        path = store.get_path(sid)
+        assert [r.id for r in path] == ["u1", "a1", "u2"]
+        assert [r.hidden for r in path] == [False, True, False]
+        assert [r.parent_id for r in path] == [None, "u1", "a1"]
+        assert all(r.session_id == sid for r in path)
+        assert [r.seq for r in path] == sorted(r.seq for r in path)
+        assert path[1].message == msg("a1", "assistant")
+        assert path[1].role == "assistant"
+        assert [r.id for r in store.get_path(sid, leaf_id="a1")] == ["u1", "a1"]
+        assert ids(store.get_history(sid)) == ["u1", "u2"]
+
+    def test_hidden_leaf_with_explicit_leaf(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "u1", "a1")
+        store.set_hidden(sid, ["a1"], 1.0)
+        assert ids(store.get_history(sid, leaf_id="a1")) == ["u1"]
+        assert ids(store.get_history(sid, leaf_id="a1", include_hidden=True)) == ["u1", "a1"]
+
+
+# -- usage -------------------------------------------------------------------------
+
+
+class TestUsage:
+    def test_add_usage_rollup_arithmetic(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        info = store.add_usage(
+            sid, {"input": 100, "output": 20, "reasoning": 5, "cache_read": 30, "cache_write": 7}
+        )
+        assert info.usage == {
+            "prompt_tokens": 100,
+            "completion_tokens": 20,
+            "reasoning_tokens": 5,
+            "cache_read": 30,
+            "cache_write": 7,
+            "total_tokens": 162,
+            "cost_usd": None,
+        }
+        assert info.context_window_used == 162
+        info = store.add_usage(sid, {"input": 1, "output": 2})
+        assert info.usage["prompt_tokens"] == 101 and info.usage["completion_tokens"] == 22
+        assert info.usage["total_tokens"] == 165
+        assert info.usage["cost_usd"] is None  # no writer supplied a cost yet
+        info = store.add_usage(sid, {"input": 0, "cost_usd": 0.25})
+        assert info.usage["cost_usd"] == pytest.approx(0.25)
+        info = store.add_usage(sid, {"output": 3, "cost_usd": 0.5})
+        assert info.usage["cost_usd"] == pytest.approx(0.75)
+        info = store.add_usage(sid, {"output": 1})
+        assert info.usage["cost_usd"] == pytest.approx(0.75)  # absent cost adds nothing
+        assert info.usage["total_tokens"] == 169
+        assert store.get_session(sid).usage == info.usage
+
+    def test_set_usage_replaces(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        store.add_usage(sid, {"input": 100, "cost_usd": 1.0})
+        rollup = {
+            "prompt_tokens": 1,
+            "completion_tokens": 2,
+            "reasoning_tokens": 3,
+            "cache_read": 4,
+            "cache_write": 5,
+            "total_tokens": 15,
+            "cost_usd": None,
+        }
+        info = store.set_usage(sid, rollup)
+        assert info.usage == rollup
+        assert store.get_session(sid).usage == rollup
+        info = store.add_usage(sid, {"input": 1, "cost_usd": 0.1})
+        assert info.usage["total_tokens"] == 16
+        assert info.usage["cost_usd"] == pytest.approx(0.1)
+
+    def test_usage_is_per_session(self, store: SessionStore) -> None:
+        a = store.create_session().id
+        b = store.create_session().id
+        store.add_usage(a, {"input": 5})
+        assert store.get_session(b).usage == empty_rollup()
+
+
+# -- stream flush ------------------------------------------------------------------
+
+
+def envelope(mid: str = "s1", metadata: Any = None) -> dict[str, Any]:
+    return {"id": mid, "role": "assistant", "metadata": metadata, "parts": []}
+
+
+class TestFlushStream:
+    def test_first_flush_inserts_message_parts_and_chunks(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "u1")
+        store.flush_stream(
+            StreamFlush(
+                sid,
+                message=envelope(metadata={"model": "m"}),
+                parent_id="u1",
+                use_head=False,
+                parts=[PartWrite("s1", 0, {"type": "text", "text": "Hel", "state": "streaming"})],
+                chunks=[
+                    ChunkWrite("run-1", 0, {"type": "start", "messageId": "s1"}),
+                    ChunkWrite("run-1", 1, {"type": "text-start", "id": "t"}),
+                    ChunkWrite("run-1", 2, {"type": "text-delta", "id": "t", "delta": "Hel"}),
+                ],
+            )
+        )
+        assert store.get_session(sid).head_id == "s1"
+        assert store.get_history(sid)[-1] == {
+            "id": "s1",
+            "role": "assistant",
+            "metadata": {"model": "m"},
+            "parts": [{"type": "text", "text": "Hel", "state": "streaming"}],
+        }
+        assert [c["type"] for c in store.get_chunks("run-1")] == [
+            "start",
+            "text-start",
+            "text-delta",
+        ]
+
+    def test_parts_upsert_by_index(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "u1")
+        text = {"type": "text", "text": "Hel", "state": "streaming"}
+        store.flush_stream(
+            StreamFlush(sid, message=envelope(), parent_id="u1", parts=[PartWrite("s1", 0, text)])
+        )
+        tool = tool_part("c1", "input-streaming", input={})
+        store.flush_stream(
+            StreamFlush(
+                sid,
+                parts=[
+                    PartWrite("s1", 0, {"type": "text", "text": "Hello", "state": "done"}),
+                    PartWrite("s1", 1, tool),
+                ],
+            )
+        )
+        for state, fields in [
+            ("input-available", {"input": {"q": "x"}}),
+            ("output-available", {"input": {"q": "x"}, "output": {"hits": 3}}),
+        ]:
+            store.flush_stream(StreamFlush(sid, parts=[PartWrite("s1", 1, tool_part("c1", state, **fields))]))  # fmt: skip
+        message = store.get_message("s1")
+        assert message is not None
+        assert message["parts"] == [
+            {"type": "text", "text": "Hello", "state": "done"},
+            tool_part("c1", "output-available", input={"q": "x"}, output={"hits": 3}),
+        ]
+        assert store.message_count(sid) == 2  # one message, updated in place
+
+    def test_metadata_update_on_a_later_flush(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        store.flush_stream(StreamFlush(sid, message=envelope(metadata={"a": 1}), use_head=False))
+        store.flush_stream(StreamFlush(sid, message=envelope(metadata={"a": 1, "usage": {"input": 3}})))  # fmt: skip
+        assert store.get_message("s1") == envelope(metadata={"a": 1, "usage": {"input": 3}})
+        assert store.message_count(sid) == 1
+
+    def test_parts_length_shrinks(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        store.flush_stream(
+            StreamFlush(
+                sid,
+                message=envelope(),
+                use_head=False,
+                parts=[PartWrite("s1", i, {"type": "text", "text": str(i)}) for i in range(3)],
+            )
+        )
+        store.flush_stream(
+            StreamFlush(
+                sid,
+                message=envelope(),
+                parts=[PartWrite("s1", 0, {"type": "text", "text": "only"})],
+                parts_length=1,
+            )
+        )
+        assert store.get_message("s1")["parts"] == [{"type": "text", "text": "only"}]  # type: ignore[index]
+        store.flush_stream(StreamFlush(sid, message=envelope(), parts_length=0))
+        assert store.get_message("s1")["parts"] == []  # type: ignore[index]
+
+    def test_parent_resolution(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "u1", "a1")
+        store.flush_stream(StreamFlush(sid, message=envelope("h"), use_head=True))
+        assert store.get_message_row("h").parent_id == "a1"  # type: ignore[union-attr]
+        store.flush_stream(StreamFlush(sid, message=envelope("r"), use_head=False))
+        assert store.get_message_row("r").parent_id is None  # type: ignore[union-attr]
+        store.flush_stream(StreamFlush(sid, message=envelope("p"), parent_id="u1"))
+        assert store.get_message_row("p").parent_id == "u1"  # type: ignore[union-attr]
+        assert store.get_session(sid).head_id == "p"
+        assert ids(store.get_history(sid)) == ["u1", "p"]
+
+    def test_chunks_only(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        store.flush_stream(
+            StreamFlush(sid, chunks=[ChunkWrite("g", i, {"type": "x", "i": i}) for i in range(5)])
+        )
+        store.flush_stream(
+            StreamFlush(
+                sid, chunks=[ChunkWrite("g", i, {"type": "x", "i": i}, i == 7) for i in range(5, 8)]
+            )
+        )
+        assert [c["i"] for c in store.get_chunks("g")] == list(range(8))
+        assert store.get_history(sid) == []
+
+    def test_atomic_unserializable_part(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "u1")
+        before = store.get_session(sid)
+        with pytest.raises(InvalidInputError):
+            store.flush_stream(
+                StreamFlush(
+                    sid,
+                    message=envelope(metadata={"a": 1}),
+                    parent_id="u1",
+                    parts=[
+                        PartWrite("s1", 0, {"type": "text", "text": "fine"}),
+                        PartWrite("s1", 1, {"type": "text", "text": object()}),
+                    ],
+                    chunks=[ChunkWrite("g", 0, {"type": "start"})],
+                )
+            )
+        assert store.get_message("s1") is None
+        assert store.get_chunks("g") == []
+        assert "g" not in store.chunk_generations()
+        assert_nothing_written(store, sid, before)
+
+    def test_atomic_later_flush(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        store.flush_stream(
+            StreamFlush(
+                sid,
+                message=envelope(metadata={"v": 1}),
+                use_head=False,
+                parts=[PartWrite("s1", 0, {"type": "text", "text": "a"})],
+                chunks=[ChunkWrite("g", 0, {"type": "start"})],
+            )
+        )
+        with pytest.raises(InvalidInputError):
+            store.flush_stream(
+                StreamFlush(
+                    sid,
+                    message=envelope(metadata={"v": 2}),
+                    parts=[
+                        PartWrite("s1", 0, {"type": "text", "text": "ab"}),
+                        PartWrite("s1", 1, {"type": "text", "text": float("nan"), "x": {1}}),
+                    ],
+                    chunks=[ChunkWrite("g", 1, {"type": "text-delta"})],
+                    parts_length=2,
+                )
+            )
+        assert store.get_message("s1") == {
+            "id": "s1",
+            "role": "assistant",
+            "metadata": {"v": 1},
+            "parts": [{"type": "text", "text": "a"}],
+        }
+        assert store.get_chunks("g") == [{"type": "start"}]
+
+    def test_atomic_part_of_an_unknown_message(self, store: SessionStore) -> None:
+        """A failure found inside the transaction (after the envelope was written)."""
+        sid = store.create_session().id
+        chain(store, sid, "u1")
+        before = store.get_session(sid)
+        with pytest.raises(MessageNotFoundError):
+            store.flush_stream(
+                StreamFlush(
+                    sid,
+                    message=envelope(),
+                    parent_id="u1",
+                    parts=[
+                        PartWrite("s1", 0, {"type": "text", "text": "ok"}),
+                        PartWrite("ghost", 0, {"type": "text", "text": "no such message"}),
+                    ],
+                    chunks=[ChunkWrite("g", 0, {"type": "start"})],
+                )
+            )
+        assert store.get_message("s1") is None
+        assert store.get_chunks("g") == []
+        assert store.message_count(sid, include_hidden=True) == 1
+        assert_nothing_written(store, sid, before)
+
+    def test_parts_of_an_existing_message_without_envelope(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        store.append_message(sid, {"id": "a", "role": "assistant", "parts": [tool_part("c", "input-available", input={})]})  # fmt: skip
+        store.flush_stream(
+            StreamFlush(
+                sid,
+                parts=[
+                    PartWrite("a", 0, tool_part("c", "output-error", input={}, errorText="died"))
+                ],
+            )  # fmt: skip
+        )
+        assert store.get_message("a")["parts"][0]["state"] == "output-error"  # type: ignore[index]
+
+    def test_flush_round_trips_values(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        parts = [copy.deepcopy(p) for p in RICH["parts"]]
+        store.flush_stream(
+            StreamFlush(
+                sid,
+                message={"id": "r", "role": "assistant", "metadata": RICH["metadata"]},
+                use_head=False,
+                parts=[PartWrite("r", i, p) for i, p in enumerate(parts)],
+            )
+        )
+        assert store.get_message("r") == {**RICH, "id": "r"}
+
+
+# -- chunk log ---------------------------------------------------------------------
+
+
+class TestChunkLog:
+    def _log(self, store: SessionStore, sid: str, gen: str, n: int) -> None:
+        store.flush_stream(
+            StreamFlush(sid, chunks=[ChunkWrite(gen, i, {"type": "d", "i": i}) for i in range(n)])
+        )
+
+    def test_get_from_start_index(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        self._log(store, sid, "g", 6)
+        assert [c["i"] for c in store.get_chunks("g")] == [0, 1, 2, 3, 4, 5]
+        assert [c["i"] for c in store.get_chunks("g", 4)] == [4, 5]
+        assert store.get_chunks("g", 6) == []
+        assert store.get_chunks("unknown") == []
+
+    def test_order_is_by_index(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        store.flush_stream(StreamFlush(sid, chunks=[ChunkWrite("g", 2, {"i": 2}), ChunkWrite("g", 0, {"i": 0})]))  # fmt: skip
+        store.flush_stream(StreamFlush(sid, chunks=[ChunkWrite("g", 1, {"i": 1})]))
+        assert [c["i"] for c in store.get_chunks("g")] == [0, 1, 2]
+
+    def test_generations_oldest_first_and_delete(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        for gen in ("zeta", "alpha", "mid"):
+            self._log(store, sid, gen, 2)
+        self._log(store, sid, "alpha", 0)
+        assert store.chunk_generations() == ["zeta", "alpha", "mid"]
+        store.flush_stream(StreamFlush(sid, chunks=[ChunkWrite("zeta", 2, {"i": 2})]))
+        assert store.chunk_generations() == ["zeta", "alpha", "mid"]
+        store.delete_chunks(["zeta", "mid"])
+        assert store.chunk_generations() == ["alpha"]
+        assert store.get_chunks("zeta") == []
+        assert len(store.get_chunks("alpha")) == 2
+        store.delete_chunks([])
+        store.delete_chunks(["never-existed"])
+        assert store.chunk_generations() == ["alpha"]
+
+    def test_chunk_payloads_round_trip(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chunk = {
+            "type": "tool-input-available",
+            "toolCallId": "c",
+            "toolName": "t",
+            "input": {"a": [1, 2, {"b": None}], "f": 1.5, "u": "✓"},
+            "dynamic": True,
+        }
+        store.flush_stream(StreamFlush(sid, chunks=[ChunkWrite("g", 0, chunk, True)]))
+        assert store.get_chunks("g") == [chunk]
+
+
+# -- config ------------------------------------------------------------------------
+
+
+class TestConfig:
+    def test_default_set_get_delete(self, store: SessionStore) -> None:
+        assert store.get_config("k") is None
+        assert store.get_config("k", 42) == 42
+        store.set_config("k", "v")
+        assert store.get_config("k") == "v"
+        store.set_config("k", {"replaced": True})
+        assert store.get_config("k", 42) == {"replaced": True}
+        store.delete_config("k")
+        assert store.get_config("k", 42) == 42
+        store.delete_config("k")  # deleting a missing key is fine
+
+    def test_json_like_values(self, store: SessionStore) -> None:
+        values = [
+            0,
+            -7,
+            2**40,
+            1.5,
+            True,
+            False,
+            "",
+            "text ✓",
+            [1, "two", None],
+            {"nested": {"list": [{"a": 1}], "none": None, "f": 0.25}},
+            [],
+            {},
+        ]
+        for value in values:
+            store.set_config("key", value)
+            got = store.get_config("key", "default")
+            assert got == value and type(got) is type(value), value
+
+    def test_keys_are_independent(self, store: SessionStore) -> None:
+        store.set_config("a", 1)
+        store.set_config("b", 2)
+        store.delete_config("a")
+        assert store.get_config("a") is None and store.get_config("b") == 2
+
+
+# -- lifecycle ---------------------------------------------------------------------
+
+
+class TestLifecycle:
+    def test_close_is_idempotent(self, store: SessionStore) -> None:
+        store.create_session()
+        store.close()
+        store.close()
+
+    def test_persistence_across_reopen(self, store: SessionStore, reopen: Any) -> None:
+        if reopen is None:
+            pytest.skip("store has no file to reopen")
+        sid = store.create_session("persisted", metadata={"m": 1}, thread_key="t").id
+        branch = store.create_session("branch", parent_session_id=sid, parent_message_id="u1").id
+        chain(store, sid, "u1", "a1", "u2")
+        store.append_message(sid, RICH, parent_id="a1")
+        store.set_hidden(sid, ["u2"], 5.0)
+        store.add_usage(sid, {"input": 3, "output": 4, "cost_usd": 0.5})
+        store.update_session(sid, permissions={"p": 1}, settings={"s": 2}, model={"id": "x"})
+        store.flush_stream(
+            StreamFlush(
+                sid,
+                message=envelope("s1", {"k": "v"}),
+                parts=[PartWrite("s1", 0, {"type": "text", "text": "partial"})],
+                chunks=[ChunkWrite("g", i, {"i": i}) for i in range(3)],
+            )
+        )
+        store.set_config("cfg", {"x": [1, 2]})
+        before_info = store.get_session(sid).to_dict()
+        before_history = store.get_history(sid)
+        before_all = store.get_history(sid, include_hidden=True, leaf_id="u2")
+        before_seq = store.get_message_row("s1").seq  # type: ignore[union-attr]
+
+        again = reopen(store)
+        assert again.get_session(sid).to_dict() == before_info
+        assert again.get_history(sid) == before_history
+        assert again.get_history(sid, include_hidden=True, leaf_id="u2") == before_all
+        assert ids(before_history) == ["u1", "a1", "rich", "s1"]
+        assert again.get_message("rich") == RICH
+        assert [c["i"] for c in again.get_chunks("g")] == [0, 1, 2]
+        assert again.chunk_generations() == ["g"]
+        assert again.get_config("cfg") == {"x": [1, 2]}
+        assert [s.id for s in again.list_sessions(parent_session_id=sid)] == [branch]
+        assert again.message_count(sid) == 4
+        # Ordering keeps going after a reopen.
+        again.append_message(sid, msg("after"))
+        assert again.get_message_row("after").seq > before_seq  # type: ignore[union-attr]
+        assert again.get_session(sid).updated_at > before_info["updated_at"]
+        assert again.append_message(sid, msg("u1", text="dupe")) is False
+
+    def test_reopen_empty(self, store: SessionStore, reopen: Any) -> None:
+        if reopen is None:
+            pytest.skip("store has no file to reopen")
+        again = reopen(store)
+        assert again.list_sessions(include_ephemeral=True) == []
+        assert again.chunk_generations() == []
+        again.close()
+        again.close()
+
+
+# -- resolutions of what the protocol leaves open ------------------------------------
+
+
+class TestResolutions:
+    def test_duplicate_session_id_is_rejected(self, store: SessionStore) -> None:
+        """create_session with an existing id raises InvalidInputError, keeps the original."""
+        store.create_session("first", session_id="s")
+        with pytest.raises(InvalidInputError):
+            store.create_session("second", session_id="s")
+        assert store.get_session("s").name == "first"
+
+    def test_ephemeral_filter_applies_to_branch_listing(self, store: SessionStore) -> None:
+        """list_sessions(parent_session_id=...) also hides ephemeral (sidecar) branches."""
+        root = store.create_session().id
+        side = store.create_session(parent_session_id=root, metadata={"ephemeral": True}).id
+        assert store.list_sessions(parent_session_id=root) == []
+        assert [s.id for s in store.list_sessions(parent_session_id=root, include_ephemeral=True)] == [side]  # fmt: skip
+
+    def test_head_parent_without_head_uses_latest_visible(self, store: SessionStore) -> None:
+        """HEAD with the head unset attaches to the message history would end at."""
+        sid = store.create_session().id
+        chain(store, sid, "m1", "m2")
+        store.set_head(sid, None)
+        store.append_message(sid, msg("m3"))
+        assert ids(store.get_history(sid)) == ["m1", "m2", "m3"]
+
+    def test_message_count_spans_all_branches(self, store: SessionStore) -> None:
+        """message_count counts the session's messages on every branch, not one path."""
+        sid = store.create_session().id
+        chain(store, sid, "m1", "m2")
+        store.append_message(sid, msg("m2b"), parent_id="m1")
+        assert store.message_count(sid) == 3
+
+    def test_children_of_unknown_message(self, store: SessionStore) -> None:
+        """children() of an unknown message raises MessageNotFoundError (not [])."""
+        with pytest.raises(MessageNotFoundError):
+            store.children("nope")
+
+    def test_delete_messages_reparents_and_moves_head(self, store: SessionStore) -> None:
+        """Children of a deleted message move up to its nearest surviving ancestor; a
+        deleted head moves the same way; unknown ids are ignored."""
+        sid = store.create_session().id
+        chain(store, sid, "m1", "m2", "m3", "m4")
+        store.delete_messages(sid, ["m2", "unknown-id"])
+        assert ids(store.get_history(sid)) == ["m1", "m3", "m4"]
+        assert store.get_message_row("m3").parent_id == "m1"  # type: ignore[union-attr]
+        store.delete_messages(sid, ["m4", "m3"])
+        assert store.get_session(sid).head_id == "m1"
+        store.delete_messages(sid, ["m1"])
+        assert store.get_session(sid).head_id is None
+        assert store.get_history(sid) == []
+
+    def test_delete_oldest_keeps_the_tail(self, store: SessionStore) -> None:
+        """Deleting the oldest visible messages (max_persisted_messages) keeps the rest."""
+        sid = store.create_session().id
+        chain(store, sid, "m1", "m2", "m3", "m4")
+        store.delete_messages(sid, ["m1", "m2"])
+        assert ids(store.get_history(sid)) == ["m3", "m4"]
+        assert store.get_message_row("m3").parent_id is None  # type: ignore[union-attr]
+
+    def test_set_hidden_unknown_message(self, store: SessionStore) -> None:
+        """set_hidden with an id not in the session raises and hides nothing."""
+        sid = store.create_session().id
+        chain(store, sid, "m1")
+        with pytest.raises(MessageNotFoundError):
+            store.set_hidden(sid, ["m1", "ghost"], 1.0)
+        assert not store.get_message_row("m1").hidden  # type: ignore[union-attr]
+
+    def test_upsert_of_another_sessions_message(self, store: SessionStore) -> None:
+        """upsert_message cannot move a message between sessions."""
+        a = store.create_session().id
+        b = store.create_session().id
+        store.append_message(a, msg("m1"))
+        with pytest.raises(InvalidInputError):
+            store.upsert_message(b, msg("m1", text="stolen"))
+        assert store.get_message("m1") == msg("m1")
+
+    def test_last_write_of_a_slot_wins_within_a_flush(self, store: SessionStore) -> None:
+        """Two PartWrites for one (message, index) in one flush: the later one lands."""
+        sid = store.create_session().id
+        store.flush_stream(
+            StreamFlush(
+                sid,
+                message=envelope(),
+                use_head=False,
+                parts=[
+                    PartWrite("s1", 0, {"type": "text", "text": "a"}),
+                    PartWrite("s1", 0, {"type": "text", "text": "ab"}),
+                ],
+            )
+        )
+        assert store.get_message("s1")["parts"] == [{"type": "text", "text": "ab"}]  # type: ignore[index]
+
+    def test_parts_length_needs_a_target(self, store: SessionStore) -> None:
+        """parts_length applies to flush.message, else to the one message the parts
+        name; with neither it is invalid input."""
+        sid = store.create_session().id
+        store.flush_stream(
+            StreamFlush(
+                sid,
+                message=envelope(),
+                use_head=False,
+                parts=[PartWrite("s1", i, {"type": "text", "text": str(i)}) for i in range(3)],
+            )
+        )
+        store.flush_stream(
+            StreamFlush(sid, parts=[PartWrite("s1", 0, {"type": "t"})], parts_length=1)
+        )
+        assert store.get_message("s1")["parts"] == [{"type": "t"}]  # type: ignore[index]
+        with pytest.raises(InvalidInputError):
+            store.flush_stream(StreamFlush(sid, parts_length=0))
+
+    def test_config_none_is_a_value(self, store: SessionStore) -> None:
+        """A stored None is returned as None, not replaced by the default."""
+        store.set_config("k", None)
+        assert store.get_config("k", "default") is None
+
+    def test_tuples_come_back_as_lists(self, store: SessionStore) -> None:
+        """Payloads are JSON-like: tuples round-trip as lists."""
+        sid = store.create_session().id
+        store.append_message(sid, {"id": "t", "role": "user", "parts": [{"type": "x", "v": (1, 2)}]})  # fmt: skip
+        assert store.get_message("t")["parts"][0]["v"] == [1, 2]  # type: ignore[index]
+
+    def test_floats_survive(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        store.append_message(sid, {"id": "f", "role": "user", "parts": [{"type": "x", "v": math.pi, "inf": math.inf}]})  # fmt: skip
+        part = store.get_message("f")["parts"][0]  # type: ignore[index]
+        assert part["v"] == math.pi and part["inf"] == math.inf

@@ -1,0 +1,273 @@
+"""storage.db.Database: the file settings, transactions, migrations and the file lock."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from storage.db import (
+    BLOCK_SIZE,
+    Database,
+    DatabaseClosedError,
+    DatabaseLockedError,
+    Migration,
+)
+from storage.types import StorageError
+
+
+def _create_t(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("CREATE TABLE t (k VARCHAR, v INTEGER)")
+
+
+def test_no_wal_after_close(tmp_path: Path) -> None:
+    path = tmp_path / "a.duckdb"
+    db = Database(path)
+    db.migrate("t", [Migration(1, _create_t)])
+    with db.transaction() as con:
+        con.execute("INSERT INTO t SELECT 'k' || i, i FROM range(1000) r(i)")
+    assert os.path.exists(f"{path}.wal")  # the writes went to the WAL first
+    db.close()
+    assert not os.path.exists(f"{path}.wal")
+    again = Database(path)
+    assert again.fetchone("SELECT count(*) FROM t") == (1000,)
+    again.close()
+
+
+def test_empty_file_is_small(tmp_path: Path) -> None:
+    path = tmp_path / "empty.duckdb"
+    Database(path).close()
+    assert os.path.getsize(path) <= 64 * 1024
+    db = Database(path)
+    db.migrate("t", [Migration(1, _create_t)])
+    db.close()
+    assert os.path.getsize(path) <= 64 * 1024
+
+
+def test_block_size(tmp_path: Path) -> None:
+    db = Database(tmp_path / "b.duckdb")
+    assert db.fetchone("SELECT block_size FROM pragma_database_size()") == (BLOCK_SIZE,)
+    assert BLOCK_SIZE == 16384
+    assert db.fetchone("SELECT current_setting('threads')") == (1,)
+    db.close()
+
+
+def test_creates_parent_directories(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "er" / "x.duckdb"
+    Database(path).close()
+    assert path.exists()
+
+
+def test_transaction_commits() -> None:
+    with Database() as db:
+        db.migrate("t", [Migration(1, _create_t)])
+        with db.transaction() as con:
+            con.execute("INSERT INTO t VALUES ('a', 1)")
+            con.execute("INSERT INTO t VALUES ('b', 2)")
+        assert db.fetchall("SELECT k FROM t ORDER BY k") == [("a",), ("b",)]
+
+
+def test_transaction_rolls_back_on_exception() -> None:
+    with Database() as db:
+        db.migrate("t", [Migration(1, _create_t)])
+        db.execute("INSERT INTO t VALUES ('kept', 0)")
+        with pytest.raises(RuntimeError), db.transaction() as con:
+            con.execute("INSERT INTO t VALUES ('lost', 1)")
+            raise RuntimeError("boom")
+        assert db.fetchall("SELECT k FROM t") == [("kept",)]
+        # A failing statement rolls back the statements before it.
+        with pytest.raises(duckdb.Error), db.transaction() as con:
+            con.execute("INSERT INTO t VALUES ('lost', 2)")
+            con.execute("INSERT INTO missing_table VALUES (1)")
+        assert db.fetchall("SELECT k FROM t") == [("kept",)]
+        # And the connection is usable afterwards.
+        with db.transaction() as con:
+            con.execute("INSERT INTO t VALUES ('after', 3)")
+        assert db.fetchone("SELECT count(*) FROM t") == (2,)
+
+
+def test_nested_transaction_joins_the_outer_one() -> None:
+    with Database() as db:
+        db.migrate("t", [Migration(1, _create_t)])
+        with db.transaction() as outer:
+            outer.execute("INSERT INTO t VALUES ('outer', 1)")
+            with db.transaction() as inner:
+                assert inner is outer
+                inner.execute("INSERT INTO t VALUES ('inner', 2)")
+        assert db.fetchone("SELECT count(*) FROM t") == (2,)
+
+        # An exception escaping the outer block undoes the inner block's writes too.
+        with pytest.raises(ValueError), db.transaction() as outer:
+            with db.transaction() as inner:
+                inner.execute("INSERT INTO t VALUES ('inner2', 3)")
+            outer.execute("INSERT INTO t VALUES ('outer2', 4)")
+            raise ValueError("undo both")
+        assert db.fetchone("SELECT count(*) FROM t") == (2,)
+
+        # An exception in the inner block, propagating, rolls back the whole thing.
+        with pytest.raises(ValueError), db.transaction() as outer:
+            outer.execute("INSERT INTO t VALUES ('outer3', 5)")
+            with db.transaction():
+                raise ValueError("inner failure")
+        assert db.fetchone("SELECT count(*) FROM t") == (2,)
+
+
+def test_migrate_is_idempotent(tmp_path: Path) -> None:
+    calls: list[int] = []
+
+    def v1(con: duckdb.DuckDBPyConnection) -> None:
+        calls.append(1)
+        _create_t(con)
+
+    path = tmp_path / "m.duckdb"
+    db = Database(path)
+    assert db.migrate("t", [Migration(1, v1)]) == 1
+    assert db.migrate("t", [Migration(1, v1)]) == 1
+    db.close()
+    db = Database(path)
+    assert db.migrate("t", [Migration(1, v1)]) == 1
+    assert calls == [1]
+    assert db.fetchall("SELECT component, version FROM schema_version") == [("t", 1)]
+    db.close()
+
+
+def test_migrate_upgrades_an_older_file(tmp_path: Path) -> None:
+    applied: list[int] = []
+
+    def v1(con: duckdb.DuckDBPyConnection) -> None:
+        applied.append(1)
+        _create_t(con)
+
+    def v2(con: duckdb.DuckDBPyConnection) -> None:
+        applied.append(2)
+        con.execute("ALTER TABLE t ADD COLUMN extra VARCHAR")
+
+    def v3(con: duckdb.DuckDBPyConnection) -> None:
+        applied.append(3)
+        con.execute("UPDATE t SET extra = 'migrated'")
+
+    path = tmp_path / "up.duckdb"
+    db = Database(path)
+    db.migrate("t", [Migration(1, v1)])
+    db.execute("INSERT INTO t VALUES ('old', 1)")
+    db.close()
+
+    db = Database(path)
+    # Listed out of order on purpose: migrations apply by version.
+    assert db.migrate("t", [Migration(3, v3), Migration(1, v1), Migration(2, v2)]) == 3
+    assert applied == [1, 2, 3]
+    assert db.fetchall("SELECT k, v, extra FROM t") == [("old", 1, "migrated")]
+    assert db.fetchone("SELECT version FROM schema_version WHERE component = 't'") == (3,)
+    db.close()
+
+
+def test_components_are_versioned_independently(tmp_path: Path) -> None:
+    a1 = Migration(1, lambda c: c.execute("CREATE TABLE a (x INTEGER)"))
+    b1 = Migration(1, lambda c: c.execute("CREATE TABLE b (x INTEGER)"))
+    b2 = Migration(2, lambda c: c.execute("ALTER TABLE b ADD COLUMN y INTEGER"))
+    path = tmp_path / "ab.duckdb"
+    with Database(path) as db:
+        assert db.migrate("a", [a1]) == 1
+        assert db.migrate("b", [b1]) == 1
+    with Database(path) as db:
+        assert db.migrate("b", [b1, b2]) == 2
+        assert db.migrate("a", [a1]) == 1
+        rows = db.fetchall("SELECT component, version FROM schema_version ORDER BY component")
+        assert rows == [("a", 1), ("b", 2)]
+
+
+def test_failed_migration_leaves_the_old_version(tmp_path: Path) -> None:
+    path = tmp_path / "f.duckdb"
+    db = Database(path)
+    db.migrate("t", [Migration(1, _create_t)])
+    db.close()
+
+    def broken(con: duckdb.DuckDBPyConnection) -> None:
+        con.execute("ALTER TABLE t ADD COLUMN y INTEGER")
+        raise RuntimeError("bad migration")
+
+    db = Database(path)
+    with pytest.raises(RuntimeError):
+        db.migrate("t", [Migration(1, _create_t), Migration(2, broken)])
+    assert db.fetchone("SELECT version FROM schema_version WHERE component = 't'") == (1,)
+    assert [c for (c,) in db.fetchall("SELECT column_name FROM duckdb_columns() WHERE table_name = 't'")] == ["k", "v"]  # fmt: skip
+    db.close()
+
+
+def test_use_after_close(tmp_path: Path) -> None:
+    db = Database(tmp_path / "c.duckdb")
+    db.close()
+    db.close()  # idempotent
+    assert db.closed
+    with pytest.raises(DatabaseClosedError):
+        db.execute("SELECT 1")
+    with pytest.raises(DatabaseClosedError):
+        db.fetchall("SELECT 1")
+    with pytest.raises(DatabaseClosedError), db.transaction():
+        pass
+    with pytest.raises(DatabaseClosedError):
+        db.migrate("x", [Migration(1, _create_t)])
+    assert issubclass(DatabaseClosedError, StorageError)
+
+
+HOLDER = textwrap.dedent(
+    """
+    import sys, time, duckdb
+    con = duckdb.connect(sys.argv[1])
+    print("held", flush=True)
+    hold = float(sys.argv[2])
+    if hold < 0:
+        sys.stdin.readline()
+    else:
+        time.sleep(hold)
+    con.close()
+    """
+)
+
+
+def _hold(path: Path, seconds: float) -> subprocess.Popen[str]:
+    """DuckDB's lock is per process: hold the file from another one."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(path), str(seconds)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_locked_file_raises_after_the_retry_window(tmp_path: Path) -> None:
+    path = tmp_path / "locked.duckdb"
+    Database(path).close()
+    proc = _hold(path, -1)
+    try:
+        started = time.monotonic()
+        with pytest.raises(DatabaseLockedError):
+            Database(path, lock_retry_seconds=0.3)
+        assert time.monotonic() - started >= 0.3
+        assert issubclass(DatabaseLockedError, StorageError)
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        proc.wait(timeout=10)
+    Database(path).close()  # released
+
+
+def test_lock_released_within_the_window_is_waited_for(tmp_path: Path) -> None:
+    path = tmp_path / "brief.duckdb"
+    Database(path).close()
+    proc = _hold(path, 0.3)
+    try:
+        db = Database(path, lock_retry_seconds=10)
+        db.close()
+    finally:
+        proc.wait(timeout=10)
