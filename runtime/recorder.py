@@ -110,7 +110,10 @@ class Recorder:
         self._dirty.clear()
         if final and self._pending_chunks:
             self._pending_chunks[-1].is_final = True
-        need_envelope = not self._inserted or self.builder.metadata_dirty
+        # A shrink (parts_length) names its message through the envelope.
+        need_envelope = (
+            not self._inserted or self.builder.metadata_dirty or parts_length is not None
+        )
         if not writes and not self._pending_chunks and not need_envelope and parts_length is None:
             self._oldest_pending = None
             return

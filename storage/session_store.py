@@ -134,10 +134,14 @@ def _unpack(data: bytes | bytearray) -> Any:
 
 
 def _unpack_many(payloads: Sequence[bytes | bytearray]) -> list[Any]:
-    """Decode many msgpack values with one C call: frame them as one array."""
+    """Decode many msgpack values with one C call: frame them as one array.
+
+    One ``join`` with the array header in front: every extra copy of a multi-MB buffer
+    is a fresh mmap and its page faults (~1 ms per copy of 3 MB here).
+    """
     if not payloads:
         return []
-    framed = b"\xdd" + len(payloads).to_bytes(4, "big") + b"".join(payloads)
+    framed = b"".join((b"\xdd" + len(payloads).to_bytes(4, "big"), *payloads))
     return msgpack.unpackb(framed, raw=False, strict_map_key=False)
 
 
@@ -851,12 +855,21 @@ class DuckDBSessionStore:
             wanted = [mid for mid, _ in latest]
             wanted += [envelope[0] if envelope else None, flush.parent_id, target]
             head, owners = self._lookup(con, sid, wanted)
-            inserted: str | None = None
             now = self._now()
+            # Check every message the batch names before writing anything.
+            inserted: str | None = None
+            if envelope is not None:
+                owner = owners.get(envelope[0])
+                if owner is None:
+                    inserted = envelope[0]
+                elif owner != sid:
+                    raise InvalidInputError(f"message {envelope[0]!r} belongs to session {owner!r}")
+            for mid in {m for m, _ in latest} | ({target} if target else set()):
+                if mid != inserted and owners.get(mid) != sid:
+                    raise MessageNotFoundError(f"message {mid!r} not found in session {sid!r}")
             if envelope is not None:
                 mid, role, blob = envelope
-                owner = owners.get(mid)
-                if owner is None:
+                if inserted is not None:
                     if flush.parent_id is not None:
                         parent = self._resolve_parent(con, sid, flush.parent_id, head, owners)
                     elif flush.use_head:
@@ -864,16 +877,10 @@ class DuckDBSessionStore:
                     else:
                         parent = None
                     self._insert_message(con, sid, mid, role, blob, parent, [], now)
-                    inserted = mid
-                elif owner != sid:
-                    raise InvalidInputError(f"message {mid!r} belongs to session {owner!r}")
                 else:
                     con.execute(
                         "UPDATE messages SET role = ?, envelope = ? WHERE id = ?", [role, blob, mid]
                     )
-            for mid in {m for m, _ in latest} | ({target} if target else set()):
-                if mid != inserted and owners.get(mid) != sid:
-                    raise MessageNotFoundError(f"message {mid!r} not found in session {sid!r}")
             if part_rows:
                 old = [(mid, idx) for mid, idx, *_ in part_rows if mid != inserted]
                 if old:

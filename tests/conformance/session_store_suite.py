@@ -926,7 +926,7 @@ class TestFlushStream:
         assert store.get_chunks("g") == [{"type": "start"}]
 
     def test_atomic_part_of_an_unknown_message(self, store: SessionStore) -> None:
-        """A failure found inside the transaction (after the envelope was written)."""
+        """A batch naming an unknown message writes nothing, not even its valid parts."""
         sid = store.create_session().id
         chain(store, sid, "u1")
         before = store.get_session(sid)
