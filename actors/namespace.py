@@ -55,7 +55,10 @@ class AgentNamespace:
         actor_options: dict[str, Any] | None = None,
         preload: tuple[str, ...] = DEFAULT_PRELOAD,
         detached: bool = False,
+        start: bool = True,
     ) -> None:
+        """``start=False`` skips the blocking wait for the pool (inside an async actor,
+        use ``await ns.astart()`` instead)."""
         validate_name(name, "namespace")
         # Fail at start, with a clear message, on a root we cannot write.
         ensure_root(storage_root, name)
@@ -84,7 +87,12 @@ class AgentNamespace:
         if detached:
             options["lifetime"] = "detached"
         self.directory = RemoteDirectory.options(**options).remote(config)
-        ray.get(self.directory.start.remote())
+        if start:
+            ray.get(self.directory.start.remote())
+
+    async def astart(self) -> AgentNamespace:
+        await self.directory.start.remote()
+        return self
 
     @classmethod
     def connect(cls, name: str = "default") -> AgentNamespace:
@@ -287,14 +295,14 @@ class AgentHandle:
         """Iterate the turn's chunks live (Ray streaming generator, batched)."""
         return ChatStream(*self._open_stream("chat_stream", message, **kw))
 
-    async def astream_chat(self, message: Any = None, **kw: Any) -> AsyncChatStream:
+    async def _aopen_stream(self, method: str, *args: Any, **kw: Any) -> AsyncChatStream:
         stale = None
         for attempt in range(_ATTEMPTS):
             if self._actor is None or stale is not None:
                 actor = await self._aresolve(stale)
             else:
                 actor = self._actor
-            refs = actor.chat_stream.remote(self.name, message, **kw)
+            refs = getattr(actor, method).remote(self.name, *args, **kw)
             try:
                 header = await (await refs.__anext__())
                 return AsyncChatStream(header, refs)
@@ -304,15 +312,17 @@ class AgentHandle:
                 stale, self._actor = self._actor_id, None
         raise AssertionError("unreachable")
 
+    async def astream_chat(self, message: Any = None, **kw: Any) -> AsyncChatStream:
+        return await self._aopen_stream("chat_stream", message, **kw)
+
     def resume(self, session_id: str | None = None, run_id: str | None = None) -> ChatStream:
         """Replay the current or last run from chunk 0, then follow it live."""
         return ChatStream(*self._open_stream("resume", session_id, run_id))
 
-    async def aresume(self, session_id: str | None = None, run_id: str | None = None):
-        actor = self._actor or await self._aresolve()
-        refs = actor.resume.remote(self.name, session_id, run_id)
-        header = await (await refs.__anext__())
-        return AsyncChatStream(header, refs)
+    async def aresume(
+        self, session_id: str | None = None, run_id: str | None = None
+    ) -> AsyncChatStream:
+        return await self._aopen_stream("resume", session_id, run_id)
 
     def abort(self, session_id: str | None = None, reason: str = "aborted") -> bool:
         return self.call("abort", session_id, reason)
@@ -338,8 +348,17 @@ class AgentHandle:
         return self.invoke("get_sessions")
 
     def hibernate(self, force: bool = False) -> bool:
-        ok = ray.get(self.directory.hibernate.remote(self.name, force))
-        return ok
+        return ray.get(self.directory.hibernate.remote(self.name, force))
+
+    async def ahibernate(self, force: bool = False) -> bool:
+        return await self.directory.hibernate.remote(self.name, force)
+
+    def stream(self, method: str, *args: Any, **kwargs: Any) -> ChatStream:
+        """Iterate an async-generator method of the agent (it yields chunk lists)."""
+        return ChatStream(*self._open_stream("invoke_stream", method, *args, **kwargs))
+
+    async def astream(self, method: str, *args: Any, **kwargs: Any) -> AsyncChatStream:
+        return await self._aopen_stream("invoke_stream", method, *args, **kwargs)
 
     def where(self) -> dict[str, Any] | None:
         """The live actor hosting this agent, or None if hibernated."""

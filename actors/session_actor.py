@@ -98,6 +98,7 @@ class SessionActor:
             raise
         agent.agent_name = spec.name  # type: ignore[attr-defined]
         agent.namespace = spec.namespace  # type: ignore[attr-defined]
+        agent.storage_root = str(path.parent.parent)  # type: ignore[attr-defined]
         self.agent, self.name, self.spec = agent, spec.name, spec
         self.bindings += 1
         self.last_activity = time.monotonic()
@@ -179,6 +180,18 @@ class SessionActor:
         with self._call(name) as agent:
             fn = getattr(agent, method)
             return await _maybe_await(fn(*args, **kwargs))
+
+    async def invoke_stream(
+        self, name: str, method: str, *args: Any, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        """Stream from an async-generator method of the hosted agent: a header, then
+        its items (lists of chunks, for the viewers of an orchestrator)."""
+        if method.startswith("_"):
+            raise AttributeError(f"{method!r} is private")
+        with self._call(name) as agent:
+            yield {"method": method}
+            async for item in getattr(agent, method)(*args, **kwargs):
+                yield item
 
     async def chat(self, name: str, message: Any = None, callback: Any = None, **kw: Any) -> dict:
         with self._call(name) as agent:

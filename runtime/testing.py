@@ -298,3 +298,29 @@ def last_user_text(request: ModelRequest) -> str:
         if msg.role == "user":
             return "".join(getattr(c, "text", "") for c in msg.content)
     return ""
+
+
+def model_from_spec(spec: dict[str, Any]) -> ScriptedModel:
+    """A ScriptedModel from plain data (so it can travel in an agent's config).
+
+    ``{"steps": [[item, ...], ...], "delay": 0.01}`` where an item is
+    ``{"text": "words to stream"}`` (one delta per word), ``{"tool": name, "input": {...}}``
+    or ``{"pause": seconds}``. Each turn plays the steps from the first.
+    """
+    replies = []
+    for step in spec.get("steps", []):
+        items: list[Item] = []
+        for item in step:
+            if "text" in item:
+                words = str(item["text"]).split(" ")
+                items.append(text(*[w + " " for w in words[:-1]], words[-1]))
+            elif "tool" in item:
+                items.append(tool_call(item["tool"], item.get("input", {}), id=item.get("id")))
+            elif "pause" in item:
+                items.append(pause(float(item["pause"])))
+            else:
+                raise ValueError(f"unknown script item {item!r}")
+        replies.append(reply(*items))
+    return ScriptedModel(
+        replies, delay=float(spec.get("delay", 0.0)), model_id=spec.get("model_id", "scripted")
+    )

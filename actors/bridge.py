@@ -1,0 +1,182 @@
+"""Bridge actors: a shared workspace reachable by other actors only through grants.
+
+The seed's ToolBridge: an orchestrator's shared workspace lives in a bridge actor
+that owns its DuckDB file. Each sub-agent gets a :class:`BridgeClient` carrying a
+secret token the bridge issued for it; every call is checked against that agent's
+access (``none`` / ``read`` / ``read-write``) on the bridge's side, so a client cannot
+claim more than it was granted. Paths are normalized (and unsafe ones refused) by the
+workspace operations before anything is touched.
+
+A client implements the workspace operation protocols with awaitable results, so
+``runtime.workspace.workspace_tools(client, access=...)`` turns it into tools.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import ray
+
+from runtime.workspace import LocalWorkspace
+from storage.db import Database
+from storage.kv import KeyValueStore
+from storage.workspace import WorkspaceStore
+
+Access = Literal["none", "read", "read-write"]
+READ_METHODS = frozenset({"read_file", "stat", "list_directory", "find_files", "grep", "exists"})
+WRITE_METHODS = frozenset({"write_file", "edit_file", "delete", "mkdir"})
+_GRANT = "grant:"
+
+
+class BridgeAccessError(PermissionError):
+    """The caller's grant does not allow this operation."""
+
+
+class WorkspaceBridge:
+    """Owns the shared workspace file and the grants. Run as a named Ray actor."""
+
+    def __init__(self, path: str) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.db = Database(path)
+        self.kv = KeyValueStore(self.db)
+        self.ops = LocalWorkspace(WorkspaceStore(self.db))
+        self.calls = 0
+
+    def ready(self) -> bool:
+        return True
+
+    def grant(self, agent: str, access: Access) -> str:
+        """Issue (or replace) ``agent``'s grant; returns its token."""
+        if access not in ("none", "read", "read-write"):
+            raise ValueError(f"access must be none, read or read-write, not {access!r}")
+        for token, grant in self.kv.items(_GRANT).items():
+            if grant["agent"] == agent:
+                self.kv.delete(token)
+        token = secrets.token_urlsafe(18)
+        self.kv.set(_GRANT + token, {"agent": agent, "access": access})
+        return token
+
+    def revoke(self, agent: str) -> int:
+        revoked = 0
+        for key, grant in self.kv.items(_GRANT).items():
+            if grant["agent"] == agent:
+                self.kv.delete(key)
+                revoked += 1
+        return revoked
+
+    def grants(self) -> dict[str, str]:
+        return {g["agent"]: g["access"] for g in self.kv.items(_GRANT).values()}
+
+    def call(self, token: str, method: str, kwargs: dict[str, Any]) -> Any:
+        grant = self.kv.get(_GRANT + token)
+        if grant is None:
+            raise BridgeAccessError("unknown or revoked bridge grant")
+        access = grant["access"]
+        if method in READ_METHODS:
+            allowed = access in ("read", "read-write")
+        elif method in WRITE_METHODS:
+            allowed = access == "read-write"
+        else:
+            raise BridgeAccessError(f"{method!r} is not a workspace operation")
+        if not allowed:
+            raise BridgeAccessError(
+                f"agent {grant['agent']!r} has {access!r} access to the shared workspace; "
+                f"{method} needs {'read' if method in READ_METHODS else 'read-write'}"
+            )
+        self.calls += 1
+        return getattr(self.ops, method)(**kwargs)
+
+    def close(self) -> None:
+        self.db.close()
+
+
+RemoteBridge = ray.remote(WorkspaceBridge)
+
+
+def bridge_name(namespace: str, owner: str) -> str:
+    return f"thinkray-bridge-{namespace}-{owner}"
+
+
+def open_bridge(storage_root: str, namespace: str, owner: str) -> Any:
+    """Get or create the named bridge actor of ``owner`` (idempotent across processes)."""
+    path = Path(storage_root) / namespace / "_shared" / f"{owner}.duckdb"
+    return RemoteBridge.options(
+        name=bridge_name(namespace, owner),
+        namespace="thinkray",
+        get_if_exists=True,
+        num_cpus=0,
+        max_concurrency=1,  # one writer, calls in arrival order
+    ).remote(str(path))
+
+
+@dataclass(frozen=True)
+class BridgeClient:
+    """Serializable: what a sub-agent holds. Methods return awaitable ObjectRefs.
+
+    It resolves the bridge by name when first used (and again if the bridge was
+    restarted), so it survives being stored in an agent's config across hibernation.
+    """
+
+    name: str
+    token: str
+    access: Access
+
+    def _actor(self) -> Any:
+        return ray.get_actor(self.name, namespace="thinkray")
+
+    def _call(self, method: str, **kwargs: Any) -> Any:
+        return self._actor().call.remote(self.token, method, kwargs)
+
+    def read_file(self, path: str) -> Any:
+        return self._call("read_file", path=path)
+
+    def stat(self, path: str) -> Any:
+        return self._call("stat", path=path)
+
+    def exists(self, path: str) -> Any:
+        return self._call("exists", path=path)
+
+    def list_directory(self, path: str = "") -> Any:
+        return self._call("list_directory", path=path)
+
+    def find_files(self, pattern: str, path: str = "", limit: int = 200) -> Any:
+        return self._call("find_files", pattern=pattern, path=path, limit=limit)
+
+    def grep(
+        self,
+        pattern: str,
+        glob: str | None = None,
+        path: str = "",
+        ignore_case: bool = False,
+        limit: int = 100,
+    ) -> Any:
+        return self._call(
+            "grep", pattern=pattern, glob=glob, path=path, ignore_case=ignore_case, limit=limit
+        )
+
+    def write_file(self, path: str, content: str) -> Any:
+        return self._call("write_file", path=path, content=content)
+
+    def edit_file(
+        self, path: str, old_string: str, new_string: str, replace_all: bool = False
+    ) -> Any:
+        return self._call(
+            "edit_file",
+            path=path,
+            old_string=old_string,
+            new_string=new_string,
+            replace_all=replace_all,
+        )
+
+    def delete(self, path: str, recursive: bool = False) -> Any:
+        return self._call("delete", path=path, recursive=recursive)
+
+    def to_config(self) -> dict[str, str]:
+        return {"name": self.name, "token": self.token, "access": self.access}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> BridgeClient:
+        return cls(config["name"], config["token"], config["access"])

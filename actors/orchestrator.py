@@ -1,0 +1,462 @@
+"""The orchestrator pattern (seed 000): an agent that keeps a registry of sub-agents,
+shares a workspace with them through a bridge actor, delegates tasks (blocking or
+fire-and-forget) with live, buffered relay, and aborts down the tree.
+
+Both classes are ``Think`` subclasses hosted by the generic session actors:
+
+- :class:`SubAgent` — each its own actor and DuckDB file; a private workspace, plus
+  the shared one through its :class:`~actors.bridge.BridgeClient` (tools prefixed
+  ``shared_``), optional code execution and extensions. Its behaviour comes from the
+  config the orchestrator gives it (instructions, model, access, features).
+- :class:`Orchestrator` — the registry (persisted in its database), a namespace of its
+  sub-agents, the bridge, delegations and their relays, and tools for its own model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from actors.bridge import BridgeClient, bridge_name, open_bridge
+from actors.namespace import AgentHandle, AgentNamespace
+from runtime.abort import AbortSignal
+from runtime.messages import new_id
+from runtime.model import Model
+from runtime.stream import RunStream
+from runtime.think import Think
+from runtime.tools import Tool, ToolContext, tool
+from runtime.workspace import LocalWorkspace, workspace_tools
+from storage.layout import validate_name
+from storage.registry import RegistryStore, SubAgentNotFoundError, SubAgentRecord
+from storage.types import InvalidInputError
+from storage.workspace import WorkspaceStore
+
+log = logging.getLogger("thinkray.orchestrator")
+BRIDGE_KEY = "bridge"
+
+
+def build_model(spec: dict[str, Any] | None, fallback: Model | None = None) -> Model:
+    """A model from config: ``{"provider": "anthropic", "model_id": ...}`` or
+    ``{"provider": "script", "steps": [...]}`` (see ``runtime.testing.model_from_spec``)."""
+    spec = spec or {}
+    provider = spec.get("provider")
+    if provider == "anthropic":
+        from runtime.anthropic_model import AnthropicModel
+
+        return AnthropicModel(spec.get("model_id", "claude-sonnet-4-6"))
+    if provider == "script":
+        from runtime.testing import model_from_spec
+
+        return model_from_spec(spec)
+    if fallback is not None:
+        return fallback
+    from runtime.demo import DemoAgent
+
+    return DemoAgent.get_model(None)  # type: ignore[arg-type]
+
+
+class SubAgent(Think):
+    """A worker of an orchestrator. Config keys: ``instructions``, ``model`` (see
+    :func:`build_model`), ``bridge`` (set by the orchestrator), ``code_execution``,
+    ``extensions``."""
+
+    def on_start(self) -> None:
+        self._workspace: LocalWorkspace | None = None
+        self._extensions: Any = None
+
+    def get_workspace(self) -> LocalWorkspace:
+        if self._workspace is None:
+            self._workspace = LocalWorkspace(WorkspaceStore(self.store.db))  # type: ignore[attr-defined]
+        return self._workspace
+
+    def get_model(self) -> Model:
+        return build_model((self.get_config() or {}).get("model"), self._model)
+
+    def get_system_prompt(self) -> str:
+        return (self.get_config() or {}).get("instructions") or "You are a helpful sub-agent."
+
+    def bridge(self) -> BridgeClient | None:
+        spec = (self.get_config() or {}).get(BRIDGE_KEY)
+        return BridgeClient.from_config(spec) if spec else None
+
+    def extension_manager(self) -> Any:
+        if self._extensions is None:
+            from runtime.extensions import ExtensionManager
+
+            self._extensions = ExtensionManager(self.store.db, self.get_workspace())  # type: ignore[attr-defined]
+        return self._extensions
+
+    def get_tools(self) -> dict[str, Tool]:
+        config = self.get_config() or {}
+        tools = dict(workspace_tools(self.get_workspace()))
+        client = self.bridge()
+        if client is not None and client.access != "none":
+            tools.update(workspace_tools(client, access=client.access, prefix="shared_"))
+            tools["shared_wait_for_file"] = _wait_for_file_tool(client)
+        if config.get("code_execution"):
+            from runtime.sandbox import CodeSandbox, execute_tool
+
+            sandbox = CodeSandbox(self.get_workspace(), timeout=config.get("code_timeout", 10.0))
+            tools["execute"] = execute_tool(sandbox)
+        if config.get("extensions"):
+            from runtime.extensions import extension_tools
+
+            manager = self.extension_manager()
+            tools.update(extension_tools(manager))
+            tools.update(manager.get_tools())
+        return tools
+
+
+def _wait_for_file_tool(client: BridgeClient) -> Tool:
+    @tool(name="shared_wait_for_file")
+    async def wait_for_file(path: str, timeout: float = 30.0, ctx: ToolContext = None) -> dict:  # type: ignore[assignment]
+        """Wait until a file exists in the shared workspace (another agent may be writing it)."""
+        deadline = time.monotonic() + min(timeout, 120.0)
+        while time.monotonic() < deadline:
+            if await client.exists(path):
+                return {"path": path, "exists": True}
+            await asyncio.sleep(0.05)
+        return {"path": path, "exists": False, "timed_out": True}
+
+    return wait_for_file
+
+
+@dataclass
+class Delegation:
+    """One delegated task: its buffered relay and how to abort it."""
+
+    task_id: str
+    agent: str
+    task: str
+    stream: RunStream
+    run_id: str | None = None
+    receiver: Any = None
+    status: str = "running"
+    text: str = ""
+    error: str | None = None
+    started_at: float = field(default_factory=time.time)
+    finished_at: float | None = None
+    consumer: asyncio.Task[Any] | None = None
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "task_id": self.task_id,
+            "agent": self.agent,
+            "task": self.task,
+            "run_id": self.run_id,
+            "status": self.status,
+            "text": self.text,
+            "error": self.error,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "chunks": len(self.stream.chunks),
+        }
+
+
+class Orchestrator(Think):
+    """Registry, shared workspace, delegation. Subclass to set :attr:`subagent_cls`."""
+
+    subagent_cls: type[Think] = SubAgent
+    subagent_pool_size: int = 2
+    subagent_idle_timeout: float | None = 300.0
+
+    def on_start(self) -> None:
+        self.registry = RegistryStore(self.store.db)  # type: ignore[attr-defined]
+        self._subs: AgentNamespace | None = None
+        self._bridge: Any = None
+        self._delegations: dict[str, Delegation] = {}
+        self._handles: dict[str, AgentHandle] = {}
+
+    # -- infrastructure ------------------------------------------------------------------
+
+    def _identity(self) -> tuple[str, str, str]:
+        try:
+            return self.namespace, self.agent_name, self.storage_root  # type: ignore[attr-defined]
+        except AttributeError as exc:
+            raise RuntimeError("an Orchestrator must run in a session actor") from exc
+
+    async def subagents_namespace(self) -> AgentNamespace:
+        if self._subs is None:
+            namespace, name, root = self._identity()
+            ns = AgentNamespace(
+                f"{namespace}.{name}.subs",
+                self.subagent_cls,
+                storage_root=root,
+                pool_size=self.subagent_pool_size,
+                idle_timeout=self.subagent_idle_timeout,
+                start=False,
+            )
+            self._subs = await ns.astart()
+        return self._subs
+
+    async def shared_bridge(self) -> Any:
+        if self._bridge is None:
+            namespace, name, root = self._identity()
+            self._bridge = open_bridge(root, namespace, name)
+            await self._bridge.ready.remote()
+        return self._bridge
+
+    async def shared_workspace(self) -> BridgeClient:
+        """The orchestrator's own (read-write) view of the shared workspace."""
+        namespace, name, _ = self._identity()
+        bridge = await self.shared_bridge()
+        token = await bridge.grant.remote(f"{name}(orchestrator)", "read-write")
+        return BridgeClient(bridge_name(namespace, name), token, "read-write")
+
+    async def _handle(self, name: str) -> AgentHandle:
+        if name not in self._handles:
+            self._handles[name] = (await self.subagents_namespace()).get(name)
+        return self._handles[name]
+
+    # -- registry ------------------------------------------------------------------------
+
+    async def create_subagent(
+        self, name: str, config: dict[str, Any] | None = None, access: str = "read-write"
+    ) -> dict[str, Any]:
+        validate_name(name, "sub-agent name")
+        if access not in ("none", "read", "read-write"):
+            raise InvalidInputError(f"access must be none, read or read-write, not {access!r}")
+        if self.registry.has(name):
+            raise InvalidInputError(f"sub-agent {name!r} already exists")
+        namespace, me, _ = self._identity()
+        token = await (await self.shared_bridge()).grant.remote(name, access)
+        config = dict(config or {})
+        config[BRIDGE_KEY] = BridgeClient(bridge_name(namespace, me), token, access).to_config()  # type: ignore[arg-type]
+        record = SubAgentRecord(name=name, id=uuid.uuid4().hex, config=config, access=access)
+        handle = await self._handle(name)
+        await handle.ainvoke("configure", config)
+        self.registry.add(record)
+        return _public(record)
+
+    async def configure_subagent(self, name: str, config: dict[str, Any]) -> dict[str, Any]:
+        record = self.registry.get(name)
+        merged = {**record.config, **config, BRIDGE_KEY: record.config.get(BRIDGE_KEY)}
+        await (await self._handle(name)).ainvoke("configure", merged)
+        return _public(self.registry.update(name, config=merged))
+
+    async def set_access(self, name: str, access: str) -> dict[str, Any]:
+        """Change what a sub-agent may do in the shared workspace (new grant)."""
+        record = self.registry.get(name)
+        namespace, me, _ = self._identity()
+        token = await (await self.shared_bridge()).grant.remote(name, access)
+        config = dict(record.config)
+        config[BRIDGE_KEY] = BridgeClient(bridge_name(namespace, me), token, access).to_config()  # type: ignore[arg-type]
+        await (await self._handle(name)).ainvoke("configure", config)
+        return _public(self.registry.update(name, config=config, access=access))
+
+    def list_subagents(self) -> list[dict[str, Any]]:
+        return [_public(r) for r in self.registry.list()]
+
+    def get_subagent(self, name: str) -> dict[str, Any]:
+        return _public(self.registry.get(name))
+
+    async def delete_subagent(self, name: str) -> None:
+        self.registry.get(name)
+        for delegation in list(self._delegations.values()):
+            if delegation.agent == name and delegation.status == "running":
+                await self.abort_task(delegation.task_id, "sub-agent deleted")
+        ns = await self.subagents_namespace()
+        await ns.directory.hibernate.remote(name, True)
+        await (await self.shared_bridge()).revoke.remote(name)
+        from pathlib import Path
+
+        path = Path(self._identity()[2]) / ns.name / f"{name}.duckdb"
+        path.unlink(missing_ok=True)
+        self._handles.pop(name, None)
+        self.registry.remove(name)
+
+    # -- delegation ----------------------------------------------------------------------
+
+    async def delegate(
+        self,
+        name: str,
+        task: str,
+        *,
+        wait: bool = True,
+        signal: AbortSignal | None = None,
+    ) -> dict[str, Any]:
+        """Give ``task`` to sub-agent ``name``. Blocking returns its final message;
+        ``wait=False`` returns at once with a task id whose chunks are relayed live and
+        buffered (see :meth:`view_task`). ``signal``: the parent run's abort signal —
+        aborting it aborts this task."""
+        if not self.registry.has(name):
+            raise SubAgentNotFoundError(
+                f"unknown sub-agent {name!r}; known: {[r.name for r in self.registry.list()]}"
+            )
+        handle = await self._handle(name)
+        stream = await handle.astream_chat(task)
+        delegation = Delegation(
+            task_id=new_id("task"),
+            agent=name,
+            task=task,
+            stream=RunStream(stream.run_id or "", name),
+            run_id=stream.run_id,
+            receiver=stream.receiver,
+        )
+        self._delegations[delegation.task_id] = delegation
+        self.registry.update(name, status="busy", last_task=task, last_active=time.time())
+        if signal is not None:
+            signal.add_listener(
+                lambda reason: asyncio.ensure_future(
+                    self.abort_task(delegation.task_id, "aborted by parent")
+                )
+            )
+        delegation.consumer = asyncio.ensure_future(self._relay(delegation, stream, handle))
+        if wait:
+            await asyncio.shield(delegation.consumer)
+            return await self._final(delegation, handle)
+        return delegation.summary()
+
+    async def _relay(self, delegation: Delegation, stream: Any, handle: AgentHandle) -> None:
+        texts: list[str] = []
+        try:
+            async for chunk in stream:
+                delegation.stream.push(chunk)
+                t = chunk.get("type")
+                if t == "text-delta":
+                    texts.append(chunk["delta"])
+                elif t == "abort":
+                    delegation.status = "aborted"
+                elif t == "error":
+                    delegation.status = "error"
+                    delegation.error = chunk.get("errorText")
+            if delegation.status == "running":
+                delegation.status = "completed"
+        except Exception as exc:
+            delegation.status = "error"
+            delegation.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            delegation.text = "".join(texts)
+            delegation.finished_at = time.time()
+            delegation.stream.close(delegation.error)
+            try:
+                count = await handle.ainvoke("message_count")
+            except Exception:
+                count = None
+            fields: dict[str, Any] = {
+                "status": "error" if delegation.status == "error" else "idle",
+                "last_active": time.time(),
+                "last_error": delegation.error,
+            }
+            if count is not None:
+                fields["message_count"] = count
+            if self.registry.has(delegation.agent):
+                self.registry.update(delegation.agent, **fields)
+
+    async def _final(self, delegation: Delegation, handle: AgentHandle) -> dict[str, Any]:
+        result = delegation.summary()
+        history = await handle.ainvoke("get_history")
+        result["message"] = history[-1] if history and history[-1]["role"] == "assistant" else None
+        return result
+
+    async def wait_task(self, task_id: str, timeout: float | None = None) -> dict[str, Any]:
+        delegation = self._delegation(task_id)
+        if delegation.consumer is not None:
+            await asyncio.wait_for(asyncio.shield(delegation.consumer), timeout)
+        return delegation.summary()
+
+    def task_status(self, task_id: str) -> dict[str, Any]:
+        return self._delegation(task_id).summary()
+
+    def list_tasks(self) -> list[dict[str, Any]]:
+        return [d.summary() for d in self._delegations.values()]
+
+    async def abort_task(self, task_id: str, reason: str = "aborted by parent") -> bool:
+        delegation = self._delegation(task_id)
+        if delegation.status != "running" or delegation.receiver is None:
+            return False
+        return await delegation.receiver.abort_async(reason)
+
+    def _delegation(self, task_id: str) -> Delegation:
+        try:
+            return self._delegations[task_id]
+        except KeyError:
+            raise InvalidInputError(f"unknown task {task_id!r}") from None
+
+    async def view_task(self, task_id: str) -> Any:
+        """Async generator: the task's chunks from index 0 (the buffer), then the live
+        tail. Leaving early detaches; the task goes on."""
+        delegation = self._delegation(task_id)
+        async for batch in delegation.stream.follow(coalesce=0.002):
+            yield batch
+
+    async def view_subagent(self, name: str) -> Any:
+        """Any caller can watch any sub-agent: its latest delegated task if this
+        orchestrator holds one, else the sub-agent's own resume stream."""
+        self.registry.get(name)
+        latest = [d for d in self._delegations.values() if d.agent == name]
+        if latest:
+            async for batch in self.view_task(latest[-1].task_id):
+                yield batch
+            return
+        stream = await (await self._handle(name)).aresume()
+        batch: list[dict[str, Any]] = []
+        async for chunk in stream:
+            batch.append(chunk)
+            if len(batch) >= 64:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+    # -- tools for the orchestrator's own model ------------------------------------------
+
+    def get_tools(self) -> dict[str, Tool]:
+        orchestrator = self
+
+        @tool
+        async def delegate_task(agent: str, task: str, wait: bool = True, ctx: ToolContext = None) -> dict:  # type: ignore[assignment]
+            """Give a task to a sub-agent. wait=true returns its answer; wait=false
+            returns a task id at once (check it with task_status)."""
+            result = await orchestrator.delegate(agent, task, wait=wait, signal=ctx.signal)
+            result.pop("message", None)
+            return result
+
+        @tool
+        def task_status(task_id: str) -> dict:
+            """Status and text so far of a delegated task."""
+            return orchestrator.task_status(task_id)
+
+        @tool
+        def list_agents() -> list:
+            """The sub-agents, their status and last task."""
+            return orchestrator.list_subagents()
+
+        @tool
+        async def create_agent(name: str, instructions: str, access: str = "read-write") -> dict:
+            """Create a sub-agent with the given instructions and shared-workspace access
+            (none, read or read-write)."""
+            return await orchestrator.create_subagent(
+                name, {"instructions": instructions}, access=access
+            )
+
+        return {t.name: t for t in (delegate_task, task_status, list_agents, create_agent)}
+
+    def get_system_prompt(self) -> str:
+        return (self.get_config() or {}).get("instructions") or (
+            "You coordinate sub-agents. Delegate focused tasks with delegate_task; run "
+            "independent tasks in parallel with wait=false and check them with task_status."
+        )
+
+    def get_model(self) -> Model:
+        return build_model((self.get_config() or {}).get("model"), self._model)
+
+    def has_pending_work(self) -> bool:
+        running = any(d.status == "running" for d in self._delegations.values())
+        return running or super().has_pending_work()
+
+    async def on_hibernate(self) -> None:
+        if self._subs is not None:
+            self._subs = None  # the directory actor lives on; handles re-resolve
+
+
+def _public(record: SubAgentRecord) -> dict[str, Any]:
+    data = record.to_dict()
+    bridge = data["config"].get(BRIDGE_KEY)
+    if bridge:  # never hand the token out
+        data["config"] = {**data["config"], BRIDGE_KEY: {"access": bridge["access"]}}
+    return data

@@ -1,0 +1,43 @@
+"""A small key/value table for actors that keep no sessions (e.g. a workspace bridge)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from storage.db import Database, Migration
+
+
+def _create(con: Any) -> None:
+    con.execute("CREATE TABLE kv (key VARCHAR, value BLOB)")
+
+
+MIGRATIONS = [Migration(1, _create)]
+
+
+class KeyValueStore:
+    """Values are msgpack-encoded; ``set`` replaces; missing keys give ``default``."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        db.migrate("kv", MIGRATIONS)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        row = self.db.fetchone("SELECT value FROM kv WHERE key = ?", [key])
+        return default if row is None else msgpack.unpackb(row[0], raw=False)
+
+    def set(self, key: str, value: Any) -> None:
+        blob = msgpack.packb(value, use_bin_type=True)
+        with self.db.transaction() as con:
+            con.execute("DELETE FROM kv WHERE key = ?", [key])
+            con.execute("INSERT INTO kv VALUES (?, ?)", [key, blob])
+
+    def delete(self, key: str) -> None:
+        self.db.execute("DELETE FROM kv WHERE key = ?", [key])
+
+    def items(self, prefix: str = "") -> dict[str, Any]:
+        rows = self.db.fetchall(
+            "SELECT key, value FROM kv WHERE starts_with(key, ?) ORDER BY key", [prefix]
+        )
+        return {k: msgpack.unpackb(v, raw=False) for k, v in rows}

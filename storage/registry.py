@@ -1,0 +1,87 @@
+"""The orchestrator's registry of sub-agents (seed 000 "Agent registry")."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import msgpack
+
+from storage.db import Database, Migration
+from storage.types import InvalidInputError, NotFoundError
+
+SubAgentStatus = Literal["idle", "busy", "error"]
+
+
+class SubAgentNotFoundError(NotFoundError):
+    pass
+
+
+@dataclass
+class SubAgentRecord:
+    name: str
+    id: str
+    config: dict[str, Any] = field(default_factory=dict)
+    access: str = "read-write"
+    status: SubAgentStatus = "idle"
+    last_task: str | None = None
+    last_error: str | None = None
+    message_count: int = 0
+    created_at: float = field(default_factory=time.time)
+    last_active: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _create(con: Any) -> None:
+    # name is the lookup key; everything else is read whole, so it lives in one blob.
+    con.execute("CREATE TABLE subagents (name VARCHAR, info BLOB)")
+
+
+MIGRATIONS = [Migration(1, _create)]
+
+
+class RegistryStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        db.migrate("registry", MIGRATIONS)
+
+    def _encode(self, record: SubAgentRecord) -> bytes:
+        return msgpack.packb(record.to_dict(), use_bin_type=True)
+
+    def add(self, record: SubAgentRecord) -> SubAgentRecord:
+        with self.db.transaction() as con:
+            if con.execute("SELECT 1 FROM subagents WHERE name = ?", [record.name]).fetchone():
+                raise InvalidInputError(f"sub-agent {record.name!r} already exists")
+            con.execute("INSERT INTO subagents VALUES (?, ?)", [record.name, self._encode(record)])
+        return record
+
+    def get(self, name: str) -> SubAgentRecord:
+        row = self.db.fetchone("SELECT info FROM subagents WHERE name = ?", [name])
+        if row is None:
+            raise SubAgentNotFoundError(f"unknown sub-agent {name!r}")
+        return SubAgentRecord(**msgpack.unpackb(row[0], raw=False))
+
+    def has(self, name: str) -> bool:
+        return self.db.fetchone("SELECT 1 FROM subagents WHERE name = ?", [name]) is not None
+
+    def update(self, name: str, **fields: Any) -> SubAgentRecord:
+        record = self.get(name)
+        for key, value in fields.items():
+            if not hasattr(record, key):
+                raise InvalidInputError(f"unknown registry field {key!r}")
+            setattr(record, key, value)
+        self.db.execute(
+            "UPDATE subagents SET info = ? WHERE name = ?", [self._encode(record), name]
+        )
+        return record
+
+    def list(self) -> list[SubAgentRecord]:
+        rows = self.db.fetchall("SELECT info FROM subagents ORDER BY name")
+        return [SubAgentRecord(**msgpack.unpackb(r[0], raw=False)) for r in rows]
+
+    def remove(self, name: str) -> None:
+        self.get(name)
+        self.db.execute("DELETE FROM subagents WHERE name = ?", [name])

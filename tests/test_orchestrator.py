@@ -1,0 +1,242 @@
+"""Orchestrator and sub-agents (issue 4) with real actors: registry, delegation with
+live buffered relay, the shared workspace through a bridge actor, abort down the tree,
+code execution and extensions inside sub-agents."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.ray
+
+
+def script(*steps, delay=0.0):
+    return {"provider": "script", "steps": [list(s) for s in steps], "delay": delay}
+
+
+def wait_until(predicate, timeout=15.0, interval=0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError("condition not met in time")
+
+
+def tool_parts(message):
+    return [p for p in message["parts"] if p["type"] == "dynamic-tool"]
+
+
+@pytest.fixture
+def orchestrator(namespace_factory):
+    from actors.orchestrator import Orchestrator
+
+    ns = namespace_factory(Orchestrator, pool_size=1, idle_timeout=None)
+    handle = ns.get("boss")
+    yield ns, handle
+    # sub-agent namespaces belong to the orchestrator: stop them too
+    try:
+        from actors.namespace import AgentNamespace
+
+        AgentNamespace.connect(f"{ns.name}.boss.subs").shutdown()
+    except Exception:
+        pass
+
+
+WRITE_PLAN = script(
+    [{"tool": "shared_write_file", "input": {"path": "notes/plan.md", "content": "one\ntwo\n"}}],
+    [{"text": "I wrote the plan."}],
+)
+READ_PLAN = script(
+    [{"tool": "shared_wait_for_file", "input": {"path": "notes/plan.md"}}],
+    [{"tool": "shared_read_file", "input": {"path": "notes/plan.md"}}],
+    [{"text": "The plan has two steps."}],
+)
+
+
+def test_registry_persists_and_configures(orchestrator):
+    ns, boss = orchestrator
+    created = boss.invoke("create_subagent", "writer", {"model": WRITE_PLAN})
+    assert created["status"] == "idle" and created["access"] == "read-write"
+    assert "token" not in str(created["config"])  # grants are never handed out
+    boss.invoke("configure_subagent", "writer", {"instructions": "be terse"})
+    assert ns.hibernate("boss")  # the registry lives in the orchestrator's file
+    listed = boss.invoke("list_subagents")
+    assert [r["name"] for r in listed] == ["writer"]
+    assert listed[0]["config"]["instructions"] == "be terse"
+    from storage.types import InvalidInputError
+
+    with pytest.raises(InvalidInputError):
+        boss.invoke("create_subagent", "writer", {})
+    boss.invoke("delete_subagent", "writer")
+    assert boss.invoke("list_subagents") == []
+
+
+def test_blocking_and_fire_and_forget_delegation_share_a_workspace(orchestrator):
+    _, boss = orchestrator
+    boss.invoke("create_subagent", "writer", {"model": WRITE_PLAN})
+    boss.invoke("create_subagent", "reader", {"model": READ_PLAN}, access="read")
+    started = time.perf_counter()
+    pending = boss.invoke("delegate", "reader", "read the plan", wait=False)
+    assert pending["status"] == "running"
+    assert time.perf_counter() - started < 5  # returned at once, while it waits
+    done = boss.invoke("delegate", "writer", "write the plan", wait=True)
+    assert done["status"] == "completed" and done["text"] == "I wrote the plan."
+    assert done["message"]["role"] == "assistant"
+    read = boss.invoke("wait_task", pending["task_id"], 20)
+    assert read["status"] == "completed" and read["text"] == "The plan has two steps."
+    records = {r["name"]: r for r in boss.invoke("list_subagents")}
+    assert records["reader"]["last_task"] == "read the plan"
+    assert records["reader"]["message_count"] == 2 and records["reader"]["status"] == "idle"
+
+
+def test_viewer_attaches_mid_turn_and_gets_buffer_then_tail(orchestrator):
+    _, boss = orchestrator
+    slow = script([{"text": " ".join(f"w{i}" for i in range(60))}], delay=0.02)
+    boss.invoke("create_subagent", "talker", {"model": slow})
+    task = boss.invoke("delegate", "talker", "talk", wait=False)
+    time.sleep(0.4)  # mid-turn
+    first_view = boss.stream("view_task", task["task_id"])
+    early = [next(first_view) for _ in range(3)]
+    del first_view  # a viewer detaches: the task goes on
+    view = list(boss.stream("view_task", task["task_id"]))
+    assert view[:3] == early and view[0]["type"] == "start"
+    deltas = [c["delta"].strip() for c in view if c["type"] == "text-delta"]
+    assert deltas == [f"w{i}" for i in range(60)]  # replay + tail: complete, in order
+    assert boss.invoke("task_status", task["task_id"])["status"] == "completed"
+    # any caller can view a sub-agent's stream through the orchestrator
+    routed = list(boss.stream("view_subagent", "talker"))
+    assert routed == view
+
+
+def test_bridge_enforces_access_and_path_safety(orchestrator):
+    _, boss = orchestrator
+    scribbler = script(
+        [{"tool": "shared_write_file", "input": {"path": "x.txt", "content": "no"}}],
+        [{"tool": "shared_write_file", "input": {"path": "../escape.txt", "content": "no"}}],
+        [{"text": "tried"}],
+    )
+    boss.invoke("create_subagent", "ro", {"model": scribbler}, access="read")
+    boss.invoke("create_subagent", "rw", {"model": scribbler}, access="read-write")
+    boss.invoke("create_subagent", "blind", {"model": script([{"text": "ok"}])}, access="none")
+    ro = boss.invoke("delegate", "ro", "write", wait=True)
+    parts = tool_parts(ro["message"])
+    assert all(p["state"] == "output-error" for p in parts)
+    assert "unknown tool" in parts[0]["errorText"]  # read access: no write tool at all
+    rw = boss.invoke("delegate", "rw", "write", wait=True)
+    first, second = tool_parts(rw["message"])
+    assert first["state"] == "output-available"
+    assert second["state"] == "output-error" and ".." in second["errorText"]
+    blind_tools = boss.invoke("delegate", "blind", "hi", wait=True)
+    assert blind_tools["status"] == "completed"
+
+
+def test_forged_and_revoked_grants_are_refused(orchestrator, ray_local):
+    from actors.bridge import BridgeAccessError, BridgeClient, bridge_name
+
+    ns, boss = orchestrator
+    boss.invoke("create_subagent", "w", {"model": WRITE_PLAN})
+    boss.invoke("delegate", "w", "write", wait=True)
+    name = bridge_name(ns.name, "boss")
+    forged = BridgeClient(name, "not-a-token", "read-write")
+    with pytest.raises(BridgeAccessError):
+        ray_local.get(forged.read_file("notes/plan.md"))
+    boss.invoke("set_access", "w", "read")
+    actor = ray_local.get_actor(name, namespace="thinkray")
+    assert ray_local.get(actor.grants.remote())["w"] == "read"
+
+
+def test_abort_task_reaches_the_sub_agent_tool_call(orchestrator):
+    _, boss = orchestrator
+    waits = script([{"tool": "shared_wait_for_file", "input": {"path": "never.txt", "timeout": 60}}])
+    boss.invoke("create_subagent", "waiter", {"model": waits})
+    task = boss.invoke("delegate", "waiter", "wait", wait=False)
+    time.sleep(1.0)
+    assert boss.invoke("abort_task", task["task_id"]) is True
+    status = boss.invoke("wait_task", task["task_id"], 20)
+    assert status["status"] == "aborted"
+    from actors.namespace import AgentNamespace
+
+    sub = AgentNamespace.connect(f"{boss.namespace}.boss.subs").existing("waiter")
+    part = tool_parts(sub.history()[-1])[0]
+    assert part["state"] == "output-error" and "aborted by parent" in part["errorText"]
+
+
+def test_aborting_the_parent_turn_aborts_sub_agent_turns(orchestrator):
+    ns, boss = orchestrator
+    waits = script([{"tool": "shared_wait_for_file", "input": {"path": "never.txt", "timeout": 60}}])
+    boss.invoke("create_subagent", "deep", {"model": waits})
+    boss.configure({"model": script([{"tool": "delegate_task", "input": {"agent": "deep", "task": "wait"}}])})
+    run = boss.start_chat("delegate it")
+    wait_until(lambda: any(t["status"] == "running" for t in boss.invoke("list_tasks")))
+    time.sleep(0.3)
+    assert run["receiver"].abort("user pressed stop")
+    tasks = wait_until(
+        lambda: [t for t in boss.invoke("list_tasks") if t["status"] == "aborted"], timeout=20
+    )
+    assert tasks[0]["agent"] == "deep"
+    parent_part = tool_parts(boss.history()[-1])[0]
+    assert parent_part["state"] == "output-error"
+
+
+def test_unknown_sub_agent_is_a_clear_error(orchestrator):
+    from storage.registry import SubAgentNotFoundError
+
+    _, boss = orchestrator
+    with pytest.raises(SubAgentNotFoundError, match="unknown sub-agent 'ghost'"):
+        boss.invoke("delegate", "ghost", "anything")
+
+
+def test_code_execution_in_sub_agent_stays_healthy(orchestrator):
+    _, boss = orchestrator
+    code = "workspace.write_file('out.txt', 'computed ' + str(6 * 7))\n6 * 7"
+    runs = script(
+        [{"tool": "execute", "input": {"code": code}}],
+        [{"tool": "execute", "input": {"code": "while True:\n    pass"}}],
+        [{"tool": "read_file", "input": {"path": "out.txt"}}],
+        [{"text": "done"}],
+    )
+    boss.invoke("create_subagent", "coder", {"model": runs, "code_execution": True,
+                                             "code_timeout": 1.5})
+    result = boss.invoke("delegate", "coder", "compute", wait=True)
+    ok, looped, read = tool_parts(result["message"])
+    assert ok["state"] == "output-available" and "42" in str(ok["output"])
+    assert looped["state"] == "output-error" and "timed out" in looped["errorText"]
+    assert "computed 42" in str(read["output"])
+    assert result["status"] == "completed"  # the actor stayed healthy
+
+
+EXTENSION = '''
+manifest = {"name": "calc", "description": "arithmetic",
+            "permissions": {"network": False, "workspace": "none"}}
+
+@extension_tool(description="Multiply two integers")
+def mul(a: int, b: int) -> int:
+    return a * b
+'''
+
+
+def test_extension_written_on_one_turn_is_a_tool_on_the_next_and_survives_hibernation(
+    orchestrator,
+):
+    from actors.namespace import AgentNamespace
+
+    _, boss = orchestrator
+    steps = script(
+        [{"tool": "load_extension", "input": {"source": EXTENSION}}],
+        [{"text": "loaded"}],
+    )
+    boss.invoke("create_subagent", "ext", {"model": steps, "extensions": True})
+    first = boss.invoke("delegate", "ext", "load it", wait=True)
+    assert tool_parts(first["message"])[0]["state"] == "output-available"
+    subs = AgentNamespace.connect(f"{boss.namespace}.boss.subs")
+    assert subs.hibernate("ext")
+    use = script([{"tool": "calc__mul", "input": {"a": 6, "b": 7}}], [{"text": "42"}])
+    boss.invoke("configure_subagent", "ext", {"model": use})
+    second = boss.invoke("delegate", "ext", "use it", wait=True)
+    part = tool_parts(second["message"])[0]
+    assert part["state"] == "output-available" and "42" in str(part["output"])
+    assert (Path(subs.storage_root) / subs.name / "ext.duckdb").exists()
