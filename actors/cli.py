@@ -87,10 +87,116 @@ def demo(args: argparse.Namespace) -> int:
                 elif p["type"] == "dynamic-tool":
                     parts.append(f"[{p['toolName']} → {p['state']}]")
             print(f"  {message['role']:>9}: {' '.join(parts)}")
-        print(f"\nStatus: {agent.status()['state']}. Demo complete.")
+        print(f"\nStatus: {agent.status()['state']}.")
+        _delegation_demo(root)
+        print("\nDemo complete.")
     finally:
         ns.shutdown()
     return 0
+
+
+_FINDINGS = "# Findings\n- Paris: light rain, 14°C\n- Tokyo: clear skies, 22°C\n- Lima: fog, 17°C\n"
+_RESEARCHER_SCRIPT = {
+    "provider": "script",
+    "delay": 0.03,
+    "steps": [
+        [
+            {"text": "Collecting the forecasts for three cities."},
+            {"tool": "shared_write_file",
+             "input": {"path": "notes/findings.md", "content": _FINDINGS}},
+        ],
+        [{"text": "Saved three findings to notes/findings.md for the team."}],
+    ],
+}
+_REVIEWER_SCRIPT = {
+    "provider": "script",
+    "delay": 0.03,
+    "steps": [
+        [
+            {"text": "Waiting for the researcher's notes."},
+            {"tool": "shared_wait_for_file", "input": {"path": "notes/findings.md"}},
+        ],
+        [{"tool": "shared_read_file", "input": {"path": "notes/findings.md"}}],
+        [{"text": "Summary: rain in Paris, sun in Tokyo, fog in Lima. Pack an umbrella."}],
+    ],
+}
+
+
+def _delegation_demo(root: str) -> None:
+    """An orchestrator delegates two tasks in parallel; both stream live; one writes a
+    file to the shared workspace that the other waits for and reads."""
+    import threading
+
+    import ray
+
+    from actors.namespace import AgentNamespace
+    from actors.orchestrator import Orchestrator
+
+    print("\n--- Orchestrator: two sub-agents in parallel, one shared workspace ---")
+    live = bool(os.environ.get("ANTHROPIC_API_KEY"))
+    model = {"provider": "anthropic"} if live else None
+    ns = AgentNamespace("demo-orch", Orchestrator, storage_root=root, pool_size=1,
+                        idle_timeout=None)
+    boss = ns.get(f"boss-{int(time.time())}")
+    try:
+        boss.invoke("create_subagent", "researcher", {
+            "model": model or _RESEARCHER_SCRIPT,
+            "instructions": "Write your findings to the shared workspace with shared_write_file.",
+        })
+        boss.invoke("create_subagent", "reviewer", {
+            "model": model or _REVIEWER_SCRIPT,
+            "instructions": "First call shared_wait_for_file, then read the file and summarize.",
+        }, access="read")
+        tasks = {
+            "reviewer": boss.invoke("delegate", "reviewer",
+                                    "Wait for notes/findings.md, read it and summarize it.",
+                                    wait=False),
+            "researcher": boss.invoke("delegate", "researcher",
+                                      "Write weather findings for Paris, Tokyo and Lima to "
+                                      "notes/findings.md.", wait=False),
+        }
+        lock = threading.Lock()
+
+        def watch(agent: str, task_id: str) -> None:
+            line: list[str] = []
+
+            def emit(text: str) -> None:
+                with lock:
+                    print(f"  [{agent:>10}] {text}", flush=True)
+
+            for chunk in boss.stream("view_task", task_id):
+                t = chunk["type"]
+                if t == "text-delta":
+                    line.append(chunk["delta"])
+                elif t == "text-end" and line:
+                    emit("".join(line).strip())
+                    line.clear()
+                elif t == "tool-input-available":
+                    emit(f"→ {chunk['toolName']}({json.dumps(chunk['input'])[:60]})")
+                elif t == "tool-output-available":
+                    emit(f"← {json.dumps(chunk['output'])[:70]}")
+                elif t in ("tool-output-error", "error"):
+                    emit(f"✗ {chunk['errorText']}")
+
+        threads = [threading.Thread(target=watch, args=(a, t["task_id"])) for a, t in tasks.items()]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        for agent in tasks:
+            status = boss.invoke("wait_task", tasks[agent]["task_id"], 120)
+            print(f"  {agent}: {status['status']}")
+        client = boss.invoke("shared_workspace")
+        content = ray.get(client.read_file("notes/findings.md"))
+        print("  shared workspace, notes/findings.md (read back through the bridge):")
+        for row in content.splitlines():
+            print(f"    {row}")
+    finally:
+        try:
+            AgentNamespace.connect(f"demo-orch.{boss.name}.subs").shutdown()
+        except Exception:
+            pass
+        ns.shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:
