@@ -8,6 +8,7 @@ wakes it and shows the history rebuilt from its DuckDB file.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -77,8 +78,10 @@ def demo(args: argparse.Namespace) -> int:
         )
         t0 = time.perf_counter()
         history = agent.history()
-        print(f"Woke it with a call ({(time.perf_counter() - t0) * 1000:.0f} ms): "
-              f"now in pid {agent.where()['pid']}. History rebuilt from DuckDB:")
+        print(
+            f"Woke it with a call ({(time.perf_counter() - t0) * 1000:.0f} ms): "
+            f"now in pid {agent.where()['pid']}. History rebuilt from DuckDB:"
+        )
         for message in history:
             parts = []
             for p in message["parts"]:
@@ -102,8 +105,10 @@ _RESEARCHER_SCRIPT = {
     "steps": [
         [
             {"text": "Collecting the forecasts for three cities."},
-            {"tool": "shared_write_file",
-             "input": {"path": "notes/findings.md", "content": _FINDINGS}},
+            {
+                "tool": "shared_write_file",
+                "input": {"path": "notes/findings.md", "content": _FINDINGS},
+            },
         ],
         [{"text": "Saved three findings to notes/findings.md for the team."}],
     ],
@@ -135,25 +140,41 @@ def _delegation_demo(root: str) -> None:
     print("\n--- Orchestrator: two sub-agents in parallel, one shared workspace ---")
     live = bool(os.environ.get("ANTHROPIC_API_KEY"))
     model = {"provider": "anthropic"} if live else None
-    ns = AgentNamespace("demo-orch", Orchestrator, storage_root=root, pool_size=1,
-                        idle_timeout=None)
+    ns = AgentNamespace(
+        "demo-orch", Orchestrator, storage_root=root, pool_size=1, idle_timeout=None
+    )
     boss = ns.get(f"boss-{int(time.time())}")
     try:
-        boss.invoke("create_subagent", "researcher", {
-            "model": model or _RESEARCHER_SCRIPT,
-            "instructions": "Write your findings to the shared workspace with shared_write_file.",
-        })
-        boss.invoke("create_subagent", "reviewer", {
-            "model": model or _REVIEWER_SCRIPT,
-            "instructions": "First call shared_wait_for_file, then read the file and summarize.",
-        }, access="read")
+        boss.invoke(
+            "create_subagent",
+            "researcher",
+            {
+                "model": model or _RESEARCHER_SCRIPT,
+                "instructions": "Write your findings to the shared workspace with shared_write_file.",
+            },
+        )
+        boss.invoke(
+            "create_subagent",
+            "reviewer",
+            {
+                "model": model or _REVIEWER_SCRIPT,
+                "instructions": "First call shared_wait_for_file, then read the file and summarize.",
+            },
+            access="read",
+        )
         tasks = {
-            "reviewer": boss.invoke("delegate", "reviewer",
-                                    "Wait for notes/findings.md, read it and summarize it.",
-                                    wait=False),
-            "researcher": boss.invoke("delegate", "researcher",
-                                      "Write weather findings for Paris, Tokyo and Lima to "
-                                      "notes/findings.md.", wait=False),
+            "reviewer": boss.invoke(
+                "delegate",
+                "reviewer",
+                "Wait for notes/findings.md, read it and summarize it.",
+                wait=False,
+            ),
+            "researcher": boss.invoke(
+                "delegate",
+                "researcher",
+                "Write weather findings for Paris, Tokyo and Lima to notes/findings.md.",
+                wait=False,
+            ),
         }
         lock = threading.Lock()
 
@@ -192,10 +213,8 @@ def _delegation_demo(root: str) -> None:
         for row in content.splitlines():
             print(f"    {row}")
     finally:
-        try:
+        with contextlib.suppress(Exception):
             AgentNamespace.connect(f"demo-orch.{boss.name}.subs").shutdown()
-        except Exception:
-            pass
         ns.shutdown()
 
 

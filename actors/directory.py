@@ -16,6 +16,7 @@ never opens a file that is still held.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import defaultdict
@@ -173,10 +174,8 @@ class Directory:
             if entry is not None and stale_actor_id == entry.actor.actor_id:
                 del self.entries[name]
                 self.counters["stale_rebinds"] += 1
-                try:
+                with contextlib.suppress(Exception):
                     ray.kill(entry.actor.handle, no_restart=True)
-                except Exception:
-                    pass
                 entry = None
             if entry is not None:
                 return entry.actor.handle, entry.actor.actor_id
@@ -327,7 +326,7 @@ class Directory:
             try:
                 await asyncio.wait_for(self._alarm_changed.wait(), timeout)
                 continue
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             now = time.time()
             for name, due in list(self.alarms.items()):
@@ -360,8 +359,11 @@ class Directory:
         entry = self.entries.get(name)
         if entry is None:
             return None
-        return {"actor_id": entry.actor.actor_id, "node_id": entry.actor.node_id,
-                "pid": entry.actor.pid}
+        return {
+            "actor_id": entry.actor.actor_id,
+            "node_id": entry.actor.node_id,
+            "pid": entry.actor.pid,
+        }
 
     async def shutdown(self) -> None:
         """Hibernate everything (forcing), then stop every actor this directory made."""
@@ -370,10 +372,8 @@ class Directory:
         if self._alarm_changed is not None:
             self._alarm_changed.set()
         for actor in self.free:
-            try:
+            with contextlib.suppress(Exception):
                 ray.kill(actor.handle, no_restart=True)
-            except Exception:
-                pass
         self.free.clear()
 
 

@@ -209,7 +209,9 @@ class AgentHandle:
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         stale = None
         for attempt in range(_ATTEMPTS):
-            actor = self._actor if self._actor is not None and stale is None else self._resolve(stale)
+            actor = (
+                self._actor if self._actor is not None and stale is None else self._resolve(stale)
+            )
             try:
                 return ray.get(getattr(actor, method).remote(self.name, *args, **kwargs))
             except _RETRYABLE:
@@ -280,7 +282,9 @@ class AgentHandle:
     def _open_stream(self, method: str, *args: Any, **kw: Any) -> tuple[dict[str, Any], Any]:
         stale = None
         for attempt in range(_ATTEMPTS):
-            actor = self._actor if self._actor is not None and stale is None else self._resolve(stale)
+            actor = (
+                self._actor if self._actor is not None and stale is None else self._resolve(stale)
+            )
             refs = getattr(actor, method).remote(self.name, *args, **kw)
             try:
                 header = ray.get(next(refs))

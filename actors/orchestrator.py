@@ -409,7 +409,9 @@ class Orchestrator(Think):
         orchestrator = self
 
         @tool
-        async def delegate_task(agent: str, task: str, wait: bool = True, ctx: ToolContext = None) -> dict:  # type: ignore[assignment]
+        async def delegate_task(
+            agent: str, task: str, wait: bool = True, ctx: ToolContext = None
+        ) -> dict:  # type: ignore[assignment]
             """Give a task to a sub-agent. wait=true returns its answer; wait=false
             returns a task id at once (check it with task_status)."""
             result = await orchestrator.delegate(agent, task, wait=wait, signal=ctx.signal)

@@ -259,7 +259,9 @@ class SessionActor:
             return False  # not hosted here any more: that run cannot be live
         return self.agent.abort(run_id=run_id, reason=reason)
 
-    async def abort(self, name: str, session_id: str | None = None, reason: str = "aborted") -> bool:
+    async def abort(
+        self, name: str, session_id: str | None = None, reason: str = "aborted"
+    ) -> bool:
         with self._call(name) as agent:
             return agent.abort(session_id, reason=reason)
 

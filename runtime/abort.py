@@ -9,6 +9,7 @@ aborts every run it started.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
@@ -138,7 +139,5 @@ async def abortable(iterator: AsyncIterator[T], signal: AbortSignal) -> AsyncIte
         remove()
         aclose = getattr(iterator, "aclose", None)
         if aclose is not None:
-            try:
+            with contextlib.suppress(RuntimeError, Exception):
                 await aclose()
-            except (RuntimeError, Exception):
-                pass

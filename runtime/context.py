@@ -79,7 +79,9 @@ def _assistant_steps(message: dict[str, Any]) -> list[ModelMessage]:
             )
             if state == "output-available":
                 results.append(
-                    ToolResultContent(tool_call_id=call_id, tool_name=name, output=part.get("output"))
+                    ToolResultContent(
+                        tool_call_id=call_id, tool_name=name, output=part.get("output")
+                    )
                 )
             elif state == "output-error":
                 results.append(
@@ -156,7 +158,9 @@ def prune_tool_calls(messages: list[ModelMessage], keep_last: int = 2) -> list[M
             continue
         kept = [c for c in msg.content if c.type not in ("tool-call", "tool-result")]
         if kept:
-            out.append(ModelMessage(role=msg.role, content=kept) if len(kept) != len(msg.content) else msg)
+            out.append(
+                ModelMessage(role=msg.role, content=kept) if len(kept) != len(msg.content) else msg
+            )
     return out
 
 

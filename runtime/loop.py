@@ -161,9 +161,7 @@ async def run_loop(
                         call_chunk, call = _validate_call(ev, tools)
                         calls.append(call)
                         assistant_content.append(
-                            ToolCallContent(
-                                tool_call_id=call[0], tool_name=call[1], input=call[2]
-                            )
+                            ToolCallContent(tool_call_id=call[0], tool_name=call[1], input=call[2])
                         )
                         yield call_chunk
                     elif t == "step-finish":
@@ -225,7 +223,9 @@ def _name_of(calls: list[tuple[str, str, Any, str | None]], call_id: str) -> str
     return "unknown"
 
 
-def _validate_call(ev: Any, tools: dict[str, Tool]) -> tuple[Chunk, tuple[str, str, Any, str | None]]:
+def _validate_call(
+    ev: Any, tools: dict[str, Tool]
+) -> tuple[Chunk, tuple[str, str, Any, str | None]]:
     raw = ev.input
     try:
         parsed = json.loads(raw) if raw and raw.strip() else {}
@@ -316,6 +316,6 @@ async def _sleep_or_abort(delay: float, signal: AbortSignal) -> None:
         return
     try:
         await asyncio.wait_for(signal.wait(), timeout=delay)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return
     raise AbortError(signal.reason or "aborted")

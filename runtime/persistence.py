@@ -79,8 +79,10 @@ def enforce_row_size(part: dict[str, Any], limit: int = ROW_MAX_BYTES) -> dict[s
         return part
     part = copy.copy(part)
     if part.get("type") == "dynamic-tool" and "output" in part:
-        rendered = part["output"] if isinstance(part["output"], str) else json.dumps(
-            part["output"], default=str
+        rendered = (
+            part["output"]
+            if isinstance(part["output"], str)
+            else json.dumps(part["output"], default=str)
         )
         part["output"] = (
             f"{TRUNCATED_MARKER} This tool output was too large to persist ({size} bytes). "

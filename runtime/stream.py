@@ -62,7 +62,12 @@ class RunStream:
         while True:
             await self.wait_beyond(index)
             # The first batch goes at once (time to first chunk); later ones gather.
-            if coalesce and index > start and not self.done and len(self.chunks) - index < max_batch:
+            if (
+                coalesce
+                and index > start
+                and not self.done
+                and len(self.chunks) - index < max_batch
+            ):
                 await asyncio.sleep(coalesce)
             if index < len(self.chunks):
                 batch = self.chunks[index : index + max_batch]

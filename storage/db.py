@@ -25,6 +25,7 @@ from typing import Any
 import duckdb
 
 from storage.types import StorageError
+
 # 16 KiB blocks: an empty session file is ~28 KiB instead of ~780 KiB with the 256 KiB
 # default, which matters when thousands of hibernated sessions sit on shared storage.
 BLOCK_SIZE = 16384
@@ -197,9 +198,7 @@ class Database:
                             [newest, component],
                         )
                     else:
-                        con.execute(
-                            "INSERT INTO schema_version VALUES (?, ?)", [component, newest]
-                        )
+                        con.execute("INSERT INTO schema_version VALUES (?, ?)", [component, newest])
                 current = newest
             self._migrated.add(component)
             return current

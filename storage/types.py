@@ -164,3 +164,68 @@ class StreamFlush:
     parts: list[PartWrite] = field(default_factory=list)
     chunks: list[ChunkWrite] = field(default_factory=list)
     parts_length: int | None = None
+
+
+# -- threads, branches, rewind (seeds 001 and 002) -----------------------------------
+
+THREAD_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+"""A thread key is a safe identifier: it can go into a file name, a URL or a log line."""
+
+DEFAULT_THREAD_KEY = "default"
+"""The thread ``store.thread()`` (no key) names. Sessions created without a key (every
+caller of the session-id API) are not threads and are untouched by the thread API."""
+
+DEFAULT_SETTINGS_KEY = "sessions.default_settings"
+"""Config key of the store-wide default session settings (e.g. ``{"compaction": {...}}``)
+that a thread's or session's own ``settings`` override (see ``get_effective_settings``)."""
+
+
+class ThreadNotFoundError(NotFoundError):
+    pass
+
+
+class ThreadExistsError(InvalidInputError):
+    """A thread with this key exists (clone never overwrites)."""
+
+
+class NotOnPathError(InvalidInputError):
+    """The message exists but is not where the operation needs it: not on the
+    session's current path, hidden, or of the wrong role."""
+
+
+@dataclass
+class RewindInfo:
+    """What :meth:`~storage.protocols.SessionStore.rewind_session` did.
+
+    ``hidden_ids`` were soft-hidden by this rewind (in path order); ``unhidden_ids``
+    were summarized by a compaction the rewind moved back over, and are visible again.
+    ``head_before``/``head_id`` are the head before and after; hidden rows stay
+    inspectable through ``get_path(session_id, leaf_id=head_before)``.
+    """
+
+    session_id: str
+    target: MessageRow
+    hidden_ids: list[str]
+    unhidden_ids: list[str]
+    head_before: str | None
+    head_id: str | None
+    hidden_at: float
+    include_target: bool = False
+
+
+@dataclass
+class UnrewindInfo:
+    """What :meth:`~storage.protocols.SessionStore.unrewind_session` did.
+
+    ``unhidden_ids`` were hidden by the rewind and are visible again;
+    ``rehidden_ids`` had been un-hidden from a compaction's summary and are hidden
+    again; ``detached_ids`` are messages appended after the rewind: they stay, intact
+    and visible, on their own branch of the tree (reachable through ``children`` and
+    ``get_history(leaf_id=...)``), but are no longer on the current path.
+    """
+
+    session_id: str
+    head_id: str | None
+    unhidden_ids: list[str]
+    rehidden_ids: list[str]
+    detached_ids: list[str]

@@ -3,6 +3,8 @@ once per test session, only when a Ray test asks for it."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from runtime.testing import ScriptedModel
@@ -63,7 +65,11 @@ def ray_local():
             num_cpus=2,
             include_dashboard=False,
             log_to_driver=False,
-            runtime_env={"env_vars": {"PYTHONPATH": str(_REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}},
+            runtime_env={
+                "env_vars": {
+                    "PYTHONPATH": str(_REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")
+                }
+            },
         )
     yield ray
     ray.shutdown()
@@ -89,7 +95,5 @@ def namespace_factory(ray_local, tmp_path):
 
     yield make
     for ns in made:
-        try:
+        with contextlib.suppress(Exception):
             ns.shutdown()
-        except Exception:
-            pass

@@ -25,8 +25,9 @@ def main(root: str) -> int:
 
         nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
         assert len(nodes) == 2, nodes
-        ns = AgentNamespace("multinode", ScriptAgent, storage_root=root, pool_size=0,
-                            idle_timeout=None)
+        ns = AgentNamespace(
+            "multinode", ScriptAgent, storage_root=root, pool_size=0, idle_timeout=None
+        )
         agent = ns.get("traveller")
         first = agent.wake(node_id=nodes[0])
         agent.chat("hello from node one")
@@ -37,14 +38,18 @@ def main(root: str) -> int:
         history_after = agent.history()
         third = agent.where()
         ns.shutdown()
-        print(json.dumps({
-            "nodes": nodes,
-            "first_node": first["node_id"],
-            "second_node": second["node_id"],
-            "serving_node": third["node_id"],
-            "same_history": history_before == history_after,
-            "messages": len(history_after),
-        }))
+        print(
+            json.dumps(
+                {
+                    "nodes": nodes,
+                    "first_node": first["node_id"],
+                    "second_node": second["node_id"],
+                    "serving_node": third["node_id"],
+                    "same_history": history_before == history_after,
+                    "messages": len(history_after),
+                }
+            )
+        )
         return 0
     finally:
         ray.shutdown()

@@ -51,8 +51,12 @@ def collector_cls(ray_local):
             self.errors.append(error)
 
         def state(self):
-            return {"chunks": self.chunks, "calls": self.calls, "done": self.done,
-                    "errors": self.errors}
+            return {
+                "chunks": self.chunks,
+                "calls": self.calls,
+                "done": self.done,
+                "errors": self.errors,
+            }
 
     return Collector
 
@@ -316,9 +320,19 @@ def test_orphaned_tool_call_finalized_after_restart(namespace_factory):
     store.append_message(sid, {"id": "u", "role": "user", "parts": [{"type": "text", "text": "q"}]})
     store.append_message(
         sid,
-        {"id": "a", "role": "assistant", "parts": [
-            {"type": "dynamic-tool", "toolName": "get_weather", "toolCallId": "c",
-             "state": "input-available", "input": {"city": "Lima"}}]},
+        {
+            "id": "a",
+            "role": "assistant",
+            "parts": [
+                {
+                    "type": "dynamic-tool",
+                    "toolName": "get_weather",
+                    "toolCallId": "c",
+                    "state": "input-available",
+                    "input": {"city": "Lima"},
+                }
+            ],
+        },
     )
     store.close()
     agent = ns.existing("orphan")

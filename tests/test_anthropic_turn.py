@@ -73,8 +73,12 @@ async def test_tool_loop_with_thinking_and_cache_usage(fake, store, collector):
         "thinking": "I should call the tool.",
         "signature": "sig-1",
     }
-    results = [b for m in second["messages"] for b in m["content"]
-               if isinstance(b, dict) and b.get("type") == "tool_result"]
+    results = [
+        b
+        for m in second["messages"]
+        for b in m["content"]
+        if isinstance(b, dict) and b.get("type") == "tool_result"
+    ]
     assert results[0]["tool_use_id"] == "toolu_1"
     usage = agent.get_session().usage
     assert usage["prompt_tokens"] == 60  # input excludes cache, summed over steps

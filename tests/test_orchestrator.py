@@ -151,7 +151,9 @@ def test_forged_and_revoked_grants_are_refused(orchestrator, ray_local):
 
 def test_abort_task_reaches_the_sub_agent_tool_call(orchestrator):
     _, boss = orchestrator
-    waits = script([{"tool": "shared_wait_for_file", "input": {"path": "never.txt", "timeout": 60}}])
+    waits = script(
+        [{"tool": "shared_wait_for_file", "input": {"path": "never.txt", "timeout": 60}}]
+    )
     boss.invoke("create_subagent", "waiter", {"model": waits})
     task = boss.invoke("delegate", "waiter", "wait", wait=False)
     time.sleep(1.0)
@@ -167,9 +169,13 @@ def test_abort_task_reaches_the_sub_agent_tool_call(orchestrator):
 
 def test_aborting_the_parent_turn_aborts_sub_agent_turns(orchestrator):
     ns, boss = orchestrator
-    waits = script([{"tool": "shared_wait_for_file", "input": {"path": "never.txt", "timeout": 60}}])
+    waits = script(
+        [{"tool": "shared_wait_for_file", "input": {"path": "never.txt", "timeout": 60}}]
+    )
     boss.invoke("create_subagent", "deep", {"model": waits})
-    boss.configure({"model": script([{"tool": "delegate_task", "input": {"agent": "deep", "task": "wait"}}])})
+    boss.configure(
+        {"model": script([{"tool": "delegate_task", "input": {"agent": "deep", "task": "wait"}}])}
+    )
     run = boss.start_chat("delegate it")
     wait_until(lambda: any(t["status"] == "running" for t in boss.invoke("list_tasks")))
     time.sleep(0.3)
@@ -199,8 +205,9 @@ def test_code_execution_in_sub_agent_stays_healthy(orchestrator):
         [{"tool": "read_file", "input": {"path": "out.txt"}}],
         [{"text": "done"}],
     )
-    boss.invoke("create_subagent", "coder", {"model": runs, "code_execution": True,
-                                             "code_timeout": 1.5})
+    boss.invoke(
+        "create_subagent", "coder", {"model": runs, "code_execution": True, "code_timeout": 1.5}
+    )
     result = boss.invoke("delegate", "coder", "compute", wait=True)
     ok, looped, read = tool_parts(result["message"])
     assert ok["state"] == "output-available" and "42" in str(ok["output"])
@@ -209,14 +216,14 @@ def test_code_execution_in_sub_agent_stays_healthy(orchestrator):
     assert result["status"] == "completed"  # the actor stayed healthy
 
 
-EXTENSION = '''
+EXTENSION = """
 manifest = {"name": "calc", "description": "arithmetic",
             "permissions": {"network": False, "workspace": "none"}}
 
 @extension_tool(description="Multiply two integers")
 def mul(a: int, b: int) -> int:
     return a * b
-'''
+"""
 
 
 def test_extension_written_on_one_turn_is_a_tool_on_the_next_and_survives_hibernation(

@@ -28,9 +28,7 @@ from tests.conftest import Collector
 
 
 def texts(history):
-    return [
-        "".join(p.get("text", "") for p in m["parts"] if p["type"] == "text") for m in history
-    ]
+    return ["".join(p.get("text", "") for p in m["parts"] if p["type"] == "text") for m in history]
 
 
 # -- core chat -------------------------------------------------------------------------
@@ -461,15 +459,22 @@ async def test_context_assembly_override(store):
 
 async def test_function_model_and_usage_rollup(store):
     def respond(request, step):
-        return reply(f"you said {last_user_text(request)}", usage={"input": 7, "output": 3,
-                                                                    "cache_read": 100})
+        return reply(
+            f"you said {last_user_text(request)}",
+            usage={"input": 7, "output": 3, "cache_read": 100},
+        )
 
     agent = Think(store, model=FunctionModel(respond))
     result = await agent.chat("hey")
     assert result.text == "you said hey"
     meta = agent.get_history()[-1]["metadata"]
-    assert meta["usage"] == {"input": 7, "output": 3, "reasoning": 0, "cache_read": 100,
-                             "cache_write": 0}
+    assert meta["usage"] == {
+        "input": 7,
+        "output": 3,
+        "reasoning": 0,
+        "cache_read": 100,
+        "cache_write": 0,
+    }
     session = agent.get_session()
     assert session.usage["prompt_tokens"] == 7
     assert session.usage["cache_read"] == 100
@@ -479,13 +484,20 @@ async def test_function_model_and_usage_rollup(store):
 
 def test_usage_mapping_excludes_cache_once():
     ai = Usage.from_ai_sdk(
-        {"inputTokens": 150, "outputTokens": 20, "inputTokenDetails": {"cacheReadTokens": 100,
-                                                                       "cacheWriteTokens": 30}}
+        {
+            "inputTokens": 150,
+            "outputTokens": 20,
+            "inputTokenDetails": {"cacheReadTokens": 100, "cacheWriteTokens": 30},
+        }
     )
     assert (ai.input, ai.cache_read, ai.cache_write) == (20, 100, 30)
     an = Usage.from_anthropic(
-        {"input_tokens": 20, "output_tokens": 5, "cache_read_input_tokens": 100,
-         "cache_creation_input_tokens": 30}
+        {
+            "input_tokens": 20,
+            "output_tokens": 5,
+            "cache_read_input_tokens": 100,
+            "cache_creation_input_tokens": 30,
+        }
     )
     assert (an.input, an.cache_read, an.cache_write, an.total) == (20, 100, 30, 155)
 

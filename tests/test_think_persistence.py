@@ -87,7 +87,11 @@ def test_sanitize_drops_empty_reasoning_without_metadata_only():
         "role": "assistant",
         "parts": [
             {"type": "reasoning", "text": ""},
-            {"type": "reasoning", "text": "", "providerMetadata": {"anthropic": {"signature": "s"}}},
+            {
+                "type": "reasoning",
+                "text": "",
+                "providerMetadata": {"anthropic": {"signature": "s"}},
+            },
             {"type": "text", "text": "hi"},
         ],
     }
@@ -178,8 +182,12 @@ async def test_stream_is_written_in_batches_not_per_chunk(store):
     total = sum(flushes)
     assert total >= 2000  # every chunk reached the log
     assert len(flushes) < total / 20  # ...in far fewer transactions than chunks
-    assert store.get_chunks(agent.get_status().run_id or agent._last_stream[
-        agent.current_session_id].run_id)[-1]["type"] == "finish"
+    assert (
+        store.get_chunks(
+            agent.get_status().run_id or agent._last_stream[agent.current_session_id].run_id
+        )[-1]["type"]
+        == "finish"
+    )
 
 
 async def test_chunks_are_durable_while_streaming(store):

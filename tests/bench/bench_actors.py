@@ -61,8 +61,14 @@ def main() -> int:
     print(f"thinkray actor benchmarks (storage root {root})")
 
     # -- wake latency ---------------------------------------------------------------------
-    ns = AgentNamespace("bench", ScriptAgent, storage_root=root, pool_size=4, idle_timeout=None,
-                        agent_kwargs={"chunks": 5})
+    ns = AgentNamespace(
+        "bench",
+        ScriptAgent,
+        storage_root=root,
+        pool_size=4,
+        idle_timeout=None,
+        agent_kwargs={"chunks": 5},
+    )
     agent = ns.get("waker")
     for i in range(10):  # a 20-message session
         agent.chat(f"message {i}")
@@ -78,8 +84,11 @@ def main() -> int:
         for _chunk in stream:
             pass
     print("\nwake (hibernated -> first streamed chunk), warm pool")
-    line("p50 / p95", f"{statistics.median(wake_ms):.1f} / {pct(wake_ms, 95):.1f} ms",
-         "<= 60 / <= 150 ms")
+    line(
+        "p50 / p95",
+        f"{statistics.median(wake_ms):.1f} / {pct(wake_ms, 95):.1f} ms",
+        "<= 60 / <= 150 ms",
+    )
 
     # -- file size --------------------------------------------------------------------------
     sizer = ns.get("sizer")
@@ -94,8 +103,11 @@ def main() -> int:
     size_after = path.stat().st_size
     print("\nhibernated 20-message session file")
     line("size", f"{size20 / 1024:.0f} KiB", "<= 128 KiB")
-    line("after 50 wake cycles (ratio)", f"{size_after / 1024:.0f} KiB ({size_after / size20:.2f}x)",
-         "<= 1.25x")
+    line(
+        "after 50 wake cycles (ratio)",
+        f"{size_after / 1024:.0f} KiB ({size_after / size20:.2f}x)",
+        "<= 1.25x",
+    )
     line("wal left after hibernate", str(Path(str(path) + ".wal").exists()), "False")
 
     # -- memory -----------------------------------------------------------------------------
@@ -106,8 +118,14 @@ def main() -> int:
     line("USS of the actor hosting a bound session", f"{uss:.0f} MiB", "<= 80 MiB")
 
     # -- relay throughput and latency ------------------------------------------------------
-    ns_relay = AgentNamespace("relay", ScriptAgent, storage_root=root, pool_size=2,
-                              idle_timeout=None, agent_kwargs={"chunks": 20000})
+    ns_relay = AgentNamespace(
+        "relay",
+        ScriptAgent,
+        storage_root=root,
+        pool_size=2,
+        idle_timeout=None,
+        agent_kwargs={"chunks": 20000},
+    )
     fast = ns_relay.get("fast")
     fast.chat("warm up")
     t0 = time.perf_counter()
@@ -115,22 +133,33 @@ def main() -> int:
     count = sum(1 for _ in stream)
     elapsed = time.perf_counter() - t0
     print("\nrelay (Ray streaming generator, batched)")
-    line("end-to-end throughput, 20,000-delta turn", f"{count / elapsed:,.0f} chunks/s",
-         ">= 5,000 chunks/s")
+    line(
+        "end-to-end throughput, 20,000-delta turn",
+        f"{count / elapsed:,.0f} chunks/s",
+        ">= 5,000 chunks/s",
+    )
     line("Ray items for those chunks", f"{stream.batches:,} ({count / stream.batches:.0f}/item)")
     ns_relay.shutdown()
 
-    ns_lat = AgentNamespace("latency", ScriptAgent, storage_root=root, pool_size=2,
-                            idle_timeout=None,
-                            agent_kwargs={"chunks": 500, "delay": 0.004, "timestamps": True})
+    ns_lat = AgentNamespace(
+        "latency",
+        ScriptAgent,
+        storage_root=root,
+        pool_size=2,
+        idle_timeout=None,
+        agent_kwargs={"chunks": 500, "delay": 0.004, "timestamps": True},
+    )
     lat_agent = ns_lat.get("lat")
     lat_agent.chat("warm up")
     lat = []
     for chunk in lat_agent.stream_chat("go"):
         if chunk["type"] == "text-delta":
             lat.append((time.time() - float(chunk["delta"])) * 1000)
-    line("emit -> receive latency p50 / p95 (500 deltas, 4 ms apart)",
-         f"{statistics.median(lat):.1f} / {pct(lat, 95):.1f} ms", "p95 <= 20 ms")
+    line(
+        "emit -> receive latency p50 / p95 (500 deltas, 4 ms apart)",
+        f"{statistics.median(lat):.1f} / {pct(lat, 95):.1f} ms",
+        "p95 <= 20 ms",
+    )
     ns_lat.shutdown()
 
     # -- turn overhead ------------------------------------------------------------------------
@@ -148,8 +177,14 @@ def main() -> int:
 
     n = 10 if quick else 30
     local_ms = asyncio.run(in_process(n))
-    ns_turn = AgentNamespace("turn", ScriptAgent, storage_root=root, pool_size=2,
-                             idle_timeout=None, agent_kwargs={"chunks": 200})
+    ns_turn = AgentNamespace(
+        "turn",
+        ScriptAgent,
+        storage_root=root,
+        pool_size=2,
+        idle_timeout=None,
+        agent_kwargs={"chunks": 200},
+    )
     remote = ns_turn.get("t")
     remote.chat("warm up")
     actor_ms = []
@@ -166,8 +201,15 @@ def main() -> int:
     ns_turn.shutdown()
 
     # -- wake storm ---------------------------------------------------------------------------
-    storm = AgentNamespace("storm", ScriptAgent, storage_root=root, pool_size=16, max_live=16,
-                           idle_timeout=None, agent_kwargs={"chunks": 3})
+    storm = AgentNamespace(
+        "storm",
+        ScriptAgent,
+        storage_root=root,
+        pool_size=16,
+        max_live=16,
+        idle_timeout=None,
+        agent_kwargs={"chunks": 3},
+    )
     names = [f"s{i:03d}" for i in range(100)]
     handles = [storm.get(n) for n in names]
 
@@ -186,9 +228,11 @@ def main() -> int:
     print("\nwake storm: 100 hibernated sessions woken at once (live cap 16, pool 16)")
     line("all 100 answered in", f"{storm_s:.2f} s", "<= 10 s")
     line("completed turns", f"{sum(r['status'] == 'completed' for r in results)} / 100")
-    line("actors created during the storm",
-         str(stats["counters"]["actors_created"] - created_before),
-         "(creating 100 actors takes ~43 s here)")
+    line(
+        "actors created during the storm",
+        str(stats["counters"]["actors_created"] - created_before),
+        "(creating 100 actors takes ~43 s here)",
+    )
     storm.shutdown()
     ns.shutdown()
     ray.shutdown()

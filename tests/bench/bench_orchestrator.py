@@ -1,10 +1,11 @@
 """Orchestrator benchmarks (issue 4). Prints figures measured in one run.
 
-    python tests/bench/bench_orchestrator.py
+python tests/bench/bench_orchestrator.py
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -32,15 +33,21 @@ def main() -> int:
     from actors.namespace import AgentNamespace
     from actors.orchestrator import Orchestrator
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
+    )
     root = tempfile.mkdtemp(prefix="thinkray-bench-orch-")
     ns = AgentNamespace("bo", Orchestrator, storage_root=root, pool_size=1, idle_timeout=None)
     boss = ns.get("boss")
     print("thinkray orchestrator benchmarks")
 
     # -- bridge round trip ------------------------------------------------------------
-    boss.invoke("create_subagent", "probe", {"model": {"provider": "script", "steps": [[{"text": "ok"}]]}})
+    boss.invoke(
+        "create_subagent", "probe", {"model": {"provider": "script", "steps": [[{"text": "ok"}]]}}
+    )
     actor = ray.get_actor(bridge_name("bo", "boss"), namespace="thinkray")
     token = ray.get(actor.grant.remote("bench", "read-write"))
     client = BridgeClient(bridge_name("bo", "boss"), token, "read-write")
@@ -54,10 +61,16 @@ def main() -> int:
         ray.get(client.write_file(f"bench/w{i % 10}.txt", "x"))
         writes.append((time.perf_counter() - t0) * 1000)
     print("\nbridge workspace call round trip (from another process, 300 calls)")
-    line("read_file p50 / p95", f"{statistics.median(reads):.2f} / {pct(reads, 95):.2f} ms",
-         "p50 <= 5 ms")
-    line("write_file p50 / p95", f"{statistics.median(writes):.2f} / {pct(writes, 95):.2f} ms",
-         "p50 <= 5 ms")
+    line(
+        "read_file p50 / p95",
+        f"{statistics.median(reads):.2f} / {pct(reads, 95):.2f} ms",
+        "p50 <= 5 ms",
+    )
+    line(
+        "write_file p50 / p95",
+        f"{statistics.median(writes):.2f} / {pct(writes, 95):.2f} ms",
+        "p50 <= 5 ms",
+    )
 
     # -- fan-out ----------------------------------------------------------------------
     words = " ".join(f"w{i}" for i in range(400))
@@ -92,10 +105,8 @@ def main() -> int:
     line("completed", f"{statuses.count('completed')} / 8")
     line("relay per viewer: median chunks/s", f"{statistics.median(rates):,.0f}")
     line("chunks per task", f"{statistics.median(counts.values()):.0f}")
-    try:
+    with contextlib.suppress(Exception):
         AgentNamespace.connect("bo.boss.subs").shutdown()
-    except Exception:
-        pass
     ns.shutdown()
     ray.shutdown()
     return 0
