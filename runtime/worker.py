@@ -1,0 +1,1012 @@
+"""Worker agents (seed 003 §2.2) and async tool jobs (§1.5).
+
+A :class:`WorkerAgent` is a named one-shot agent: instructions, a model, its own
+tools, a typed input and a typed output. Every :meth:`WorkerAgent.run` starts from
+nothing but the input — no history, no session, no memory of earlier calls — so it
+can be called from a script (``asyncio.run(worker.run(...))``), an API handler, a
+cron job, or by another agent as a tool.
+
+Fresh context: ``run`` calls :func:`runtime.loop.run_loop` directly with a message
+list built from the input, rather than building a throw-away :class:`Think`. The loop
+is the one every agent uses (same tool validation, retries, abort), and what a
+``Think`` would add — a session store, a turn lock, a recorder, fibers — is state a
+worker must not have: with nothing to load there is nothing that could leak from one
+call into the next, and a call costs no database at all. Observability is opt-in: given
+a ``session_store`` the run is recorded into it as its own (ephemeral) session whose
+metadata correlates it with the caller (``parent_run_id``, ``parent_tool_call_id``).
+
+Structured output follows pydantic-ai: for a pydantic ``output_type`` the model gets a
+``final_result`` tool whose input schema is the output model. Invalid input to that
+tool goes back to the model as a tool error, and so does a plain-text answer (as a
+user nudge), until ``max_steps`` is used up; then :class:`WorkerOutputError`.
+
+As a tool (:meth:`WorkerAgent.as_tool`): ``blocking`` awaits the run (the caller's
+abort signal is chained, so aborting the parent turn aborts the worker); ``async``
+starts a job in a :class:`JobRegistry` and returns ``{"job_id": ...}`` at once; the
+``check_job`` tool polls it, or a registry listener pushes its result wherever the
+user wants it (seed 003 §1.5: polling and push).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from runtime.abort import AbortController, AbortError, AbortSignal
+from runtime.builder import MessageBuilder
+from runtime.context import to_model_messages
+from runtime.loop import LoopResult, RetryPolicy, run_loop
+from runtime.messages import new_id
+from runtime.model import Model, ModelMessage, TextContent
+from runtime.persistence import PersistCache, prepare_message
+from runtime.recorder import Recorder
+from runtime.tools import ModelTool, Tool, ToolContext, ToolExecutionError, ToolInputError
+from runtime.usage import Usage
+from storage.jobs import JOB_FINISHED, JobRecord, JobStore
+
+log = logging.getLogger("thinkray.worker")
+
+T = TypeVar("T")
+
+FINAL_RESULT_TOOL = "final_result"
+DEFAULT_MAX_DEPTH = 5
+ToolMode = Literal["blocking", "async"]
+"""``blocking``: the calling turn waits for the worker's output. ``async``: the call
+returns ``{"job_id": ...}`` at once and the worker runs as a background job."""
+
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_NUDGE = (
+    "Your answer was not accepted: respond by calling the `final_result` tool with "
+    "the result (its input must match the tool's schema). Plain text is not accepted."
+)
+_FINAL_DESCRIPTION = (
+    "The final response which ends this task. Call it exactly once, when you are "
+    "done, with input matching this schema."
+)
+
+
+class WorkerError(RuntimeError):
+    """Base class of worker failures (other than abort, which stays AbortError)."""
+
+
+class WorkerInputError(WorkerError, ValueError):
+    """The input does not match the worker's ``input_type``. Raised before any model call."""
+
+
+class WorkerOutputError(WorkerError):
+    """No valid output within ``max_steps``: the last validation problem is included."""
+
+
+class WorkerTimeoutError(WorkerError, TimeoutError):
+    """The run exceeded the worker's ``timeout``; it was aborted."""
+
+
+class WorkerDepthError(WorkerError):
+    """Workers calling workers nested deeper than ``max_depth``."""
+
+
+MessagesBuilder = Callable[[Any], Any]
+"""``build_messages(input) -> str | list[ModelMessage | dict]`` (may be async): the
+worker's prompt for one call, built from the validated input only."""
+
+
+@dataclass
+class WorkerResult(Generic[T]):
+    """One run: the validated output and what it cost."""
+
+    output: T
+    run_id: str
+    steps: int
+    usage: Usage
+    messages: list[ModelMessage]
+    session_id: str | None = None
+
+
+class _StringInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    input: str = Field(description="The task input for this worker.")
+
+
+def _format_errors(exc: ValidationError) -> str:
+    problems = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ())) or "input"
+        problems.append(f"{loc}: {err.get('msg')}")
+    return "; ".join(problems)
+
+
+def dump_output(value: Any) -> Any:
+    """A worker output as JSON-ready data (tool results, job results)."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    return value
+
+
+def _check_type(kind: str, value: Any) -> type:
+    if value is str or (isinstance(value, type) and issubclass(value, BaseModel)):
+        return value
+    raise TypeError(f"{kind} must be str or a pydantic BaseModel subclass, got {value!r}")
+
+
+class WorkerAgent(Generic[T]):
+    """A stateless one-shot agent. See the module docstring for the design.
+
+    ``model`` is a :class:`~runtime.model.Model` or a zero-argument factory of one.
+    ``tools`` may contain other ``WorkerAgent`` instances (used as blocking tools).
+    ``persist=True`` records runs into the calling agent's store when the worker runs
+    as a tool (a direct ``run`` records only into an explicit ``session_store``).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        instructions: str,
+        model: Model | Callable[[], Model],
+        tools: Sequence[Tool | WorkerAgent[Any]] | Mapping[str, Tool] | None = None,
+        input_type: type[BaseModel] | type[str] = str,
+        output_type: type[BaseModel] | type[str] = str,
+        max_steps: int = 8,
+        timeout: float | None = None,
+        build_messages: MessagesBuilder | None = None,
+        description: str | None = None,
+        persist: bool = False,
+        retry: RetryPolicy | None = None,
+        max_depth: int = DEFAULT_MAX_DEPTH,
+    ) -> None:
+        if not isinstance(name, str) or not _TOOL_NAME.match(name):
+            raise ValueError(
+                f"invalid worker name {name!r}: 1-64 letters, digits, '_' or '-' "
+                "(it is also the tool name)"
+            )
+        if not isinstance(max_steps, int) or max_steps < 1:
+            raise ValueError("max_steps must be an int >= 1")
+        if timeout is not None and timeout <= 0:
+            raise ValueError("timeout must be > 0 seconds")
+        self.name = name
+        self.instructions = instructions
+        self._model = model
+        self.input_type = _check_type("input_type", input_type)
+        self.output_type = _check_type("output_type", output_type)
+        self.max_steps = max_steps
+        self.timeout = timeout
+        self.build_messages = build_messages
+        self.description = description or (instructions.strip().splitlines() or [name])[0]
+        self.persist = persist
+        self.retry = retry or RetryPolicy()
+        self.max_depth = max_depth
+        self.tools: dict[str, Tool] = {}
+        if isinstance(tools, Mapping):
+            self.tools.update(tools)
+        else:
+            for t in tools or ():
+                t = t.as_tool() if isinstance(t, WorkerAgent) else t
+                self.tools[t.name] = t
+        if self.structured and FINAL_RESULT_TOOL in self.tools:
+            raise ValueError(f"the tool name {FINAL_RESULT_TOOL!r} is reserved for the output")
+        self.jobs = JobRegistry()  # used by async tools when there is no owning agent
+
+    def __repr__(self) -> str:
+        return f"WorkerAgent({self.name!r})"
+
+    @property
+    def structured(self) -> bool:
+        return self.output_type is not str
+
+    def get_model(self) -> Model:
+        model = self._model
+        if hasattr(model, "stream"):
+            return model  # type: ignore[return-value]
+        return model()  # type: ignore[operator]
+
+    # -- input ---------------------------------------------------------------------------
+
+    def validate_input(self, input: Any) -> Any:
+        """The input as ``input_type``; raises :class:`WorkerInputError` otherwise."""
+        if self.input_type is str:
+            if not isinstance(input, str):
+                raise WorkerInputError(
+                    f"worker {self.name!r} takes a string input, got {type(input).__name__}"
+                )
+            if not input.strip():
+                raise WorkerInputError(f"worker {self.name!r}: the input is empty")
+            return input
+        model_type: type[BaseModel] = self.input_type  # type: ignore[assignment]
+        try:
+            if isinstance(input, model_type):
+                # Instances may come from model_construct or be mutated: check again.
+                return model_type.model_validate(input.model_dump())
+            if isinstance(input, (str, bytes)):
+                return model_type.model_validate_json(input)
+            if isinstance(input, BaseModel):
+                input = input.model_dump()
+            return model_type.model_validate(input)
+        except ValidationError as exc:
+            raise WorkerInputError(
+                f"invalid input for worker {self.name!r}: {_format_errors(exc)}"
+            ) from exc
+
+    async def _prompt(self, value: Any) -> list[ModelMessage]:
+        if self.build_messages is not None:
+            built = self.build_messages(value)
+            if inspect.isawaitable(built):
+                built = await built
+        elif isinstance(value, str):
+            built = value
+        else:
+            built = value.model_dump_json(indent=2)
+        if isinstance(built, str):
+            messages = [ModelMessage(role="user", content=[TextContent(text=built)])]
+        else:
+            messages = [
+                m if isinstance(m, ModelMessage) else ModelMessage.model_validate(m) for m in built
+            ]
+        if not messages:
+            raise WorkerInputError(f"worker {self.name!r}: build_messages produced no messages")
+        return messages
+
+    def _tools_for_run(self) -> dict[str, Tool]:
+        tools = dict(self.tools)
+        if self.structured:
+
+            def accept(output: BaseModel, ctx: ToolContext) -> str:
+                ctx.extras["worker_outputs"].append(output)
+                return "Final result received."
+
+            tools[FINAL_RESULT_TOOL] = ModelTool(
+                FINAL_RESULT_TOOL,
+                self.output_type,  # type: ignore[arg-type]
+                accept,
+                _FINAL_DESCRIPTION,
+                wants_context=True,
+            )
+        return tools
+
+    # -- running -------------------------------------------------------------------------
+
+    async def run(
+        self,
+        input: Any,
+        *,
+        signal: AbortSignal | None = None,
+        session_store: Any = None,
+        parent: Mapping[str, Any] | None = None,
+        depth: int = 0,
+    ) -> T:
+        """Run once on ``input`` (fresh context) and return the validated output."""
+        result = await self.run_detailed(
+            input, signal=signal, session_store=session_store, parent=parent, depth=depth
+        )
+        return result.output
+
+    async def run_detailed(
+        self,
+        input: Any,
+        *,
+        signal: AbortSignal | None = None,
+        session_store: Any = None,
+        parent: Mapping[str, Any] | None = None,
+        depth: int = 0,
+    ) -> WorkerResult[T]:
+        """Like :meth:`run`, returning steps, usage, the transcript and the trace session.
+
+        Raises :class:`WorkerInputError` before any model call, :class:`AbortError` when
+        ``signal`` fires, :class:`WorkerTimeoutError` after ``timeout``,
+        :class:`WorkerOutputError` without a valid output, and the model's
+        :class:`~runtime.model.ModelError` when it fails for good.
+        """
+        value = self.validate_input(input)
+        if depth > self.max_depth:
+            raise WorkerDepthError(
+                f"worker {self.name!r} nested {depth} deep (max_depth={self.max_depth})"
+            )
+        prompt = await self._prompt(value)
+        model = self.get_model()
+        run_id = new_id("wrk")
+        controller = AbortController()
+        # The caller's reason is kept (AbortSignal.follow would say "aborted by parent").
+        unfollow = signal.add_listener(controller.abort) if signal is not None else None
+        timed_out = False
+        timer: asyncio.TimerHandle | None = None
+        if self.timeout is not None:
+
+            def on_timeout() -> None:
+                nonlocal timed_out
+                timed_out = True
+                controller.abort(f"worker {self.name!r} timed out after {self.timeout}s")
+
+            timer = asyncio.get_running_loop().call_later(self.timeout, on_timeout)
+
+        trace = (
+            _Trace(session_store, self, run_id, dict(parent or {}), value, prompt)
+            if session_store is not None
+            else None
+        )
+        outputs: list[Any] = []
+        tools = self._tools_for_run()
+        tool_context = {
+            "agent": self,
+            "run_id": run_id,
+            "session_id": trace.session_id if trace else None,
+            "worker": self.name,
+            "worker_depth": depth,
+            "worker_outputs": outputs,
+            "session_store": session_store,
+        }
+        history = list(prompt)
+        steps = 0
+        usage = Usage()
+        last_problem: str | None = None
+        status, error = "error", None
+        recorder: Recorder | None = None
+        builder: MessageBuilder | None = None
+        try:
+            while steps < self.max_steps:
+                message_id = new_id("msg")
+                recorder = trace.recorder(message_id) if trace else None
+                builder = recorder.builder if recorder else MessageBuilder(message_id)
+                loop_result = LoopResult()
+                step_text: list[str] = []
+                step_called = False
+                gen = run_loop(
+                    model,
+                    system=self.instructions,
+                    messages=history,
+                    tools=tools,
+                    signal=controller.signal,
+                    max_steps=self.max_steps - steps,
+                    message_id=message_id,
+                    retry=self.retry,
+                    result=loop_result,
+                    tool_context=tool_context,
+                )
+                async with contextlib.aclosing(gen):
+                    async for chunk in gen:
+                        if recorder is not None:
+                            recorder.record(chunk)
+                        else:
+                            builder.apply(chunk)
+                        kind = chunk["type"]
+                        if kind == "start-step":
+                            step_text, step_called = [], False
+                        elif kind == "text-delta":
+                            step_text.append(chunk["delta"])
+                        elif kind in ("tool-input-available", "tool-input-error"):
+                            step_called = True
+                            if (
+                                kind == "tool-input-error"
+                                and chunk["toolName"] == FINAL_RESULT_TOOL
+                            ):
+                                last_problem = chunk["errorText"]
+                        elif kind == "finish-step" and outputs:
+                            break  # the output is in: end here, like pydantic-ai
+                steps += loop_result.steps
+                usage = usage + loop_result.usage
+                history.extend(to_model_messages([builder.snapshot()]))
+                if trace is not None and recorder is not None:
+                    trace.finish_message(recorder, {"status": "completed"})
+                    recorder = None
+                if outputs:
+                    status = "completed"
+                    return self._result(outputs[0], run_id, steps, usage, history, trace)
+                if step_called:
+                    break  # the step budget ran out while the model was still calling tools
+                if not self.structured:
+                    status = "completed"
+                    return self._result("".join(step_text), run_id, steps, usage, history, trace)
+                last_problem = "the model answered in text instead of calling final_result"
+                if steps >= self.max_steps:
+                    break
+                nudge = ModelMessage(role="user", content=[TextContent(text=_NUDGE)])
+                history.append(nudge)
+                if trace is not None:
+                    trace.user(_NUDGE)
+            error = f"worker {self.name!r} produced no valid output within {self.max_steps} steps"
+            if last_problem:
+                error += f"; last problem: {last_problem}"
+            raise WorkerOutputError(error)
+        except AbortError as exc:
+            status, error = "aborted", exc.reason
+            self._finalize_aborted(recorder, builder, exc.reason)
+            if timed_out:
+                status = "timeout"
+                raise WorkerTimeoutError(exc.reason) from exc
+            raise
+        except asyncio.CancelledError:
+            status, error = "aborted", "cancelled"
+            self._finalize_aborted(recorder, builder, "cancelled")
+            raise
+        except WorkerOutputError:
+            raise
+        except Exception as exc:
+            status, error = "error", f"{type(exc).__name__}: {exc}"
+            if recorder is not None:
+                recorder.record({"type": "error", "errorText": error})
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if unfollow is not None:
+                unfollow()
+            if trace is not None:
+                if recorder is not None:
+                    trace.finish_message(recorder, {"status": status})
+                trace.close(status, steps, usage, error)
+
+    def _finalize_aborted(
+        self, recorder: Recorder | None, builder: MessageBuilder | None, reason: str
+    ) -> None:
+        # In-flight tool calls are finalized so the recorded trace is truthful.
+        if recorder is None:
+            return
+        for call_id in recorder.builder.unfinished_tool_calls():
+            recorder.record(
+                {
+                    "type": "tool-output-error",
+                    "toolCallId": call_id,
+                    "errorText": f"aborted: {reason}",
+                }
+            )
+        recorder.record({"type": "abort", "reason": reason})
+
+    def _result(
+        self,
+        output: Any,
+        run_id: str,
+        steps: int,
+        usage: Usage,
+        history: list[ModelMessage],
+        trace: _Trace | None,
+    ) -> WorkerResult[Any]:
+        return WorkerResult(
+            output=output,
+            run_id=run_id,
+            steps=steps,
+            usage=usage,
+            messages=history,
+            session_id=trace.session_id if trace else None,
+        )
+
+    # -- as a tool -----------------------------------------------------------------------
+
+    def as_tool(
+        self,
+        mode: ToolMode = "blocking",
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        registry: JobRegistry | None = None,
+        follow_parent: bool = False,
+    ) -> Tool:
+        """This worker as a tool for another agent.
+
+        ``async`` mode: jobs go to ``registry``, else to the calling agent's registry
+        (:meth:`JobRegistry.for_agent`, persisted in its database), else to
+        ``self.jobs``. A job outlives the turn that started it; ``follow_parent=True``
+        aborts it with the calling turn instead.
+        """
+        if mode not in ("blocking", "async"):
+            raise ValueError(f"mode must be 'blocking' or 'async', got {mode!r}")
+        return WorkerTool(
+            self,
+            mode,
+            name=name or self.name,
+            description=description,
+            registry=registry,
+            follow_parent=follow_parent,
+        )
+
+    def job_tools(
+        self,
+        registry: JobRegistry | None = None,
+        *,
+        name: str | None = None,
+        check_name: str = "check_job",
+    ) -> dict[str, Tool]:
+        """The async tool and its companion ``check_job`` tool, sharing one registry."""
+        start = self.as_tool("async", name=name, registry=registry)
+        check = check_job_tool(registry, name=check_name, fallback=self.jobs)
+        return {start.name: start, check.name: check}
+
+
+class WorkerTool:
+    """A :class:`WorkerAgent` behind the :class:`~runtime.tools.Tool` protocol."""
+
+    def __init__(
+        self,
+        worker: WorkerAgent[Any],
+        mode: ToolMode,
+        *,
+        name: str,
+        description: str | None,
+        registry: JobRegistry | None,
+        follow_parent: bool,
+    ) -> None:
+        self.worker = worker
+        self.mode = mode
+        self.name = name
+        self.registry = registry
+        self.follow_parent = follow_parent
+        base = description or worker.description
+        if mode == "async":
+            base += (
+                " Runs in the background: returns a job_id at once; call check_job with it "
+                "to get the result."
+            )
+        self.description = base
+        if worker.input_type is str:
+            self._schema_model: type[BaseModel] = _StringInput
+        else:
+            self._schema_model = worker.input_type  # type: ignore[assignment]
+        self._schema = ModelTool(name, self._schema_model, lambda x: x).input_schema
+
+    @property
+    def input_schema(self) -> dict[str, Any]:
+        return self._schema
+
+    def validate(self, raw_input: Any) -> Any:
+        if isinstance(raw_input, str):
+            try:
+                raw_input = json.loads(raw_input) if raw_input.strip() else {}
+            except json.JSONDecodeError as exc:
+                raise ToolInputError(f"input is not valid JSON: {exc}") from exc
+        try:
+            parsed = self._schema_model.model_validate(raw_input or {})
+        except ValidationError as exc:
+            raise ToolInputError(
+                f"invalid input for tool {self.name!r}: {_format_errors(exc)}"
+            ) from exc
+        value = parsed.input if isinstance(parsed, _StringInput) else parsed
+        try:
+            return self.worker.validate_input(value)
+        except WorkerInputError as exc:
+            raise ToolInputError(str(exc)) from exc
+
+    def _trace_store(self, ctx: ToolContext) -> Any:
+        if not self.worker.persist:
+            return None
+        store = ctx.extras.get("session_store")
+        if store is None:
+            store = getattr(ctx.agent, "store", None)
+        return store if hasattr(store, "create_session") else None
+
+    async def execute(self, input: Any, ctx: ToolContext) -> Any:
+        parent = {
+            "run_id": ctx.run_id,
+            "tool_call_id": ctx.tool_call_id,
+            "session_id": ctx.session_id,
+            "agent": getattr(ctx.agent, "agent_name", None) or getattr(ctx.agent, "name", None),
+        }
+        depth = int(ctx.extras.get("worker_depth", -1)) + 1
+        store = self._trace_store(ctx)
+        if self.mode == "blocking":
+            output = await self.worker.run(
+                input, signal=ctx.signal, session_store=store, parent=parent, depth=depth
+            )
+            return dump_output(output)
+        registry = _resolve_registry(self.registry, ctx, self.worker.jobs)
+        worker = self.worker
+
+        async def work(signal: AbortSignal) -> Any:
+            output = await worker.run(
+                input, signal=signal, session_store=store, parent=parent, depth=depth
+            )
+            return dump_output(output)
+
+        job = registry.start(
+            work,
+            kind=f"worker:{worker.name}",
+            input=dump_output(input),
+            parent=parent,
+            job_id=f"job-{ctx.tool_call_id}",
+            signal=ctx.signal if self.follow_parent else None,
+        )
+        return {
+            "job_id": job.id,
+            "status": job.status,
+            "note": "running in the background: call check_job with this job_id for the result",
+        }
+
+
+# -- tracing into a session store ---------------------------------------------------------
+
+
+class _Trace:
+    """Records one worker run into a session store as its own ephemeral session."""
+
+    def __init__(
+        self,
+        store: Any,
+        worker: WorkerAgent[Any],
+        run_id: str,
+        parent: dict[str, Any],
+        value: Any,
+        prompt: list[ModelMessage],
+    ) -> None:
+        self.store = store
+        self.worker = worker
+        self.run_id = run_id
+        metadata = {
+            "kind": "worker",
+            "worker": worker.name,
+            "run_id": run_id,
+            "ephemeral": True,  # hidden from the caller's session list unless asked for
+            "parent_run_id": parent.get("run_id"),
+            "parent_tool_call_id": parent.get("tool_call_id"),
+            "parent_session_id": parent.get("session_id"),
+            "input": dump_output(value),
+            "status": "running",
+        }
+        info = store.create_session(
+            f"worker:{worker.name}",
+            metadata=metadata,
+            parent_session_id=parent.get("session_id"),
+        )
+        self.session_id: str = info.id
+        self.cache = PersistCache()
+        self.last_id: str | None = None
+        for message in prompt:
+            text = "\n".join(c.text for c in message.content if isinstance(c, TextContent))
+            if text and message.role in ("user", "system"):
+                self.user(text, role=message.role)
+
+    def user(self, text: str, role: str = "user") -> None:
+        message = prepare_message(
+            {
+                "id": new_id("msg"),
+                "role": role,
+                "metadata": {"worker": self.worker.name},
+                "parts": [{"type": "text", "text": text}],
+            }
+        )
+        self.store.append_message(self.session_id, message)
+        self.last_id = message["id"]
+
+    def recorder(self, message_id: str) -> Recorder:
+        # No chunk log: the parent's chunk-log pruning keeps its own last runs, and the
+        # parts already hold everything the worker did.
+        return Recorder(
+            self.store,
+            self.session_id,
+            self.run_id,
+            message_id,
+            parent_id=self.last_id,
+            cache=self.cache,
+            record_chunks=False,
+        )
+
+    def finish_message(self, recorder: Recorder, metadata: dict[str, Any]) -> None:
+        try:
+            message = recorder.finish(metadata)
+            self.last_id = message["id"]
+        except Exception:
+            log.exception("worker %s: recording run %s failed", self.worker.name, self.run_id)
+
+    def close(self, status: str, steps: int, usage: Usage, error: str | None) -> None:
+        try:
+            self.store.update_session(
+                self.session_id,
+                metadata={"status": status, "steps": steps, "error": error},
+            )
+            totals = {k: v for k, v in usage.to_dict().items() if k != "cost_usd" and v}
+            if totals and hasattr(self.store, "add_usage"):
+                self.store.add_usage(self.session_id, totals)
+        except Exception:
+            log.exception("worker %s: closing trace of %s failed", self.worker.name, self.run_id)
+
+
+# -- jobs (async tools) -------------------------------------------------------------------
+
+JobListener = Callable[[JobRecord], Any]
+"""Called with the job on every transition (``running``, then a finished status); may
+be async. This is the push half of seed 003 §1.5: the user decides where it goes."""
+
+_REGISTRY_ATTR = "_thinkray_jobs"
+
+
+class JobRegistry:
+    """Background jobs of one owner (an agent, or a worker used without one).
+
+    Contract:
+    - ``start`` schedules the work and returns its ``running`` record at once; the id
+      is an idempotency key (starting an existing id returns that job, nothing new).
+    - Every transition is written through (when a database is given) before listeners
+      run, so a job reported done is durable. Results must be JSON/msgpack-ready.
+    - A job ends ``completed``, ``failed`` (the error text is kept), or ``cancelled``
+      (:meth:`cancel`, or the signal it follows). Jobs found ``running`` in the database
+      by a new registry belonged to a dead incarnation and become ``interrupted``
+      (workers are re-run from the start by the caller, seed 003 §2.2).
+    - ``aclose`` (hibernation) stops running jobs and marks them ``interrupted``.
+    """
+
+    def __init__(self, db: Any = None, *, listeners: Sequence[JobListener] = ()) -> None:
+        self._store = JobStore(db) if db is not None else None
+        self._records: dict[str, JobRecord] = {}
+        self._tasks: dict[str, asyncio.Task[Any]] = {}
+        self._controllers: dict[str, AbortController] = {}
+        self._listeners: list[JobListener] = list(listeners)
+        self._closing = False
+        self.interrupted = 0
+        if self._store is not None:
+            self.interrupted = self._store.interrupt_running(
+                "interrupted: the agent stopped before the job finished"
+            )
+
+    @classmethod
+    def for_agent(cls, agent: Any) -> JobRegistry:
+        """The registry of ``agent``, created on first use and persisted in the agent's
+        database when it has one (``agent.store.db``)."""
+        registry = getattr(agent, _REGISTRY_ATTR, None)
+        if isinstance(registry, JobRegistry):
+            return registry
+        db = None
+        store = getattr(agent, "store", None)
+        if store is not None:
+            try:
+                db = getattr(store, "db", None)
+            except Exception:
+                db = None
+        registry = cls(db)
+        setattr(agent, _REGISTRY_ATTR, registry)
+        return registry
+
+    @staticmethod
+    def existing(agent: Any) -> JobRegistry | None:
+        """The registry of ``agent`` if one was created, else None (never creates)."""
+        registry = getattr(agent, _REGISTRY_ATTR, None)
+        return registry if isinstance(registry, JobRegistry) else None
+
+    # -- lifecycle of a job --------------------------------------------------------------
+
+    def start(
+        self,
+        work: Callable[[AbortSignal], Awaitable[Any]],
+        *,
+        kind: str = "job",
+        input: Any = None,
+        parent: dict[str, Any] | None = None,
+        job_id: str | None = None,
+        signal: AbortSignal | None = None,
+    ) -> JobRecord:
+        """Start ``await work(signal)`` in the background."""
+        if self._closing:
+            raise RuntimeError("the job registry is closed")
+        if job_id is not None:
+            existing = self.get(job_id)
+            if existing is not None:
+                return existing
+        jid = job_id or f"job_{uuid.uuid4().hex[:20]}"
+        now = time.time()
+        record = JobRecord(
+            id=jid,
+            status="running",
+            kind=kind,
+            input=input,
+            parent={k: v for k, v in (parent or {}).items() if v is not None},
+            created_at=now,
+            updated_at=now,
+        )
+        if self._store is not None:
+            self._store.insert(record)
+        self._records[jid] = record
+        controller = AbortController(parent=signal)
+        self._controllers[jid] = controller
+        self._tasks[jid] = asyncio.ensure_future(self._run(jid, work, controller))
+        self._notify(record)
+        return record
+
+    async def _run(
+        self, jid: str, work: Callable[[AbortSignal], Awaitable[Any]], controller: AbortController
+    ) -> None:
+        try:
+            result = await work(controller.signal)
+        except AbortError as exc:
+            self._finish(jid, "cancelled", error=exc.reason)
+        except asyncio.CancelledError:
+            if self._closing:
+                self._finish(jid, "interrupted", error="interrupted: the agent stopped")
+            else:
+                self._finish(jid, "cancelled", error="cancelled")
+            raise
+        except Exception as exc:
+            self._finish(jid, "failed", error=f"{type(exc).__name__}: {exc}")
+        else:
+            try:
+                self._finish(jid, "completed", result=dump_output(result))
+            except Exception as exc:  # an unstorable result is a failure, not a hang
+                self._finish(jid, "failed", error=f"result could not be stored: {exc}")
+        finally:
+            self._tasks.pop(jid, None)
+            self._controllers.pop(jid, None)
+
+    def _finish(
+        self, jid: str, status: str, *, result: Any = None, error: str | None = None
+    ) -> None:
+        record = self._records.get(jid)
+        if record is None or record.finished:
+            return
+        if self._store is not None:
+            try:
+                stored = self._store.update(jid, status, result=result, error=error)
+            except Exception as exc:
+                if status == "completed":
+                    raise
+                log.warning("job %s: could not store %s: %s", jid, status, exc)
+                stored = None
+            if stored is not None:
+                record = stored
+        if record.status == "running":
+            record.status, record.result, record.error = status, result, error
+            record.updated_at = time.time()
+        self._records[jid] = record
+        self._notify(record)
+
+    def _notify(self, record: JobRecord) -> None:
+        for listener in list(self._listeners):
+            try:
+                out = listener(record)
+                if inspect.isawaitable(out):
+                    task = asyncio.ensure_future(out)
+                    task.add_done_callback(_log_listener_failure)
+            except Exception:
+                log.exception("job listener failed for %s", record.id)
+
+    # -- queries and control -------------------------------------------------------------
+
+    def subscribe(self, listener: JobListener) -> Callable[[], None]:
+        """Push: call ``listener(job)`` on every transition. Returns the remover."""
+        self._listeners.append(listener)
+
+        def remove() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return remove
+
+    def get(self, job_id: str) -> JobRecord | None:
+        record = self._records.get(job_id)
+        if record is None and self._store is not None:
+            record = self._store.get(job_id)
+        return record
+
+    def jobs(self, status: str | None = None) -> list[JobRecord]:
+        if self._store is not None:
+            return self._store.rows(status)
+        records = sorted(self._records.values(), key=lambda r: (r.created_at, r.id))
+        return [r for r in records if status is None or r.status == status]
+
+    @property
+    def running(self) -> int:
+        return len(self._tasks)
+
+    def has_running(self) -> bool:
+        """True while a job runs: an agent should not hibernate then."""
+        return bool(self._tasks)
+
+    async def wait(self, job_id: str, timeout: float | None = None) -> JobRecord:
+        """The job once finished; ``TimeoutError`` if it is still running after
+        ``timeout`` seconds (the job goes on)."""
+        record = self.get(job_id)
+        if record is None:
+            raise KeyError(f"unknown job {job_id!r}")
+        task = self._tasks.get(job_id)
+        if task is not None and not record.finished:
+            try:
+                await asyncio.wait_for(asyncio.shield(task), timeout)
+            except asyncio.CancelledError:
+                if not task.cancelled():
+                    raise
+            except TimeoutError:
+                raise TimeoutError(f"job {job_id!r} still running after {timeout}s") from None
+            record = self.get(job_id) or record
+        return record
+
+    def cancel(self, job_id: str, reason: str = "cancelled") -> bool:
+        controller = self._controllers.get(job_id)
+        if controller is None:
+            return False
+        return controller.abort(reason)
+
+    async def aclose(self) -> None:
+        """Stop running jobs (hibernation): they end ``interrupted``."""
+        self._closing = True
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _log_listener_failure(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("async job listener failed: %s", task.exception())
+
+
+def _resolve_registry(
+    registry: JobRegistry | None, ctx: ToolContext, fallback: JobRegistry | None
+) -> JobRegistry:
+    if registry is not None:
+        return registry
+    if ctx.agent is not None and not isinstance(ctx.agent, WorkerAgent):
+        return JobRegistry.for_agent(ctx.agent)
+    if fallback is not None:
+        return fallback
+    if ctx.agent is not None:
+        return JobRegistry.for_agent(ctx.agent)
+    raise ToolExecutionError("no job registry: pass registry= when there is no owning agent")
+
+
+class _CheckJobInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    job_id: str = Field(min_length=1, description="The job_id an async tool returned.")
+    wait_seconds: float = Field(
+        0.0, ge=0, le=300, description="Wait up to this long for the job to finish."
+    )
+
+
+def check_job_tool(
+    registry: JobRegistry | None = None,
+    *,
+    name: str = "check_job",
+    fallback: JobRegistry | None = None,
+) -> Tool:
+    """The polling half of async tools: status and, once finished, result or error.
+
+    Without ``registry`` it reads the calling agent's registry (the one async tools of
+    that agent write to), else ``fallback``.
+    """
+
+    async def check(input: _CheckJobInput, ctx: ToolContext) -> dict[str, Any]:
+        reg = _resolve_registry(registry, ctx, fallback)
+        record = reg.get(input.job_id)
+        if record is None:
+            raise ToolExecutionError(f"unknown job {input.job_id!r}")
+        if not record.finished and input.wait_seconds > 0:
+            with contextlib.suppress(TimeoutError):
+                record = await reg.wait(input.job_id, input.wait_seconds)
+        out: dict[str, Any] = {"job_id": record.id, "status": record.status}
+        if record.status == "completed":
+            out["result"] = record.result
+        elif record.status in JOB_FINISHED:
+            out["error"] = record.error
+        else:
+            out["running_for_seconds"] = round(time.time() - record.created_at, 3)
+        return out
+
+    return ModelTool(
+        name,
+        _CheckJobInput,
+        check,
+        "Check a background job started by an async tool: its status, and its result "
+        "or error once finished.",
+        wants_context=True,
+    )
+
+
+__all__ = [
+    "FINAL_RESULT_TOOL",
+    "JobListener",
+    "JobRegistry",
+    "ToolMode",
+    "WorkerAgent",
+    "WorkerDepthError",
+    "WorkerError",
+    "WorkerInputError",
+    "WorkerOutputError",
+    "WorkerResult",
+    "WorkerTimeoutError",
+    "WorkerTool",
+    "check_job_tool",
+    "dump_output",
+]

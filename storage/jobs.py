@@ -1,0 +1,204 @@
+"""Background jobs (async tool calls, seed 003 §1.5): the ``jobs`` table.
+
+A job is work an async tool started and returned from at once (a worker agent run,
+say); the model polls it with a ``check_job`` tool, or a listener pushes its result
+into the conversation. Layout::
+
+    jobs(id VARCHAR, status VARCHAR, updated_at DOUBLE, info BLOB)
+
+``status`` is ``running`` → ``completed`` | ``failed`` | ``cancelled``; a job found
+``running`` by a new incarnation of the agent (the process died) becomes
+``interrupted``. Everything else (kind, input, result, error, correlation ids) is in
+the msgpack ``info`` blob; no PRIMARY KEY, ids are checked inside the insert.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import duckdb
+import msgpack
+
+from storage.db import Database, Migration
+from storage.types import InvalidInputError
+
+JobStatus = Literal["running", "completed", "failed", "cancelled", "interrupted"]
+JOB_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "cancelled", "interrupted")
+JOB_FINISHED: tuple[str, ...] = ("completed", "failed", "cancelled", "interrupted")
+
+
+def _v1(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute(
+        """
+        CREATE TABLE IF NOT EXISTS jobs (
+            id VARCHAR NOT NULL,
+            status VARCHAR NOT NULL,
+            updated_at DOUBLE NOT NULL,
+            info BLOB NOT NULL
+        )
+        """
+    )
+
+
+MIGRATIONS = [Migration(1, _v1)]
+_COLS = "id, status, updated_at, info"
+
+
+def _pack(value: Any, what: str) -> bytes:
+    try:
+        return msgpack.packb(value, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidInputError(f"{what} must be msgpack-serializable: {exc}") from exc
+
+
+def _unpack(blob: bytes | None) -> Any:
+    return None if blob is None else msgpack.unpackb(blob, raw=False, strict_map_key=False)
+
+
+@dataclass
+class JobRecord:
+    id: str
+    status: str
+    kind: str = ""
+    input: Any = None
+    result: Any = None
+    error: str | None = None
+    parent: dict[str, Any] = field(default_factory=dict)
+    created_at: float = 0.0
+    updated_at: float = 0.0
+
+    @property
+    def finished(self) -> bool:
+        return self.status in JOB_FINISHED
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.id,
+            "status": self.status,
+            "kind": self.kind,
+            "input": self.input,
+            "result": self.result,
+            "error": self.error,
+            "parent": self.parent,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+        }
+
+
+def _record(values: Sequence[Any]) -> JobRecord:
+    jid, status, updated_at, blob = values
+    info = _unpack(blob) or {}
+    return JobRecord(
+        id=jid,
+        status=status,
+        kind=info.get("kind", ""),
+        input=info.get("input"),
+        result=info.get("result"),
+        error=info.get("error"),
+        parent=dict(info.get("parent") or {}),
+        created_at=float(info.get("created_at", updated_at)),
+        updated_at=float(updated_at),
+    )
+
+
+def _info(rec: JobRecord) -> dict[str, Any]:
+    return {
+        "kind": rec.kind,
+        "input": rec.input,
+        "result": rec.result,
+        "error": rec.error,
+        "parent": rec.parent,
+        "created_at": rec.created_at,
+    }
+
+
+def _check_status(status: str) -> None:
+    if status not in JOB_STATUSES:
+        raise InvalidInputError(f"unknown job status {status!r}; one of {JOB_STATUSES}")
+
+
+class JobStore:
+    """Jobs of one agent database. Synchronous; one writer.
+
+    Contract: ``insert`` refuses an existing id; ``update`` of an unknown id returns
+    None; values must be msgpack-serializable (else :class:`InvalidInputError`, nothing
+    written); ``interrupt_running`` is the wake path for jobs of a dead incarnation.
+    """
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        db.migrate("jobs", MIGRATIONS)
+
+    def insert(self, rec: JobRecord) -> JobRecord:
+        _check_status(rec.status)
+        now = time.time()
+        rec.created_at = rec.created_at or now
+        rec.updated_at = now
+        blob = _pack(_info(rec), "job")
+        with self.db.transaction() as con:
+            if con.execute("SELECT 1 FROM jobs WHERE id = ?", [rec.id]).fetchone():
+                raise InvalidInputError(f"job {rec.id!r} already exists")
+            con.execute(
+                f"INSERT INTO jobs ({_COLS}) VALUES (?, ?, ?, ?)",
+                [rec.id, rec.status, rec.updated_at, blob],
+            )
+        return rec
+
+    def update(
+        self,
+        job_id: str,
+        status: str,
+        *,
+        result: Any = None,
+        error: str | None = None,
+    ) -> JobRecord | None:
+        _check_status(status)
+        with self.db.transaction() as con:
+            row = con.execute(f"SELECT {_COLS} FROM jobs WHERE id = ?", [job_id]).fetchone()
+            if row is None:
+                return None
+            rec = _record(row)
+            rec.status = status
+            rec.result = result
+            rec.error = error
+            rec.updated_at = time.time()
+            con.execute(
+                "UPDATE jobs SET status = ?, updated_at = ?, info = ? WHERE id = ?",
+                [status, rec.updated_at, _pack(_info(rec), "job result"), job_id],
+            )
+        return rec
+
+    def get(self, job_id: str) -> JobRecord | None:
+        row = self.db.fetchone(f"SELECT {_COLS} FROM jobs WHERE id = ?", [job_id])
+        return _record(row) if row else None
+
+    def rows(self, status: str | Iterable[str] | None = None) -> list[JobRecord]:
+        """Jobs, oldest first."""
+        if status is None:
+            rows = self.db.fetchall(f"SELECT {_COLS} FROM jobs")
+        else:
+            statuses = [status] if isinstance(status, str) else list(status)
+            for s in statuses:
+                _check_status(s)
+            rows = self.db.fetchall(
+                f"SELECT {_COLS} FROM jobs WHERE status IN (SELECT unnest(?::VARCHAR[]))",
+                [statuses],
+            )
+        return sorted((_record(r) for r in rows), key=lambda r: (r.created_at, r.id))
+
+    def interrupt_running(self, reason: str) -> int:
+        """Jobs still ``running`` belong to a dead incarnation: mark them
+        ``interrupted``. Returns how many."""
+        ids = [r[0] for r in self.db.fetchall("SELECT id FROM jobs WHERE status = 'running'")]
+        for jid in ids:
+            self.update(jid, "interrupted", error=reason)
+        return len(ids)
+
+    def delete(self, job_id: str) -> bool:
+        with self.db.transaction() as con:
+            found = con.execute("SELECT 1 FROM jobs WHERE id = ?", [job_id]).fetchone()
+            con.execute("DELETE FROM jobs WHERE id = ?", [job_id])
+        return found is not None

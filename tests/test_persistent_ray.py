@@ -1,0 +1,71 @@
+"""Persistent agents hosted by session actors: send through a handle, idle → hibernate,
+wake on send (and on a row written into a hibernated agent's file), and use by another
+actor-hosted agent as a tool through HandleTarget."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from runtime.persistent import ScriptedPersistentAgent
+from storage.db import Database
+from storage.inbox import InboxStore
+from storage.layout import session_path
+
+pytestmark = pytest.mark.ray
+
+
+def wait_until(predicate, timeout=15.0, interval=0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError("condition not met in time")
+
+
+def test_send_reply_hibernate_and_wake_on_send(namespace_factory):
+    ns = namespace_factory(ScriptedPersistentAgent, idle_timeout=0.3, pool_size=1)
+    agent = ns.get("ada")
+    mid = agent.invoke("send", "hello", sender="user")
+    assert agent.invoke("wait_reply", mid, timeout=10) == "ada got: hello (message 1)"
+
+    # nothing pending: the idle timer hibernates it
+    wait_until(lambda: not ns.stats()["live"])
+    assert agent.where() is None
+
+    # sending to the hibernated agent wakes it; its memory came back from the file
+    mid2 = agent.invoke("send", "again", sender="user")
+    assert agent.invoke("wait_reply", mid2, timeout=10) == "ada got: again (message 2)"
+    assert ns.stats()["counters"]["binds"] == 2
+    wait_until(lambda: not ns.stats()["live"])
+
+    # a row written straight into the hibernated agent's file (a webhook, say) is
+    # drained on the next wake, without any send
+    db = Database(session_path(ns.storage_root, ns.name, "ada"))
+    InboxStore(db).insert("from the webhook", sender="webhook", message_id="hook-1")
+    db.close()
+    agent.wake()
+    assert agent.invoke("wait_reply", "hook-1", timeout=10) == (
+        "ada got: from the webhook (message 3)"
+    )
+    [row] = [r for r in agent.invoke("list_inbox") if r["id"] == "hook-1"]
+    assert row["sender"] == "webhook" and row["status"] == "done"
+
+
+def test_agent_uses_persistent_agent_as_tool_through_handle(namespace_factory):
+    helpers = namespace_factory(ScriptedPersistentAgent, pool_size=1)
+    helper = helpers.get("helper")
+    bosses = namespace_factory(
+        ScriptedPersistentAgent, pool_size=1, agent_kwargs={"peers": {"helper": helper}}
+    )
+    boss = bosses.get("boss")
+    mid = boss.invoke("send", "ask helper: summarize the logs")
+    assert boss.invoke("wait_reply", mid, timeout=20) == (
+        "helper replied: helper got: summarize the logs (message 1)"
+    )
+    [row] = helper.invoke("list_inbox")
+    assert row["sender"] == "boss" and row["status"] == "done"
+    assert row["id"].startswith("tc-")
