@@ -24,6 +24,7 @@ from typing import Any
 from actors.bridge import BridgeClient, bridge_name, open_bridge
 from actors.namespace import AgentHandle, AgentNamespace
 from runtime.abort import AbortSignal
+from runtime.agent import Agent
 from runtime.messages import new_id
 from runtime.model import Model
 from runtime.stream import RunStream
@@ -59,7 +60,7 @@ def build_model(spec: dict[str, Any] | None, fallback: Model | None = None) -> M
     return DemoAgent.get_model(None)  # type: ignore[arg-type]
 
 
-class SubAgent(Think):
+class SubAgent(Agent):
     """A worker of an orchestrator. Config keys: ``instructions``, ``model`` (see
     :func:`build_model`), ``bridge`` (set by the orchestrator), ``code_execution``,
     ``extensions``."""
@@ -76,7 +77,7 @@ class SubAgent(Think):
     def get_model(self) -> Model:
         return build_model((self.get_config() or {}).get("model"), self._model)
 
-    def get_system_prompt(self) -> str:
+    def get_manifest_prompt(self) -> str:
         return (self.get_config() or {}).get("instructions") or "You are a helpful sub-agent."
 
     def bridge(self) -> BridgeClient | None:
@@ -157,7 +158,7 @@ class Delegation:
         }
 
 
-class Orchestrator(Think):
+class Orchestrator(Agent):
     """Registry, shared workspace, delegation. Subclass to set :attr:`subagent_cls`."""
 
     subagent_cls: type[Think] = SubAgent
@@ -438,7 +439,7 @@ class Orchestrator(Think):
 
         return {t.name: t for t in (delegate_task, task_status, list_agents, create_agent)}
 
-    def get_system_prompt(self) -> str:
+    def get_manifest_prompt(self) -> str:
         return (self.get_config() or {}).get("instructions") or (
             "You coordinate sub-agents. Delegate focused tasks with delegate_task; run "
             "independent tasks in parallel with wait=false and check them with task_status."

@@ -11,6 +11,7 @@ from typing import Any
 
 from runtime.model import Model, ModelRequest
 from runtime.testing import FunctionModel, Reply, reply, tool_call
+from runtime.agent import Agent
 from runtime.think import Think
 from runtime.tools import Tool, tool
 
@@ -67,8 +68,11 @@ def _timestamped_deltas(n: int, delay: float) -> Any:
     return events
 
 
-class DemoAgent(Think):
-    """Claude when ANTHROPIC_API_KEY is set, else the offline scripted model."""
+class DemoAgent(Agent):
+    """Claude when ANTHROPIC_API_KEY is set, else the offline scripted model. The full
+    session model (compaction, permission scopes, assembled system prompt)."""
+
+    manifest_prompt = "You are a concise assistant. Use get_weather for weather questions."
 
     def get_model(self) -> Model:
         if os.environ.get("ANTHROPIC_API_KEY"):
@@ -76,9 +80,6 @@ class DemoAgent(Think):
 
             return AnthropicModel(os.environ.get("THINKRAY_MODEL", "claude-sonnet-4-6"))
         return FunctionModel(_offline_step, model_id="offline-demo", delay=0.01)
-
-    def get_system_prompt(self) -> str:
-        return "You are a concise assistant. Use get_weather for weather questions."
 
     def get_tools(self) -> dict[str, Tool]:
         return {"get_weather": get_weather}

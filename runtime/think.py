@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from runtime import lifecycle
 from runtime.abort import AbortController, AbortError, AbortSignal, abortable
 from runtime.context import prune_tool_calls, to_model_messages
 from runtime.fibers import FiberManager
@@ -75,6 +76,8 @@ class ChatOptions:
     hooks: LoopHooks = field(default_factory=LoopHooks)
     result: LoopResult = field(default_factory=LoopResult)
     request_options: dict[str, Any] = field(default_factory=dict)
+    model: Any = None  # this turn's model (per-turn switch, seed 002); None: get_model()
+    model_selection: dict[str, Any] | None = None  # {provider_id, model_id, variant}
 
 
 @dataclass
@@ -122,6 +125,8 @@ class RunState:
     stream: RunStream
     task: asyncio.Future[ChatResult] | None = None
     started_at: float = field(default_factory=time.time)
+    model: Any = None  # resolved by lifecycle.prepare_turn_model before the turn runs
+    model_selection: dict[str, Any] | None = None
 
 
 class Think:
@@ -136,6 +141,7 @@ class Think:
     prune_keep_last: int = 2
     keep_chunk_logs: int = 2  # the current run's and the last finished run's
     recover_fibers: bool = True  # restart interrupted fibers from their checkpoint on wake
+    models: dict[str, Model] | None = None  # model_id -> Model, for per-turn selection
 
     def __init__(
         self,
@@ -192,7 +198,7 @@ class Think:
 
     async def on_chat_message(self, options: ChatOptions) -> AsyncIterator[dict[str, Any]]:
         """The default turn: the agentic loop. Override for full control; yield UI chunks."""
-        model = self.get_model()
+        model = options.model if options.model is not None else self.get_model()
         tools = dict(await _maybe_await(self.get_tools()))
         tools.update(options.tools)
         messages = await self.assemble_context()
@@ -322,6 +328,73 @@ class Think:
     def children(self, message_id: str) -> list[dict[str, Any]]:
         return self.store.children(message_id)
 
+    # -- lifecycle: branch, rewind, per-turn model (seed 002; runtime/lifecycle.py) ----
+
+    def branch(
+        self,
+        parent_session_id: str,
+        from_message_id: str,
+        metadata: dict[str, Any] | None = None,
+        *,
+        name: str | None = None,
+    ) -> SessionInfo:
+        """Fork the parent's visible history up to ``from_message_id`` into a new
+        session (not made current). Refused while the parent has a run in flight."""
+        return lifecycle.branch(self, parent_session_id, from_message_id, metadata, name=name)
+
+    def thread(self, key: str | None = None) -> SessionInfo:
+        """Create or get the thread ``key`` (seed 001; None: "default"). A thread is a
+        session: chat in it with ``session_id=info.id``."""
+        return lifecycle.thread(self, key)
+
+    def list_threads(self) -> list[SessionInfo]:
+        return self.store.list_threads()
+
+    def clone_thread(
+        self, src_key: str, dst_key: str, from_message_id: str | None = None
+    ) -> SessionInfo:
+        """Copy a thread's visible history (to ``from_message_id``) into a new thread."""
+        return lifecycle.clone_thread(self, src_key, dst_key, from_message_id)
+
+    def delete_thread(self, key: str) -> None:
+        lifecycle.delete_thread(self, key)
+
+    def rewind(
+        self, session_id: str, user_message_id: str, *, include_target: bool = False
+    ) -> lifecycle.RewindResult:
+        """Soft-hide everything after a user message; the next turn appends after it
+        (``include_target``: hide the message too, to send an edited one instead)."""
+        return lifecycle.rewind(self, session_id, user_message_id, include_target=include_target)
+
+    def unrewind(self, session_id: str) -> lifecycle.UnrewindResult:
+        """Undo the latest rewind; turns taken since stay on their own branch."""
+        return lifecycle.unrewind(self, session_id)
+
+    async def resend(
+        self,
+        session_id: str,
+        user_message_id: str,
+        message: str | dict[str, Any] | None = None,
+        callback: StreamCallback | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        """Rewind over a user message (hiding it) and send ``message`` (edited text or a
+        message; ``None`` resends the original under a new id) in its place."""
+        rewound = self.rewind(session_id, user_message_id, include_target=True)
+        new = lifecycle.resend_message(rewound, message)
+        return await self.chat(new, callback, session_id=session_id, **kwargs)
+
+    def resolve_model(self, selection: dict[str, Any] | None) -> Model:
+        """The model for a ``{provider_id, model_id, variant}`` selection (None: the
+        default). Default: ``self.models[model_id]``, else ``get_model()`` if it
+        matches. Override to build models per provider or variant."""
+        return lifecycle.resolve_model(self, selection)
+
+    async def compact_for_model(self, session_id: str, model: Model) -> None:
+        """Make room before switching to a model with a smaller context window.
+        Default: ``self.compact(session_id, auto=True)`` when the agent has one."""
+        await lifecycle.compact_for_model(self, session_id, model)
+
     def _sid(self, session_id: str | None) -> str:
         sid = session_id or self._current_session_id
         if sid is None:
@@ -450,6 +523,10 @@ class Think:
                 user_msg = await self.on_user_message(sid, user_msg)
                 user_msg = prepare_message(user_msg)
                 user_id = user_msg["id"]
+            # This turn's model (seed 002 per-turn switch): resolved and fitted to its
+            # context window before the message lands, so a refused switch writes nothing.
+            run.model, run.model_selection = await lifecycle.prepare_turn_model(self, sid, user_msg)
+            if user_msg is not None:
                 self.store.append_message(sid, user_msg)  # a repeated id is a no-op
             history = self.store.get_history(sid)
             if self.finalize_orphaned_tool_calls(sid, history):
@@ -492,6 +569,8 @@ class Think:
                 ),
                 result=result,
                 request_options=self.get_request_options(),
+                model=run.model,
+                model_selection=run.model_selection,
             )
             async for chunk in abortable(self.on_chat_message(options), signal):
                 if self.status.get(sid).state == "retrying":
@@ -569,7 +648,7 @@ class Think:
         metadata: dict[str, Any] = {"usage": usage.to_dict(), "status": status}
         if finish_reason:
             metadata["finishReason"] = finish_reason
-        model = self._model_info()
+        model = self._model_info(run)
         if model:
             metadata["model"] = model
         try:
@@ -583,15 +662,8 @@ class Think:
         self._prune_chunk_logs()
         return message
 
-    def _model_info(self) -> dict[str, Any] | None:
-        try:
-            model = self.get_model()
-        except Exception:
-            return None
-        return {
-            "provider_id": getattr(model, "provider_id", None),
-            "model_id": getattr(model, "model_id", None),
-        }
+    def _model_info(self, run: RunState | None = None) -> dict[str, Any] | None:
+        return lifecycle.model_info(self, run)
 
     async def _emit(
         self,
@@ -694,7 +766,10 @@ class Think:
         """True while fibers or scheduled tasks run here: do not hibernate."""
         fibers = self.fibers is not None and self.fibers.has_work
         scheduled = self.scheduler is not None and self.scheduler.busy
-        return bool(fibers or scheduled)
+        from runtime.worker import JobRegistry
+
+        jobs = JobRegistry.existing(self)
+        return bool(fibers or scheduled or (jobs is not None and jobs.has_running()))
 
     def next_alarm_at(self) -> float | None:
         """Epoch seconds of the next due schedule (what a waker needs), or None."""
@@ -706,6 +781,11 @@ class Think:
             await self.fibers.close()
         if self.scheduler is not None:
             await self.scheduler.close()
+        from runtime.worker import JobRegistry
+
+        jobs = JobRegistry.existing(self)
+        if jobs is not None:
+            await jobs.aclose()
 
     # -- storage upkeep ---------------------------------------------------------------
 

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from storage.types import Message, MessageRow, SessionInfo, StreamFlush
+from storage.types import (
+    Message,
+    MessageRow,
+    RewindInfo,
+    SessionInfo,
+    StreamFlush,
+    UnrewindInfo,
+)
 
 HEAD: Any = object()
 """Sentinel for ``parent_id``: attach the new message to the session's current head."""
@@ -166,6 +173,148 @@ class SessionStore(Protocol):
 
     def delete_config(self, key: str) -> None: ...
 
+    # -- threads (seed 001) ---------------------------------------------------------
+
+    def thread(self, key: str | None = None) -> Thread:
+        """Create or get the thread keyed ``key`` (a session with that ``thread_key``).
+
+        ``key`` must match :data:`~storage.types.THREAD_KEY_PATTERN`, else
+        :class:`~storage.types.InvalidInputError` before anything is written. ``None``
+        is :data:`~storage.types.DEFAULT_THREAD_KEY`. Thread keys are unique.
+        """
+        ...
+
+    def get_thread(self, key: str) -> Thread:
+        """The existing thread; :class:`~storage.types.ThreadNotFoundError` otherwise."""
+        ...
+
+    def list_threads(self) -> list[SessionInfo]:
+        """Every keyed session, most recently updated first."""
+        ...
+
+    def delete_thread(self, key: str) -> None:
+        """Delete the thread's session and its messages; unknown key is not found."""
+        ...
+
+    def clone_thread(
+        self, src_key: str, dst_key: str, from_message_id: str | None = None
+    ) -> Thread:
+        """Copy ``src_key``'s visible history, root to ``from_message_id`` (default:
+        its head), into a new thread ``dst_key``: what :meth:`branch_session` does,
+        keyed. Fails with :class:`~storage.types.ThreadExistsError` if ``dst_key``
+        exists, and with :class:`~storage.types.NotOnPathError` if the message is not
+        on the source's visible history; either writes nothing."""
+        ...
+
+    def get_effective_settings(self, session_id: str) -> dict[str, Any]:
+        """The session's ``settings`` over the store default
+        (config :data:`~storage.types.DEFAULT_SETTINGS_KEY`), nested dicts merged."""
+        ...
+
+    # -- branch and rewind (seed 002) -------------------------------------------------
+
+    def branch_session(
+        self,
+        parent_session_id: str,
+        from_message_id: str,
+        *,
+        metadata: dict[str, Any] | None = None,
+        name: str | None = None,
+    ) -> SessionInfo:
+        """A new session holding a copy of the parent's visible history up to and
+        including ``from_message_id``.
+
+        - ``from_message_id`` must be a visible message on the parent's current path
+          (root to head), else :class:`~storage.types.NotOnPathError`
+          (:class:`~storage.types.MessageNotFoundError` if it is not in the session
+          at all); nothing is written.
+        - Hidden messages are skipped; the copies get new ids and form one chain;
+          envelopes (metadata) and parts are copied verbatim. The new head is the
+          copy of ``from_message_id``.
+        - The row gets ``parent_session_id``/``parent_message_id``, the parent's name,
+          model, settings and metadata (``metadata`` merged over it); not its session
+          permissions; usage rollups recomputed from the copied assistant messages'
+          ``metadata.usage``.
+        """
+        ...
+
+    def rewind_session(
+        self, session_id: str, message_id: str, *, include_target: bool = False
+    ) -> RewindInfo:
+        """Soft-hide everything after the user message ``message_id`` on the current
+        path and move the head to it (``include_target``: hide it too, the head goes
+        to its parent, so an edited message can be sent in its place).
+
+        - The target must be a ``user`` message on the current path, else
+          :class:`~storage.types.NotOnPathError` and nothing is written.
+        - A compaction (a message with a ``data-compaction`` part) that the rewind
+          hides gives back what it summarized up to the target: those messages are
+          un-hidden (unless an earlier compaction, still on the path, covers them).
+        - Each rewind is recorded; :meth:`unrewind_session` undoes the latest.
+        """
+        ...
+
+    def unrewind_session(self, session_id: str) -> UnrewindInfo:
+        """Undo the latest rewind: un-hide what it hid, re-hide what it un-hid, move the
+        head back. Messages appended since stay, visible, on their own branch. Refused
+        (:class:`~storage.types.InvalidInputError`, nothing written) when there is no
+        rewind to undo or when messages of the restored path were hidden after the
+        rewind (a compaction ran since: restoring would lose them without a summary).
+        """
+        ...
+
     # -- lifecycle ------------------------------------------------------------------
 
     def close(self) -> None: ...
+
+
+class Thread:
+    """A handle on one keyed thread (seed 001): a session with a ``thread_key``.
+
+    Cheap and stateless beyond ``(store, key, id)``; every call goes to the store, so
+    a deleted thread raises :class:`~storage.types.SessionNotFoundError`.
+    """
+
+    __slots__ = ("id", "key", "store")
+
+    def __init__(self, store: SessionStore, key: str, session_id: str) -> None:
+        self.store = store
+        self.key = key
+        self.id = session_id
+
+    def append(self, message: Message, *, parent_id: str | None = HEAD) -> bool:
+        return self.store.append_message(self.id, message, parent_id=parent_id)
+
+    def get_messages(self, *, include_hidden: bool = False) -> list[Message]:
+        return self.store.get_history(self.id, include_hidden=include_hidden)
+
+    def info(self) -> SessionInfo:
+        return self.store.get_session(self.id)
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """This thread's own settings (compaction and the like); see
+        :meth:`get_effective_settings` for what applies."""
+        return self.store.get_session(self.id).settings
+
+    @settings.setter
+    def settings(self, value: dict[str, Any]) -> None:
+        self.store.update_session(self.id, settings=value)
+
+    def get_effective_settings(self) -> dict[str, Any]:
+        return self.store.get_effective_settings(self.id)
+
+    def clone(self, dst_key: str, from_message_id: str | None = None) -> Thread:
+        return self.store.clone_thread(self.key, dst_key, from_message_id)
+
+    def delete(self) -> None:
+        self.store.delete_thread(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Thread) and (other.id, other.key) == (self.id, self.key)
+
+    def __hash__(self) -> int:
+        return hash((self.id, self.key))
+
+    def __repr__(self) -> str:
+        return f"Thread(key={self.key!r}, id={self.id!r})"

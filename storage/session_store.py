@@ -35,12 +35,31 @@ Why it looks like this:
 - A stream flush is one transaction with a constant number of statements; rows go in
   through ``INSERT ... SELECT unnest(?)`` with list parameters (``executemany`` and
   multi-row ``VALUES`` are several times slower here).
+
+Threads, branches and rewind (seeds 001 and 002) need no table of their own:
+
+- A thread is a session with a ``thread_key`` (unique, a safe identifier). The
+  default thread (``thread()`` with no key) is the session keyed ``"default"``,
+  created on first use; sessions made without a key are not threads, so every
+  caller of the session-id API is unaffected.
+- Branch and clone copy the visible path into a new session with one
+  ``INSERT ... SELECT`` for messages and one for parts (see ``_COPY_MESSAGES``): new
+  ids are ``salt || old id``, computed in SQL, so parts follow their message without
+  a lookup; envelopes still name the source id, so every load takes ``id`` from the
+  column (the column is the truth). Rollups are recomputed from the copied
+  assistant envelopes' ``metadata.usage``.
+- Rewind soft-hides with one ``hidden_at`` stamp per rewind (unique: ``_now`` is
+  strictly increasing), so un-rewind finds exactly what it hid; the per-session
+  rewind log (head before, stamp, what a compaction gave back) is one ``config`` row
+  (``sessions.rewinds:<id>``), not part of ``sessions.info``, which every usage bump
+  rewrites.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import re
 import sys
 import time
 import uuid
@@ -52,19 +71,27 @@ import duckdb
 import msgpack
 
 from storage.db import Database, DatabaseClosedError, Migration
-from storage.protocols import HEAD
+from storage.protocols import HEAD, Thread
 from storage.types import (
+    DEFAULT_SETTINGS_KEY,
+    DEFAULT_THREAD_KEY,
+    THREAD_KEY_PATTERN,
     USAGE_KEYS,
     ChunkWrite,
     InvalidInputError,
     Message,
     MessageNotFoundError,
     MessageRow,
+    NotOnPathError,
     Part,
     PartWrite,
+    RewindInfo,
     SessionInfo,
     SessionNotFoundError,
     StreamFlush,
+    ThreadExistsError,
+    ThreadNotFoundError,
+    UnrewindInfo,
     empty_rollup,
 )
 
@@ -117,6 +144,100 @@ _INSERT_CHUNKS = (
     "unnest(?::BLOB[]), unnest(?::BOOLEAN[]), unnest(?::BIGINT[])"
 )
 _IDS = "(SELECT unnest(?::VARCHAR[]))"
+
+# Branch and clone copy a path with one INSERT ... SELECT per table. A copy's id is
+# computed in SQL as ``$salt || source id`` (a fresh random salt per copy keeps ids
+# unique store-wide, and parts need no id lookup to follow their message); parent
+# links are remapped to the previous copied message in ``seq`` order, which is path
+# order (a parent always exists before its child, so ``seq`` grows along every path)
+# and skips hidden messages. Which rows are copied: when the path's visible messages
+# up to the fork are all the session's visible messages up to it in ``seq`` (one
+# chain, the usual case) a predicate selects them; otherwise their ids go as a list.
+_COPY_MESSAGES = (
+    "INSERT INTO messages SELECT $salt || m.id, $sid, $salt || lag(m.id) OVER (ORDER BY m.seq), "
+    "m.role, $base::BIGINT + row_number() OVER (ORDER BY m.seq), m.created_at, NULL, m.envelope "
+    "FROM messages m WHERE m.session_id = $src AND {rows}"
+)
+_COPY_BY_RANGE = "m.hidden_at IS NULL AND m.seq <= $fork"
+_COPY_BY_LIST = "m.id IN (SELECT unnest($old::VARCHAR[]))"
+_COPY_PARTS = (
+    "INSERT INTO parts SELECT $sid, $salt || x.message_id, x.idx, x.type, x.state, "
+    "x.tool_call_id, x.payload FROM parts x WHERE x.session_id = $src{rows}"
+)
+# Parts of the copied messages only (unless every message of the session was copied).
+_COPY_PARTS_OF_COPIES = (
+    " AND x.message_id IN (SELECT substr(id, $cut) FROM messages WHERE session_id = $sid)"
+)
+
+# Rewinds are logged per session in ``config`` (not in ``sessions.info``, which every
+# usage bump rewrites): a stack of records that unrewind pops.
+_REWIND_KEY = "sessions.rewinds:"
+_REWIND_LOG_LIMIT = 100
+# Keys a compaction's ``covers`` range may use (its first and last summarized message).
+_COVERS_FROM = ("from_id", "from", "start_id", "first_id")
+_COVERS_TO = ("to_id", "to", "end_id", "last_id")
+
+
+def _rewind_key(session_id: str) -> str:
+    return _REWIND_KEY + session_id
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _rollup_of(envelopes: list[Any]) -> dict[str, Any]:
+    """Session rollups from assistant messages' ``metadata.usage`` (seed 002: a branch
+    recomputes them from its copies; nothing is copied from the parent's row)."""
+    # Fast path (what the recorder writes: non-negative ints): one C-level sum per key
+    # instead of a Python loop per message (~1 ms against ~7 for 5,000 messages).
+    metas = [e.get("metadata") for e in envelopes if e.__class__ is dict]
+    usages = [u for m in metas if m.__class__ is dict and (u := m.get("usage")).__class__ is dict]
+    try:
+        sums = {k: sum(u.get(k, 0) for u in usages) for k in _STEP_TO_ROLLUP}
+        costs = [c for u in usages if (c := u.get("cost_usd")) is not None]
+        cost = sum(costs) if costs else None
+    except TypeError:
+        sums = None
+    if (
+        sums is not None
+        and all(v.__class__ is int and v >= 0 for v in sums.values())
+        and (cost is None or cost.__class__ in (int, float))
+    ):
+        rollup = empty_rollup()
+        for step_key, rollup_key in _STEP_TO_ROLLUP.items():
+            rollup[rollup_key] = sums[step_key]
+        rollup["total_tokens"] = sum(sums.values())
+        rollup["cost_usd"] = cost
+        return rollup
+    return _rollup_checked(envelopes)
+
+
+def _rollup_checked(envelopes: Iterable[Any]) -> dict[str, Any]:
+    """The same, skipping values that are not non-negative numbers."""
+    rollup = empty_rollup()
+    cost: float | None = None
+    for envelope in envelopes:
+        meta = envelope.get("metadata") if isinstance(envelope, dict) else None
+        usage = meta.get("usage") if isinstance(meta, dict) else None
+        if not isinstance(usage, dict):
+            continue
+        for step_key, rollup_key in _STEP_TO_ROLLUP.items():
+            value = usage.get(step_key)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+                rollup[rollup_key] += int(value)
+        value = usage.get("cost_usd")
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            cost = (cost or 0.0) + value
+    rollup["total_tokens"] = sum(rollup[k] for k in _STEP_TO_ROLLUP.values())
+    rollup["cost_usd"] = cost
+    return rollup
 
 
 # -- msgpack -----------------------------------------------------------------------
@@ -207,6 +328,17 @@ def _check_dict(value: Any, what: str, *, optional: bool = True) -> None:
 def _check_index(value: Any, what: str) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise InvalidInputError(f"{what} must be a non-negative int, got {value!r}")
+
+
+_THREAD_KEY = re.compile(THREAD_KEY_PATTERN)
+
+
+def _check_thread_key(key: Any, what: str = "thread key") -> None:
+    if not isinstance(key, str) or not _THREAD_KEY.fullmatch(key):
+        raise InvalidInputError(
+            f"{what} must match {THREAD_KEY_PATTERN} (letters, digits, '_', '.', '-'; "
+            f"at most 128; starting with a letter or digit), got {key!r}"
+        )
 
 
 def _check_ids(ids: Any, what: str) -> list[str]:
@@ -313,8 +445,9 @@ class _Tree:
 
     def __init__(self, cols: list[list[Any]]) -> None:
         self.ids, self.parents, self.hidden, self.envelopes = cols[:4]
-        # Only get_path (MessageRow) needs these.
-        self.roles, self.seqs, self.created = cols[4:] if len(cols) > 4 else ([], [], [])
+        # Only get_path (MessageRow) needs these; the lifecycle operations only roles.
+        rest = cols[4:] + [[] for _ in range(7 - len(cols))]
+        self.roles, self.seqs, self.created = rest
         self.pos = dict(zip(self.ids, range(len(self.ids)), strict=True))
 
     def path(self, leaf: int | None) -> list[int]:
@@ -548,7 +681,8 @@ class DuckDBSessionStore:
         _check_dict(model, "model")
         _check_str(parent_session_id, "parent_session_id", optional=True)
         _check_str(parent_message_id, "parent_message_id", optional=True)
-        _check_str(thread_key, "thread_key", optional=True)
+        if thread_key is not None:
+            _check_thread_key(thread_key)
         sid = session_id or uuid.uuid4().hex
         with self._tx() as con:
             now = self._now()
@@ -566,6 +700,8 @@ class DuckDBSessionStore:
             blob = _info_blob(info)
             if con.execute("SELECT 1 FROM sessions WHERE id = ?", [sid]).fetchone():
                 raise InvalidInputError(f"session {sid!r} already exists")
+            if thread_key is not None and self._thread_id(con, thread_key) is not None:
+                raise ThreadExistsError(f"thread {thread_key!r} already exists")
             con.execute(
                 f"INSERT INTO sessions ({_SESSION_COLS}) VALUES (?, ?, ?, ?, ?, NULL, ?, ?, ?)",
                 [sid, name, parent_session_id, parent_message_id, thread_key, now, now, blob],
@@ -699,6 +835,7 @@ class DuckDBSessionStore:
             con.execute("DELETE FROM parts WHERE session_id = ?", [session_id])
             con.execute("DELETE FROM messages WHERE session_id = ?", [session_id])
             con.execute("DELETE FROM sessions WHERE id = ?", [session_id])
+            con.execute("DELETE FROM config WHERE key = ?", [_rewind_key(session_id)])
 
     def clear_messages(self, session_id: str) -> None:
         with self._tx() as con:
@@ -711,6 +848,7 @@ class DuckDBSessionStore:
             info.usage = empty_rollup()
             con.execute("DELETE FROM parts WHERE session_id = ?", [session_id])
             con.execute("DELETE FROM messages WHERE session_id = ?", [session_id])
+            con.execute("DELETE FROM config WHERE key = ?", [_rewind_key(session_id)])
             con.execute(
                 "UPDATE sessions SET head_id = NULL, info = ?, updated_at = ? WHERE id = ?",
                 [_info_blob(info), self._now(), session_id],
@@ -923,6 +1061,8 @@ class DuckDBSessionStore:
                 "SELECT payload FROM parts WHERE message_id = ? ORDER BY idx", [message_id]
             ).fetchall()
         parts = _unpack_many([p for (p,) in payloads])
+        envelope = _unpack(row[7])
+        envelope["id"] = row[0]  # a copy's envelope still names its source
         return MessageRow(
             id=row[0],
             session_id=row[1],
@@ -931,7 +1071,7 @@ class DuckDBSessionStore:
             seq=row[4],
             created_at=row[5],
             hidden_at=row[6],
-            message=_with_parts(_unpack(row[7]), parts),
+            message=_with_parts(envelope, parts),
         )
 
     def _walk(
@@ -961,10 +1101,13 @@ class DuckDBSessionStore:
             if not path:
                 return tree, path, []
             parts = self._parts_by_message(con, "session_id = ?", [session_id])
-            envelopes = tree.envelopes
+            envelopes, column_ids = tree.envelopes, tree.ids
             messages = _unpack_many([envelopes[i] for i in path])
-            for message in messages:
-                message["parts"] = parts.get(message["id"]) or []
+            for message, i in zip(messages, path, strict=True):
+                # The id column is the truth: a branch or clone copies envelopes
+                # verbatim and gives the copies new ids in SQL.
+                mid = message["id"] = column_ids[i]
+                message["parts"] = parts.get(mid) or []
         return tree, path, messages
 
     def get_history(
@@ -1005,7 +1148,7 @@ class DuckDBSessionStore:
             if not con.execute("SELECT 1 FROM messages WHERE id = ?", [message_id]).fetchone():
                 raise MessageNotFoundError(f"message {message_id!r} not found")
             rows = con.execute(
-                "SELECT envelope FROM messages WHERE parent_id = ? ORDER BY seq",
+                "SELECT id, envelope FROM messages WHERE parent_id = ? ORDER BY seq",
                 [message_id],
             ).fetchall()
             if not rows:
@@ -1013,9 +1156,10 @@ class DuckDBSessionStore:
             parts = self._parts_by_message(
                 con, "message_id IN (SELECT id FROM messages WHERE parent_id = ?)", [message_id]
             )
-        messages = _unpack_many([env for (env,) in rows])
-        for message in messages:
-            message["parts"] = parts.get(message["id"]) or []
+        messages = _unpack_many([env for _, env in rows])
+        for message, (mid, _) in zip(messages, rows, strict=True):
+            message["id"] = mid
+            message["parts"] = parts.get(mid) or []
         return messages
 
     def set_head(self, session_id: str, message_id: str | None) -> None:
@@ -1085,6 +1229,423 @@ class DuckDBSessionStore:
                 [None if hidden_at is None else float(hidden_at), session_id, ids],
             )
             self._touch(con, session_id, self._now())
+
+    # -- threads (seed 001) ---------------------------------------------------------
+
+    @staticmethod
+    def _thread_id(con: duckdb.DuckDBPyConnection, key: str) -> str | None:
+        row = con.execute(
+            "SELECT id FROM sessions WHERE thread_key = ? ORDER BY created_at LIMIT 1", [key]
+        ).fetchone()
+        return row[0] if row else None
+
+    def thread(self, key: str | None = None) -> Thread:
+        key = DEFAULT_THREAD_KEY if key is None else key
+        _check_thread_key(key)
+        with self._tx() as con:
+            sid = self._thread_id(con, key)
+            if sid is None:
+                sid = self.create_session(key, thread_key=key).id
+        return Thread(self, key, sid)
+
+    def get_thread(self, key: str) -> Thread:
+        _check_thread_key(key)
+        with self._tx() as con:
+            sid = self._thread_id(con, key)
+        if sid is None:
+            raise ThreadNotFoundError(f"thread {key!r} not found")
+        return Thread(self, key, sid)
+
+    def list_threads(self) -> list[SessionInfo]:
+        rows = self.db.fetchall(
+            f"SELECT {_SESSION_COLS} FROM sessions WHERE thread_key IS NOT NULL "
+            "ORDER BY updated_at DESC, created_at DESC, id"
+        )
+        return [_session_info(row) for row in rows]
+
+    def delete_thread(self, key: str) -> None:
+        _check_thread_key(key)
+        with self._tx() as con:
+            sid = self._thread_id(con, key)
+            if sid is None:
+                raise ThreadNotFoundError(f"thread {key!r} not found")
+            self.delete_session(sid)
+
+    def clone_thread(
+        self, src_key: str, dst_key: str, from_message_id: str | None = None
+    ) -> Thread:
+        _check_thread_key(src_key, "source thread key")
+        _check_thread_key(dst_key, "destination thread key")
+        _check_str(from_message_id, "from_message_id", optional=True)
+        with _no_gc(), self._tx() as con:
+            src = self._thread_id(con, src_key)
+            if src is None:
+                raise ThreadNotFoundError(f"thread {src_key!r} not found")
+            if self._thread_id(con, dst_key) is not None:
+                raise ThreadExistsError(
+                    f"thread {dst_key!r} already exists; clone never overwrites"
+                )
+            info = self._fork(con, src, from_message_id, name=dst_key, thread_key=dst_key)
+        return Thread(self, dst_key, info.id)
+
+    def get_effective_settings(self, session_id: str) -> dict[str, Any]:
+        own = self.get_session(session_id).settings
+        default = self.get_config(DEFAULT_SETTINGS_KEY) or {}
+        if not isinstance(default, dict):
+            default = {}
+        return _deep_merge(default, own)
+
+    # -- branch and rewind (seed 002) -------------------------------------------------
+
+    def branch_session(
+        self,
+        parent_session_id: str,
+        from_message_id: str,
+        *,
+        metadata: dict[str, Any] | None = None,
+        name: str | None = None,
+    ) -> SessionInfo:
+        _check_str(parent_session_id, "parent_session_id")
+        _check_str(from_message_id, "from_message_id")
+        _check_dict(metadata, "metadata")
+        if name is not None and not isinstance(name, str):
+            raise InvalidInputError("session name must be a string")
+        if metadata:
+            _pack(metadata, "metadata")
+        with _no_gc(), self._tx() as con:
+            return self._fork(con, parent_session_id, from_message_id, name=name, metadata=metadata)
+
+    def _current_path(
+        self, con: duckdb.DuckDBPyConnection, session_id: str, *, for_copy: bool = False
+    ) -> tuple[str | None, _Tree, list[int]]:
+        """The head, the session's tree and the positions root -> head, hidden ones
+        included. Raises if the session does not exist. The tree has roles, or, for a
+        copy, seqs and the envelopes of assistant messages (what a rollup reads)."""
+        head = self._head(con, session_id)
+        if for_copy:
+            cur = con.execute(
+                "SELECT id, parent_id, hidden_at, "
+                "CASE WHEN role = 'assistant' THEN envelope END, seq "
+                "FROM messages WHERE session_id = ?",
+                [session_id],
+            )
+            ids_, parents, hidden, envelopes, seqs = _columns(cur, 5)
+            tree = _Tree([ids_, parents, hidden, envelopes, [], seqs])
+        else:
+            cur = con.execute(
+                "SELECT id, parent_id, hidden_at, NULL::BLOB, role FROM messages "
+                "WHERE session_id = ?",
+                [session_id],
+            )
+            tree = _Tree(_columns(cur, 5))
+        leaf = tree.pos.get(head) if head is not None else None
+        if leaf is None:  # as get_history: no head means the latest visible message
+            latest = self._latest(con, session_id)
+            leaf = tree.pos.get(latest) if latest is not None else None
+        return head, tree, tree.path(leaf)
+
+    @staticmethod
+    def _on_path(tree: _Tree, path: list[int], session_id: str, message_id: str) -> int:
+        """The index on ``path`` of ``message_id``; a clear error if it is not there."""
+        pos = tree.pos.get(message_id)
+        if pos is None:
+            raise MessageNotFoundError(
+                f"message {message_id!r} not found in session {session_id!r}"
+            )
+        try:
+            return path.index(pos)
+        except ValueError:
+            raise NotOnPathError(
+                f"message {message_id!r} is not on the current path of session "
+                f"{session_id!r} (it is on another branch of the conversation)"
+            ) from None
+
+    def _fork(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        src: str,
+        from_message_id: str | None,
+        *,
+        name: str | None,
+        metadata: dict[str, Any] | None = None,
+        thread_key: str | None = None,
+    ) -> SessionInfo:
+        """Copy ``src``'s visible path up to ``from_message_id`` (default: the head)
+        into a new session. Everything is checked before the first write."""
+        row = con.execute(f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", [src]).fetchone()
+        if row is None:
+            raise SessionNotFoundError(f"session {src!r} not found")
+        parent = _session_info(row)
+        _, tree, path = self._current_path(con, src, for_copy=True)
+        hidden = tree.hidden
+        if from_message_id is None:
+            chosen = [i for i in path if hidden[i] is None]
+        else:
+            k = self._on_path(tree, path, src, from_message_id)
+            if hidden[path[k]] is not None:
+                raise NotOnPathError(
+                    f"message {from_message_id!r} is hidden (rewound or summarized by a "
+                    "compaction): only a visible message can be a fork point"
+                )
+            chosen = [i for i in path[: k + 1] if hidden[i] is None]
+        ids, envelopes = tree.ids, tree.envelopes
+        # Only assistant envelopes were loaded; only those naming a usage are decoded.
+        with_usage = [e for i in chosen if (e := envelopes[i]) is not None and b"usage" in e]
+        usage = _rollup_of(_unpack_many(with_usage))
+        now = self._now()
+        sid = uuid.uuid4().hex
+        salt = f"c{uuid.uuid4().hex[:12]}_"
+        count = len(chosen)
+        info = SessionInfo(
+            id=sid,
+            name=parent.name if name is None else name,
+            created_at=now,
+            updated_at=now,
+            parent_session_id=src,
+            parent_message_id=ids[chosen[-1]] if chosen else None,
+            thread_key=thread_key,
+            head_id=salt + ids[chosen[-1]] if count else None,
+            metadata={**parent.metadata, **(metadata or {})},
+            model=parent.model,
+            usage=usage,
+            settings=parent.settings,
+        )
+        con.execute(
+            f"INSERT INTO sessions ({_SESSION_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                sid,
+                info.name,
+                src,
+                info.parent_message_id,
+                thread_key,
+                info.head_id,
+                now,
+                now,
+                _info_blob(info),
+            ],
+        )
+        if count:
+            seqs, hidden = tree.seqs, tree.hidden
+            fork_seq = seqs[chosen[-1]]
+            in_range = sum(
+                1 for h, q in zip(hidden, seqs, strict=True) if h is None and q <= fork_seq
+            )
+            params: dict[str, Any] = {"salt": salt, "sid": sid, "src": src}
+            if in_range == count:
+                rows, extra = _COPY_BY_RANGE, {"fork": fork_seq}
+            else:
+                rows, extra = _COPY_BY_LIST, {"old": [ids[i] for i in chosen]}
+            base = self._seq
+            self._seq += count
+            con.execute(_COPY_MESSAGES.format(rows=rows), {**params, **extra, "base": base})
+            if count == len(ids):
+                con.execute(_COPY_PARTS.format(rows=""), params)
+            else:
+                con.execute(
+                    _COPY_PARTS.format(rows=_COPY_PARTS_OF_COPIES), {**params, "cut": len(salt) + 1}
+                )
+        return info
+
+    def _compaction_covers(
+        self, con: duckdb.DuckDBPyConnection, session_id: str, tree: _Tree, path: list[int]
+    ) -> dict[int, set[int]]:
+        """``position of a compaction message on the path -> positions it summarized``.
+
+        A compaction is a message with a ``data-compaction`` part. What it covers, in
+        order of preference: ``data.covers`` as a list of message ids, or as a range
+        ``{first_id, last_id}`` on the path (``from_id``/``to_id`` also read), narrowed
+        to the messages hidden at ``data.hidden_at`` when the compaction records it;
+        else the hidden messages on the path before ``data.tail_start_id``; else the
+        hidden messages on the path before the compaction message.
+        """
+        rows = con.execute(
+            "SELECT message_id, payload FROM parts WHERE session_id = ? "
+            "AND type = 'data-compaction'",
+            [session_id],
+        ).fetchall()
+        if not rows:
+            return {}
+        index = {pos: n for n, pos in enumerate(path)}
+        hidden, pos_of = tree.hidden, tree.pos
+        out: dict[int, set[int]] = {}
+        for mid, payload in rows:
+            cpos = pos_of.get(mid)
+            if cpos is None or cpos not in index:
+                continue
+            part = _unpack(payload)
+            data = part.get("data") if isinstance(part, dict) else None
+            data = data if isinstance(data, dict) else {}
+            covers = data.get("covers")
+            covered: set[int] = set()
+            if isinstance(covers, list | tuple):
+                covered = {pos_of[c] for c in covers if isinstance(c, str) and c in pos_of}
+            elif isinstance(covers, dict):
+                first = next((covers[k] for k in _COVERS_FROM if k in covers), None)
+                last = next((covers[k] for k in _COVERS_TO if k in covers), None)
+                a = index.get(pos_of.get(first)) if isinstance(first, str) else None  # type: ignore[arg-type]
+                b = index.get(pos_of.get(last)) if isinstance(last, str) else None  # type: ignore[arg-type]
+                if a is not None and b is not None:
+                    covered = set(path[min(a, b) : max(a, b) + 1])
+            stamp = data.get("hidden_at")
+            if covered and isinstance(stamp, int | float) and not isinstance(stamp, bool):
+                # The compaction says when it hid them: a message of its range hidden at
+                # another time (by an earlier compaction) is not its to give back.
+                covered = {i for i in covered if hidden[i] is None or hidden[i] == stamp}
+            if not covered:
+                tail = data.get("tail_start_id")
+                end = index.get(pos_of.get(tail)) if isinstance(tail, str) else None  # type: ignore[arg-type]
+                if end is None or end > index[cpos]:
+                    end = index[cpos]
+                covered = {i for i in path[:end] if hidden[i] is not None}
+            out.setdefault(cpos, set()).update(covered)
+        return out
+
+    def _rewind_log(self, con: duckdb.DuckDBPyConnection, session_id: str) -> list[dict[str, Any]]:
+        row = con.execute(
+            "SELECT value FROM config WHERE key = ?", [_rewind_key(session_id)]
+        ).fetchone()
+        return list(_unpack(row[0])) if row else []
+
+    @staticmethod
+    def _save_rewind_log(
+        con: duckdb.DuckDBPyConnection, session_id: str, log: list[dict[str, Any]]
+    ) -> None:
+        key = _rewind_key(session_id)
+        con.execute("DELETE FROM config WHERE key = ?", [key])
+        if log:
+            blob = _pack(log[-_REWIND_LOG_LIMIT:], "rewind log")
+            con.execute("INSERT INTO config VALUES (?, ?)", [key, blob])
+
+    def rewind_session(
+        self, session_id: str, message_id: str, *, include_target: bool = False
+    ) -> RewindInfo:
+        _check_str(session_id, "session_id")
+        _check_str(message_id, "message_id")
+        with _no_gc(), self._tx() as con:
+            head, tree, path = self._current_path(con, session_id)
+            t = self._on_path(tree, path, session_id, message_id)
+            pos = path[t]
+            if tree.roles[pos] != "user":
+                raise NotOnPathError(
+                    f"rewind needs a user message; {message_id!r} is a {tree.roles[pos]} "
+                    "message (the user message is the only deterministic checkpoint)"
+                )
+            cut = t if include_target else t + 1
+            before, after = path[:cut], set(path[cut:])
+            restorable: set[int] = set()
+            kept: set[int] = set()
+            for cpos, covered in self._compaction_covers(con, session_id, tree, path).items():
+                (restorable if cpos in after else kept).update(covered)
+            restorable -= kept
+            hidden, ids = tree.hidden, tree.ids
+            if hidden[pos] is not None and pos not in restorable:
+                raise NotOnPathError(
+                    f"message {message_id!r} is hidden and no compaction after it "
+                    "summarized it; rewind to a visible user message"
+                )
+            unhide = [i for i in before if hidden[i] is not None and i in restorable]
+            hide = [ids[i] for i in path[cut:] if hidden[i] is None]
+            now = self._now()
+            new_head = ids[before[-1]] if before else None
+            groups: dict[float, list[str]] = {}
+            for i in unhide:
+                groups.setdefault(hidden[i], []).append(ids[i])
+            if hide:
+                con.execute(
+                    f"UPDATE messages SET hidden_at = ? WHERE session_id = ? AND id IN {_IDS}",
+                    [now, session_id, hide],
+                )
+            if unhide:
+                con.execute(
+                    f"UPDATE messages SET hidden_at = NULL WHERE session_id = ? AND id IN {_IDS}",
+                    [session_id, [ids[i] for i in unhide]],
+                )
+            log = self._rewind_log(con, session_id)
+            log.append(
+                {
+                    "target": message_id,
+                    "include_target": bool(include_target),
+                    "head": head,
+                    "hidden_at": now,
+                    "seq": self._seq,
+                    "unhidden": [[ts, mids] for ts, mids in groups.items()],
+                }
+            )
+            self._save_rewind_log(con, session_id, log)
+            self._touch(con, session_id, now, head=new_head)
+            target = self.get_message_row(message_id)
+        assert target is not None
+        return RewindInfo(
+            session_id=session_id,
+            target=target,
+            hidden_ids=hide,
+            unhidden_ids=[ids[i] for i in unhide],
+            head_before=head,
+            head_id=new_head,
+            hidden_at=now,
+            include_target=bool(include_target),
+        )
+
+    def unrewind_session(self, session_id: str) -> UnrewindInfo:
+        _check_str(session_id, "session_id")
+        with _no_gc(), self._tx() as con:
+            self._head(con, session_id)
+            log = self._rewind_log(con, session_id)
+            if not log:
+                raise InvalidInputError(f"session {session_id!r} has no rewind to undo")
+            record = log[-1]
+            stamp, old_head = record["hidden_at"], record["head"]
+            tree = self._load_tree(con, session_id, rows=False)
+            hidden, ids = tree.hidden, tree.ids
+            if old_head is not None and old_head not in tree.pos:
+                raise InvalidInputError(
+                    f"cannot unrewind session {session_id!r}: the message it was at "
+                    f"({old_head!r}) was deleted since"
+                )
+            restored = tree.path(tree.pos.get(old_head)) if old_head is not None else []
+            late = [ids[i] for i in restored if hidden[i] is not None and hidden[i] > stamp]
+            if late:
+                raise InvalidInputError(
+                    f"cannot unrewind session {session_id!r}: {len(late)} message(s) of the "
+                    "restored conversation were hidden after the rewind (compacted since); "
+                    "branch from the rewound point instead"
+                )
+            unhidden = [
+                mid
+                for (mid,) in con.execute(
+                    "SELECT id FROM messages WHERE session_id = ? AND hidden_at = ? ORDER BY seq",
+                    [session_id, stamp],
+                ).fetchall()
+            ]
+            detached = [
+                mid
+                for (mid,) in con.execute(
+                    "SELECT id FROM messages WHERE session_id = ? AND seq > ? ORDER BY seq",
+                    [session_id, record["seq"]],
+                ).fetchall()
+            ]
+            con.execute(
+                "UPDATE messages SET hidden_at = NULL WHERE session_id = ? AND hidden_at = ?",
+                [session_id, stamp],
+            )
+            rehidden: list[str] = []
+            for ts, mids in record.get("unhidden") or []:
+                present = [m for m in mids if m in tree.pos and hidden[tree.pos[m]] is None]
+                if present:
+                    con.execute(
+                        f"UPDATE messages SET hidden_at = ? WHERE session_id = ? AND id IN {_IDS}",
+                        [ts, session_id, present],
+                    )
+                    rehidden.extend(present)
+            self._save_rewind_log(con, session_id, log[:-1])
+            self._touch(con, session_id, self._now(), head=old_head)
+        return UnrewindInfo(
+            session_id=session_id,
+            head_id=old_head,
+            unhidden_ids=unhidden,
+            rehidden_ids=rehidden,
+            detached_ids=detached,
+        )
 
     # -- chunk log ------------------------------------------------------------------
 

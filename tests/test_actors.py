@@ -402,3 +402,26 @@ def test_unwritable_storage_root_fails_at_start(ray_local, tmp_path):
     blocker.write_text("not a directory")
     with pytest.raises(StorageRootError, match="not usable"):
         AgentNamespace("badroot", storage_root=str(blocker / "root"))
+
+
+def test_session_operations_over_the_actor(namespace_factory):
+    from storage.types import SessionNotFoundError
+
+    ns = namespace_factory()
+    agent = ns.get("multi")
+    first = agent.create_session("research")
+    agent.chat("about research")
+    second = agent.create_session("planning")
+    agent.chat("about planning")
+    names = {s.name for s in agent.sessions()}
+    assert names == {"research", "planning"}
+    agent.invoke("rename_session", second.id, "plans")
+    history = agent.invoke("switch_session", first.id)
+    assert [text_of(m) for m in history][0] == "about research"
+    assert agent.invoke("message_count", second.id) == 2
+    assert ns.hibernate("multi")  # the current session survives hibernation
+    assert agent.invoke("get_current_session_id") == first.id
+    agent.invoke("delete_session", second.id)
+    with pytest.raises(SessionNotFoundError):
+        agent.history(second.id)
+    assert [s.name for s in agent.sessions()] == ["research"]

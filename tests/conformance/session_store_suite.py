@@ -23,20 +23,29 @@ from typing import Any
 
 import pytest
 
-from storage.protocols import HEAD, SessionStore
+from storage.protocols import HEAD, SessionStore, Thread
 from storage.types import (
+    DEFAULT_SETTINGS_KEY,
+    DEFAULT_THREAD_KEY,
     ChunkWrite,
     InvalidInputError,
     MessageNotFoundError,
+    NotOnPathError,
     PartWrite,
+    RewindInfo,
     SessionInfo,
     SessionNotFoundError,
     StreamFlush,
+    ThreadExistsError,
+    ThreadNotFoundError,
+    UnrewindInfo,
     empty_rollup,
 )
 
 __all__ = [
+    "TestBranch",
     "TestChunkLog",
+    "TestClone",
     "TestConfig",
     "TestFlushStream",
     "TestHiddenAndPath",
@@ -44,7 +53,9 @@ __all__ = [
     "TestLifecycle",
     "TestNotFound",
     "TestResolutions",
+    "TestRewind",
     "TestSessions",
+    "TestThreads",
     "TestTreeAndHead",
     "TestUsage",
     "TestValidation",
@@ -1257,3 +1268,585 @@ class TestResolutions:
         store.append_message(sid, {"id": "f", "role": "user", "parts": [{"type": "x", "v": math.pi, "inf": math.inf}]})  # fmt: skip
         part = store.get_message("f")["parts"][0]  # type: ignore[index]
         assert part["v"] == math.pi and part["inf"] == math.inf
+
+
+# -- threads and clone (seed 001) --------------------------------------------------
+
+
+def counts(store: SessionStore) -> tuple[int, int]:
+    """(sessions, messages incl. hidden) across the store: a failed call changes neither."""
+    sessions = store.list_sessions(include_ephemeral=True)
+    return len(sessions), sum(store.message_count(s.id, include_hidden=True) for s in sessions)
+
+
+UNSAFE_KEYS = ["", "-lead", ".hidden", "a b", "a/b", "../up", "x" * 129, "naïve", "a\nb", None, 7]
+
+
+class TestThreads:
+    def test_create_or_get(self, store: SessionStore) -> None:
+        t = store.thread("topic-a")
+        assert isinstance(t, Thread)
+        assert t.key == "topic-a" and store.has_session(t.id)
+        assert store.thread("topic-a") == t  # get, not a second thread
+        info = store.get_session(t.id)
+        assert info.thread_key == "topic-a" and info.name == "topic-a"
+        assert store.get_thread("topic-a") == t
+
+    def test_append_and_get_messages(self, store: SessionStore) -> None:
+        a, b = store.thread("a"), store.thread("b")
+        assert a.append(msg("a1")) and a.append(msg("a2", "assistant"))
+        assert b.append(msg("b1"))
+        assert not a.append(msg("a1"))  # idempotent, like append_message
+        assert ids(a.get_messages()) == ["a1", "a2"]
+        assert ids(b.get_messages()) == ["b1"]
+        assert a.get_messages()[0] == msg("a1")
+
+    def test_default_thread_and_plain_sessions(self, store: SessionStore) -> None:
+        plain = store.create_session("chat")
+        chain(store, plain.id, "p1")
+        default = store.thread()
+        assert default.key == DEFAULT_THREAD_KEY == "default"
+        assert store.thread(None) == default == store.thread("default")
+        assert default.id != plain.id
+        assert [i.thread_key for i in store.list_threads()] == ["default"]
+        # The session-id API is untouched by the thread API.
+        assert ids(store.get_history(plain.id)) == ["p1"]
+
+    def test_list_threads_most_recent_first(self, store: SessionStore) -> None:
+        store.thread("one")
+        two = store.thread("two")
+        store.create_session("not a thread")
+        store.thread("one").append(msg("m1"))
+        assert [i.thread_key for i in store.list_threads()] == ["one", "two"]
+        assert all(isinstance(i, SessionInfo) for i in store.list_threads())
+        two.append(msg("m2"))
+        assert [i.thread_key for i in store.list_threads()] == ["two", "one"]
+
+    def test_delete_thread(self, store: SessionStore) -> None:
+        t = store.thread("gone")
+        t.append(msg("g1"))
+        keep = store.thread("kept")
+        store.delete_thread("gone")
+        assert not store.has_session(t.id)
+        assert store.get_message("g1") is None
+        with pytest.raises(ThreadNotFoundError):
+            store.get_thread("gone")
+        with pytest.raises(SessionNotFoundError):
+            t.get_messages()
+        assert [i.thread_key for i in store.list_threads()] == ["kept"]
+        assert store.thread("gone") != t  # the key can be used again
+        assert keep.get_messages() == []
+
+    @pytest.mark.parametrize("key", UNSAFE_KEYS)
+    def test_unsafe_key_writes_nothing(self, store: SessionStore, key: Any) -> None:
+        store.thread("ok")
+        before = counts(store)
+        with pytest.raises(InvalidInputError):
+            store.thread(key) if key is not None else store.create_session(thread_key="")
+        with pytest.raises(InvalidInputError):
+            store.create_session("x", thread_key=key if key is not None else "-")
+        with pytest.raises(InvalidInputError):
+            store.clone_thread("ok", key if key is not None else "")
+        assert counts(store) == before
+
+    def test_safe_keys(self, store: SessionStore) -> None:
+        for key in ("a", "A-1", "user_42.topic-b", "9", "x" * 128):
+            assert store.thread(key).key == key
+
+    def test_thread_keys_are_unique(self, store: SessionStore) -> None:
+        store.thread("dup")
+        before = counts(store)
+        with pytest.raises(ThreadExistsError):
+            store.create_session("again", thread_key="dup")
+        assert counts(store) == before
+
+    def test_unknown_thread(self, store: SessionStore) -> None:
+        before = counts(store)
+        for call in (
+            lambda: store.get_thread("nope"),
+            lambda: store.delete_thread("nope"),
+            lambda: store.clone_thread("nope", "copy"),
+        ):
+            with pytest.raises(ThreadNotFoundError) as err:
+                call()
+            assert isinstance(err.value, KeyError) and "nope" in str(err.value)
+        assert counts(store) == before
+
+    def test_settings_per_thread_or_inherited(self, store: SessionStore) -> None:
+        t = store.thread("s")
+        assert t.settings == {} and t.get_effective_settings() == {}
+        store.set_config(
+            DEFAULT_SETTINGS_KEY, {"compaction": {"tail_turns": 2, "reserve_tokens": 20000}}
+        )
+        assert t.get_effective_settings() == {
+            "compaction": {"tail_turns": 2, "reserve_tokens": 20000}
+        }
+        t.settings = {"compaction": {"tail_turns": 4}}
+        assert t.settings == {"compaction": {"tail_turns": 4}}
+        assert t.get_effective_settings() == {
+            "compaction": {"tail_turns": 4, "reserve_tokens": 20000}
+        }
+        assert store.get_effective_settings(store.thread("other").id)["compaction"] == {
+            "tail_turns": 2,
+            "reserve_tokens": 20000,
+        }
+        with pytest.raises(SessionNotFoundError):
+            store.get_effective_settings(UNKNOWN)
+
+
+class TestClone:
+    def test_clone_copies_history_with_new_ids(self, store: SessionStore) -> None:
+        src = store.thread("src")
+        src.append(msg("u1"))
+        src.append(RICH)
+        src.append(msg("u2"))
+        dst = store.clone_thread("src", "dst")
+        assert dst.key == "dst" and dst.id != src.id
+        copied, original = dst.get_messages(), src.get_messages()
+        assert len(copied) == 3
+        new_ids = ids(copied)
+        assert not set(new_ids) & set(ids(original))
+        assert len(set(new_ids)) == 3
+        # Envelopes (metadata) and parts verbatim; only the id changes.
+        for c, o in zip(copied, original, strict=True):
+            assert {**c, "id": o["id"]} == o
+        rows = store.get_path(dst.id)
+        assert [r.parent_id for r in rows] == [None, new_ids[0], new_ids[1]]
+        assert all(r.session_id == dst.id for r in rows)
+        assert store.get_session(dst.id).head_id == new_ids[-1]
+        info = store.get_session(dst.id)
+        assert info.thread_key == "dst"
+        assert (info.parent_session_id, info.parent_message_id) == (src.id, "u2")
+        assert store.get_message_row(new_ids[1]).message == {**RICH, "id": new_ids[1]}  # type: ignore[union-attr]
+
+    def test_clone_from_a_message(self, store: SessionStore) -> None:
+        src = store.thread("src")
+        chain(store, src.id, "u1", "a1", "u2", "a2")
+        dst = store.clone_thread("src", "dst", from_message_id="a1")
+        assert [m["parts"] for m in dst.get_messages()] == [
+            msg("u1")["parts"],
+            msg("a1", "assistant")["parts"],
+        ]
+        assert store.get_session(dst.id).parent_message_id == "a1"
+
+    def test_clone_diverges_without_touching_the_source(self, store: SessionStore) -> None:
+        src = store.thread("src")
+        chain(store, src.id, "u1", "a1")
+        dst = src.clone("dst")
+        dst.append(msg("d1"))
+        src.append(msg("s1"))
+        assert ids(src.get_messages()) == ["u1", "a1", "s1"]
+        assert ids(dst.get_messages())[-1] == "d1" and len(dst.get_messages()) == 3
+
+    def test_clone_copies_settings_and_skips_hidden(self, store: SessionStore) -> None:
+        src = store.thread("src")
+        src.settings = {"compaction": {"tail_turns": 3}}
+        chain(store, src.id, "u1", "a1", "u2", "a2", "u3")
+        store.set_hidden(src.id, ["a1", "u2"], 5.0)
+        dst = store.clone_thread("src", "dst")
+        assert [m["parts"][0]["text"] for m in dst.get_messages()] == [
+            "text of u1",
+            "text of a2",
+            "text of u3",
+        ]
+        assert store.message_count(dst.id, include_hidden=True) == 3
+        assert dst.settings == {"compaction": {"tail_turns": 3}}
+
+    def test_clone_of_an_empty_thread(self, store: SessionStore) -> None:
+        store.thread("empty")
+        dst = store.clone_thread("empty", "copy")
+        assert dst.get_messages() == [] and store.get_session(dst.id).head_id is None
+
+    def test_clone_refuses_an_existing_destination(self, store: SessionStore) -> None:
+        src = store.thread("src")
+        chain(store, src.id, "u1")
+        dst = store.thread("dst")
+        dst.append(msg("d1"))
+        before = counts(store)
+        with pytest.raises(ThreadExistsError):
+            store.clone_thread("src", "dst")
+        assert counts(store) == before
+        assert ids(dst.get_messages()) == ["d1"]
+
+    def test_clone_from_a_message_off_the_visible_history(self, store: SessionStore) -> None:
+        src = store.thread("src")
+        chain(store, src.id, "u1", "a1", "u2", "a2")
+        store.append_message(src.id, msg("alt", "user"), parent_id="a1")  # another branch
+        store.set_head(src.id, "a2")
+        store.set_hidden(src.id, ["u2"], 1.0)
+        other = store.thread("other")
+        other.append(msg("o1"))
+        before = counts(store)
+        with pytest.raises(NotOnPathError, match="not on the current path"):
+            store.clone_thread("src", "dst", from_message_id="alt")
+        with pytest.raises(NotOnPathError, match="hidden"):
+            store.clone_thread("src", "dst", from_message_id="u2")
+        with pytest.raises(MessageNotFoundError):
+            store.clone_thread("src", "dst", from_message_id="o1")  # another thread's
+        with pytest.raises(MessageNotFoundError):
+            store.clone_thread("src", "dst", from_message_id="missing")
+        assert isinstance(NotOnPathError("x"), InvalidInputError)
+        assert counts(store) == before
+        with pytest.raises(ThreadNotFoundError):
+            store.get_thread("dst")
+
+    def test_threads_survive_reopen(self, store: SessionStore, reopen: Any) -> None:
+        if reopen is None:
+            pytest.skip("store has no file")
+        src = store.thread("src")
+        chain(store, src.id, "u1", "a1")
+        dst = store.clone_thread("src", "dst")
+        copied = dst.get_messages()
+        store = reopen(store)
+        assert [i.thread_key for i in store.list_threads()] == ["dst", "src"]
+        assert store.get_thread("dst").get_messages() == copied
+        store.get_thread("dst").append(msg("after"))  # seq and ids still line up
+        assert ids(store.get_thread("dst").get_messages())[-1] == "after"
+
+
+# -- branch (seed 002) -------------------------------------------------------------
+
+
+def usage_msg(mid: str, **usage: Any) -> dict[str, Any]:
+    return msg(mid, "assistant", metadata={"usage": usage})
+
+
+class TestBranch:
+    def test_copies_the_visible_path_up_to_the_fork(self, store: SessionStore) -> None:
+        parent = store.create_session("main").id
+        chain(store, parent, "u1")
+        store.append_message(parent, RICH)
+        chain(store, parent, "u2", "a2", "u3")
+        store.set_hidden(parent, ["a2"], 2.0)
+        info = store.branch_session(parent, "u3")
+        assert info.parent_session_id == parent and info.parent_message_id == "u3"
+        assert info.name == "main" and info.thread_key is None
+        history = store.get_history(info.id)
+        assert [m["parts"] for m in history] == [
+            msg("u1")["parts"],
+            RICH["parts"],
+            msg("u2")["parts"],
+            msg("u3")["parts"],
+        ]
+        assert history[1]["metadata"] == RICH["metadata"]
+        assert not set(ids(history)) & {"u1", "rich", "u2", "u3"}
+        assert store.get_session(info.id).head_id == ids(history)[-1] == info.head_id
+        assert store.message_count(info.id, include_hidden=True) == 4  # hidden ones skipped
+        assert store.get_session(info.id).to_dict() == info.to_dict()
+
+    def test_fork_point_in_the_middle(self, store: SessionStore) -> None:
+        parent = store.create_session().id
+        chain(store, parent, "u1", "a1", "u2", "a2")
+        info = store.branch_session(parent, "a1")
+        assert [m["parts"][0]["text"] for m in store.get_history(info.id)] == [
+            "text of u1",
+            "text of a1",
+        ]
+        # New turns append only to the branch.
+        store.append_message(info.id, msg("b1"))
+        assert ids(store.get_history(parent)) == ["u1", "a1", "u2", "a2"]
+        assert ids(store.get_history(info.id))[-1] == "b1"
+
+    def test_only_the_current_path_is_copied(self, store: SessionStore) -> None:
+        parent = store.create_session().id
+        chain(store, parent, "u1", "a1", "u2")
+        store.append_message(parent, msg("alt"), parent_id="a1")
+        store.set_head(parent, "u2")
+        info = store.branch_session(parent, "u2")
+        assert [m["parts"][0]["text"] for m in store.get_history(info.id)] == [
+            "text of u1",
+            "text of a1",
+            "text of u2",
+        ]
+        assert store.message_count(info.id, include_hidden=True) == 3
+
+    def test_rollups_recomputed_from_the_copies(self, store: SessionStore) -> None:
+        parent = store.create_session().id
+        store.append_message(parent, msg("u1"))
+        store.append_message(parent, usage_msg("a1", input=100, output=20, cache_read=50))
+        store.append_message(parent, msg("u2"))
+        store.append_message(
+            parent,
+            usage_msg("a2", input=7, output=3, reasoning=2, cache_write=4, cost_usd=0.5),
+        )
+        store.append_message(parent, msg("u3"))
+        store.append_message(parent, usage_msg("a3", input=1000, output=1))
+        store.add_usage(parent, {"input": 999_999})  # the parent's row is not the source
+        info = store.branch_session(parent, "a2")
+        assert info.usage == {
+            "prompt_tokens": 107,
+            "completion_tokens": 23,
+            "reasoning_tokens": 2,
+            "cache_read": 50,
+            "cache_write": 4,
+            "total_tokens": 186,
+            "cost_usd": 0.5,
+        }
+        assert info.context_window_used == 186
+        early = store.branch_session(parent, "a1")
+        assert early.usage["total_tokens"] == 170 and early.usage["cost_usd"] is None
+        store.set_hidden(parent, ["a1"], 3.0)  # hidden messages are neither copied nor counted
+        assert store.branch_session(parent, "u3").usage["prompt_tokens"] == 7
+
+    def test_metadata_model_settings(self, store: SessionStore) -> None:
+        parent = store.create_session(
+            "p", metadata={"agent": "coder", "tag": 1}, model={"model_id": "big"}
+        ).id
+        store.update_session(parent, settings={"workspace": "/w"}, permissions={"bash": "allow"})
+        chain(store, parent, "u1")
+        info = store.branch_session(parent, "u1", metadata={"tag": 2, "note": "x"}, name="b")
+        assert info.metadata == {"agent": "coder", "tag": 2, "note": "x"}
+        assert info.model == {"model_id": "big"} and info.settings == {"workspace": "/w"}
+        assert info.permissions == {}  # session-scope rules are "this session only"
+        assert info.name == "b"
+        assert store.get_session(parent).metadata == {"agent": "coder", "tag": 1}
+
+    def test_ephemeral_branches_and_listing(self, store: SessionStore) -> None:
+        parent = store.create_session().id
+        chain(store, parent, "u1")
+        kept = store.branch_session(parent, "u1")
+        side = store.branch_session(parent, "u1", metadata={"ephemeral": True})
+        assert side.ephemeral
+        listed = [s.id for s in store.list_sessions()]
+        assert kept.id in listed and side.id not in listed
+        assert side.id in [s.id for s in store.list_sessions(include_ephemeral=True)]
+        assert [s.id for s in store.list_sessions(parent_session_id=parent)] == [kept.id]
+        assert {
+            s.id for s in store.list_sessions(parent_session_id=parent, include_ephemeral=True)
+        } == {kept.id, side.id}
+
+    def test_branch_of_a_branch(self, store: SessionStore) -> None:
+        parent = store.create_session().id
+        chain(store, parent, "u1", "a1")
+        first = store.branch_session(parent, "a1")
+        second = store.branch_session(first.id, first.head_id)  # type: ignore[arg-type]
+        assert second.parent_session_id == first.id
+        assert [m["parts"] for m in store.get_history(second.id)] == [
+            m["parts"] for m in store.get_history(parent)
+        ]
+
+    def test_bad_fork_points_write_nothing(self, store: SessionStore) -> None:
+        parent = store.create_session().id
+        chain(store, parent, "u1", "a1", "u2", "a2")
+        store.append_message(parent, msg("alt"), parent_id="a1")
+        store.set_head(parent, "a2")
+        store.set_hidden(parent, ["u2"], 1.0)
+        other = store.create_session().id
+        chain(store, other, "o1")
+        before = counts(store)
+        with pytest.raises(NotOnPathError):
+            store.branch_session(parent, "alt")
+        with pytest.raises(NotOnPathError):
+            store.branch_session(parent, "u2")  # hidden
+        with pytest.raises(MessageNotFoundError):
+            store.branch_session(parent, "o1")
+        with pytest.raises(MessageNotFoundError):
+            store.branch_session(parent, "missing")
+        with pytest.raises(SessionNotFoundError):
+            store.branch_session(UNKNOWN, "u1")
+        with pytest.raises(InvalidInputError):
+            store.branch_session(parent, "u1", metadata=["not", "a", "dict"])  # type: ignore[arg-type]
+        assert counts(store) == before
+
+
+# -- rewind (seed 002) -------------------------------------------------------------
+
+
+def compaction(mid: str, **data: Any) -> dict[str, Any]:
+    return {
+        "id": mid,
+        "role": "assistant",
+        "metadata": {"compaction": True},
+        "parts": [{"type": "data-compaction", "data": {"summary": "s", "auto": True, **data}}],
+    }
+
+
+def compacted(store: SessionStore, **data: Any) -> str:
+    """u1 a1 u2 a2 | u3 a3 | c1: a compaction appended at the head that summarized
+    u1..a2 (soft-hidden) and keeps u3 a3 verbatim."""
+    sid = store.create_session().id
+    chain(store, sid, "u1", "a1", "u2", "a2", "u3", "a3")
+    store.append_message(sid, compaction("c1", tail_start_id="u3", **data))
+    store.set_hidden(sid, ["u1", "a1", "u2", "a2"], 10.0)
+    return sid
+
+
+class TestRewind:
+    def test_rewind_hides_everything_after(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "u1", "a1", "u2", "a2", "u3", "a3")
+        info = store.rewind_session(sid, "u2")
+        assert isinstance(info, RewindInfo)
+        assert info.hidden_ids == ["a2", "u3", "a3"] and info.unhidden_ids == []
+        assert info.head_before == "a3" and info.head_id == "u2"
+        assert info.target.id == "u2" and info.target.message == msg("u2")
+        assert ids(store.get_history(sid)) == ["u1", "a1", "u2"]
+        # Hidden, never deleted: inspectable from the old head.
+        path = store.get_path(sid, leaf_id="a3")
+        assert [(r.id, r.hidden) for r in path] == [
+            ("u1", False),
+            ("a1", False),
+            ("u2", False),
+            ("a2", True),
+            ("u3", True),
+            ("a3", True),
+        ]
+        assert path[3].hidden_at == info.hidden_at
+        assert store.message_count(sid, include_hidden=True) == 6
+        # The next turn appends after the target.
+        store.append_message(sid, msg("a2b", "assistant"))
+        assert store.get_message_row("a2b").parent_id == "u2"  # type: ignore[union-attr]
+        assert ids(store.get_history(sid)) == ["u1", "a1", "u2", "a2b"]
+
+    def test_include_target_resends_at_the_parent(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "u1", "a1", "u2", "a2")
+        info = store.rewind_session(sid, "u2", include_target=True)
+        assert info.hidden_ids == ["u2", "a2"] and info.head_id == "a1"
+        assert info.include_target
+        store.append_message(sid, msg("u2-edited"))
+        assert ids(store.get_history(sid)) == ["u1", "a1", "u2-edited"]
+        assert ids(store.children("a1")) == ["u2", "u2-edited"]
+        first = store.rewind_session(sid, "u1", include_target=True)
+        assert first.head_id is None
+        assert store.get_history(sid) == []
+
+    def test_rewind_to_a_non_user_message_writes_nothing(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "u1", "a1", "u2", "a2")
+        store.append_message(sid, msg("alt"), parent_id="a1")
+        store.set_head(sid, "a2")
+        before, session = counts(store), store.get_session(sid)
+        with pytest.raises(NotOnPathError, match="user message"):
+            store.rewind_session(sid, "a1")
+        with pytest.raises(NotOnPathError, match="current path"):
+            store.rewind_session(sid, "alt")
+        with pytest.raises(MessageNotFoundError):
+            store.rewind_session(sid, "missing")
+        with pytest.raises(SessionNotFoundError):
+            store.rewind_session(UNKNOWN, "u1")
+        assert counts(store) == before
+        assert_nothing_written(store, sid, session)
+        assert store.message_count(sid) == 5
+        with pytest.raises(InvalidInputError):
+            store.unrewind_session(sid)  # nothing was rewound
+
+    @pytest.mark.parametrize(
+        "covers",
+        [
+            None,
+            ["u1", "a1", "u2", "a2"],
+            {"from_id": "u1", "to_id": "a2"},
+            {"first_id": "u1", "last_id": "a2"},
+        ],
+        ids=["tail_start_id", "covers-list", "covers-range", "covers-first-last"],
+    )
+    def test_rewind_past_a_compaction_unhides_what_it_summarized(
+        self, store: SessionStore, covers: Any
+    ) -> None:
+        sid = compacted(store, **({"covers": covers} if covers is not None else {}))
+        assert ids(store.get_history(sid)) == ["u3", "a3", "c1"]
+        info = store.rewind_session(sid, "u2")
+        assert info.unhidden_ids == ["u1", "a1", "u2"]
+        assert info.hidden_ids == ["u3", "a3", "c1"]  # a2 keeps its compaction hiding
+        assert ids(store.get_history(sid)) == ["u1", "a1", "u2"]
+        assert store.get_message_row("a2").hidden_at == 10.0  # type: ignore[union-attr]
+
+    def test_rewind_after_a_compaction_keeps_it(self, store: SessionStore) -> None:
+        sid = compacted(store)
+        chain(store, sid, "u4", "a4")
+        info = store.rewind_session(sid, "u4")
+        assert info.unhidden_ids == [] and info.hidden_ids == ["a4"]
+        assert ids(store.get_history(sid)) == ["u3", "a3", "c1", "u4"]
+        # A summarized message cannot be a target unless the rewind goes past its summary.
+        info = store.rewind_session(sid, "u1")
+        assert "c1" in info.hidden_ids and ids(store.get_history(sid)) == ["u1"]
+
+    def test_an_earlier_compaction_still_on_the_path_keeps_its_summary(
+        self, store: SessionStore
+    ) -> None:
+        sid = compacted(store)
+        chain(store, sid, "u4", "a4", "u5", "a5")
+        store.append_message(sid, compaction("c2", tail_start_id="u5"))
+        store.set_hidden(sid, ["u3", "a3", "c1", "u4", "a4"], 20.0)
+        assert ids(store.get_history(sid)) == ["u5", "a5", "c2"]
+        info = store.rewind_session(sid, "u4")  # past c2, not past c1
+        assert info.unhidden_ids == ["u3", "a3", "c1", "u4"]
+        assert ids(store.get_history(sid)) == ["u3", "a3", "c1", "u4"]
+
+    def test_compaction_hidden_at_narrows_its_range(self, store: SessionStore) -> None:
+        """A range that spans messages an earlier compaction hid gives back only what
+        this one hid (those it records ``hidden_at`` for)."""
+        sid = compacted(store, covers={"first_id": "u1", "last_id": "a2"}, hidden_at=10.0)
+        store.set_hidden(sid, ["a1"], 5.0)  # hidden earlier, by something else
+        info = store.rewind_session(sid, "u2")
+        assert info.unhidden_ids == ["u1", "u2"]
+        assert ids(store.get_history(sid)) == ["u1", "u2"]
+
+    def test_unrewind_moves_the_pointer_back(self, store: SessionStore) -> None:
+        sid = compacted(store)
+        chain(store, sid, "u4", "a4")
+        before = store.get_history(sid)
+        rewound = store.rewind_session(sid, "u2")
+        undone = store.unrewind_session(sid)
+        assert isinstance(undone, UnrewindInfo)
+        assert undone.head_id == "a4" and undone.detached_ids == []
+        assert undone.unhidden_ids == rewound.hidden_ids == ["u3", "a3", "c1", "u4", "a4"]
+        assert undone.rehidden_ids == ["u1", "a1", "u2"]
+        assert store.get_history(sid) == before
+        assert store.get_message_row("u1").hidden_at == 10.0  # type: ignore[union-attr]
+        with pytest.raises(InvalidInputError):
+            store.unrewind_session(sid)
+
+    def test_unrewind_keeps_later_turns_on_their_own_branch(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "u1", "a1", "u2", "a2")
+        store.rewind_session(sid, "u2", include_target=True)
+        chain(store, sid, "u2b", "a2b")
+        undone = store.unrewind_session(sid)
+        assert undone.detached_ids == ["u2b", "a2b"]
+        assert ids(store.get_history(sid)) == ["u1", "a1", "u2", "a2"]
+        assert ids(store.children("a1")) == ["u2", "u2b"]
+        assert ids(store.get_history(sid, leaf_id="a2b")) == ["u1", "a1", "u2b", "a2b"]
+        assert not store.get_message_row("a2b").hidden  # type: ignore[union-attr]
+
+    def test_unrewinds_unwind_in_order(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "u1", "a1", "u2", "a2", "u3", "a3")
+        store.rewind_session(sid, "u3")
+        store.rewind_session(sid, "u1")
+        assert ids(store.get_history(sid)) == ["u1"]
+        assert store.unrewind_session(sid).head_id == "u3"
+        assert ids(store.get_history(sid)) == ["u1", "a1", "u2", "a2", "u3"]
+        assert store.unrewind_session(sid).head_id == "a3"
+        assert ids(store.get_history(sid)) == ["u1", "a1", "u2", "a2", "u3", "a3"]
+
+    def test_unrewind_refused_after_a_compaction_since(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "u1", "a1", "u2", "a2")
+        store.rewind_session(sid, "u2")
+        chain(store, sid, "a2b")
+        store.append_message(sid, compaction("c", tail_start_id="u2"))
+        store.set_hidden(sid, ["u1", "a1"], time.time() + 10)
+        before = store.get_session(sid)
+        hidden = [r.hidden_at for r in store.get_path(sid)]
+        with pytest.raises(InvalidInputError, match="compacted"):
+            store.unrewind_session(sid)
+        assert store.get_session(sid).head_id == before.head_id
+        assert [r.hidden_at for r in store.get_path(sid)] == hidden
+
+    def test_rewind_log_survives_reopen_and_goes_with_the_session(
+        self, store: SessionStore, reopen: Any
+    ) -> None:
+        if reopen is None:
+            pytest.skip("store has no file")
+        sid = store.create_session().id
+        chain(store, sid, "u1", "a1", "u2", "a2")
+        store.rewind_session(sid, "u2")
+        store = reopen(store)
+        assert store.unrewind_session(sid).head_id == "a2"
+        store.rewind_session(sid, "u1")
+        store.clear_messages(sid)
+        chain(store, sid, "n1")
+        with pytest.raises(InvalidInputError):
+            store.unrewind_session(sid)

@@ -1,0 +1,1082 @@
+"""Compaction and tool-output pruning (seed 002 "Compaction").
+
+Compaction replaces a stretch of history with a summary so the next turn fits.
+
+**Threshold.** ``usable = model.context_window - reserve`` with
+``reserve = min(config.reserve_tokens, model.max_output_tokens)``; auto-compaction
+fires when ``context_window_used >= usable`` (the session rollup the seed defines,
+``SessionInfo.context_window_used``), before the turn's model call, against the model
+the turn will use (:meth:`CompactionMixin.model_for_turn`).
+
+**Rollups after a compaction.** The seed's ``summary_tokens`` is "for the next
+rollup": a compaction resets the context part of the session rollups to what the next
+call will carry — ``prompt_tokens = summary_tokens + tail tokens``, completion,
+reasoning and cache counts 0 — in the same transaction, so every reader of
+``context_window_used`` (the threshold, the per-turn model switch check, a status
+UI) sees the room it made. ``total_tokens`` and ``cost_usd`` (what was billed) are
+kept; the rollup before the compaction is kept in ``metadata.compaction.rollup_before``.
+
+**Artifact.** A synthetic assistant message whose only part is
+``{"type": "data-compaction", "data": {summary, tail_start_id, auto, summary_tokens,
+covers: {first_id, last_id}, hidden_at}}``, appended at the head of the visible path.
+The summarized messages are soft-hidden with ``set_hidden(..., hidden_at)`` — never
+deleted — in the same transaction. ``covers`` is the first and last summarized message
+in path order, as a mapping because the store's rewind reads a *list* as the exact
+ids covered and a mapping as a range on the path. Exactly the messages on the path
+between them whose ``hidden_at`` equals ``data.hidden_at`` were hidden by this
+compaction (:func:`summarized_ids`): what a rewind past the compaction un-hides. No table of its own: the part is the
+record (``storage.session_store`` indexes ``parts.type``); :meth:`list_compactions`
+reads them back.
+
+**The model's view** is the summary followed by every visible message from
+``tail_start_id`` on (:func:`compaction_view`). The synthetic message sits after the
+tail in the tree, so the view moves it first.
+
+**Tail.** The tail is counted in messages of the model's view, as the seed's default
+reads: ``tail_turns = 2`` is "one user message + one assistant response". A trailing
+user message still waiting for its answer always stays and is not counted. Tokens
+are estimated as ``ceil(chars / 4)`` of a plain-text rendering (:func:`estimate_tokens`,
+:func:`render_message`): cheap, provider-neutral, and only ever compared against
+budgets. If the tail is over ``tail_budget_pct * usable``, it drops to one message
+and a warning is logged (the seed's default).
+
+**Summarizer.** One no-tools call through the same loop (:func:`runtime.loop.run_loop`,
+``max_steps=1``, no loop retries), with ``temperature``, a hard ``max_output_tokens``
+cap, a ``timeout`` and :data:`SUMMARY_SYSTEM_PROMPT` (sections Goal / Progress /
+Decisions / Next Steps). Its input is a plain transcript of the summarized messages.
+Its usage is recorded in the compaction's metadata, not added to the session rollups.
+
+**Failure ladder.**
+
+- Transient (``ModelError.transient``, timeout): retry ``retry_on_transient`` times
+  with ``retry_backoff * 2**n`` backoff (status ``retrying`` while a run waits), then
+  give up: auto-compaction logs a warning and the turn proceeds uncompacted; a manual
+  one raises :class:`SummarizerError`. Nothing is written.
+- Spec limit (the transcript exceeds the summarizer's input: its context window minus
+  the output cap and the system prompt): prune tool outputs (just enough) and retry if
+  ``prune_tool_outputs``; if still too big, summarize in chunks and concatenate if
+  ``chunked_summarize``; else keep head + tail and drop the middle if ``drop_middle``;
+  else raise :class:`CompactionSpecLimitError` having written nothing (outputs pruned
+  by an enabled prune rung stay pruned: pruning is a valid pass of its own).
+
+**Pruning** (:meth:`CompactionMixin.prune_tool_outputs`) walks completed turns from
+the newest old one backwards and replaces the output of completed tool calls of
+unprotected tools with ``<output pruned, N tokens>`` (input and state kept), until the
+target is reclaimed. It never touches the current turn or the last two turns. It runs
+on request and automatically as the first rung before a summary that would not fit
+(pruning is lossy, so it reclaims only what the summarizer cannot take).
+
+**Progress.** Auto-compaction runs before the turn's stream exists, so its outcome is
+queued and emitted right after ``start`` as a transient ``data-status`` chunk
+(``data: {kind: "compaction", state: "done" | "failed" | "skipped", message:
+"summarized N earlier messages", ...}``): live and in the replay log, never a stored
+part — a ``data-compaction`` part on the turn's own message would make
+``to_model_messages`` read that whole message as a summary.
+
+**Hooks used** (see :class:`CompactionMixin`): ``on_user_message`` (auto-compaction
+runs there, before the user message lands, so the synthetic message is its parent and
+the turn's recorder keeps the right parent), ``on_chat_message`` (progress notes),
+``assemble_context`` (the view), ``start_chat`` (busy while a manual compaction runs).
+``Think.compact_for_model`` (the per-turn model switch) may call
+``compact(session, auto=True, model=...)`` from inside its own turn, before the stream.
+An abort during auto-compaction aborts the turn before its user message lands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fnmatch
+import json
+import logging
+import math
+import re
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from runtime.abort import AbortController, AbortError, AbortSignal
+from runtime.context import render_output
+from runtime.loop import LoopResult, RetryPolicy, run_loop
+from runtime.messages import new_id
+from runtime.model import Model, ModelError, ModelMessage, TextContent
+from runtime.status import SessionBusyError
+from runtime.usage import Usage
+from storage.types import PartWrite, StreamFlush
+
+log = logging.getLogger("thinkray.compaction")
+
+CHARS_PER_TOKEN = 4
+PRUNE_STUB = "<output pruned, {tokens} tokens>"
+_STUB_RE = re.compile(r"^<output pruned, \d+ tokens>$")
+PROTECTED_RECENT_TURNS = 2
+"""Pruning never touches the current turn or this many completed turns before it."""
+
+SUMMARY_SYSTEM_PROMPT = """\
+You summarize a conversation between a user and an AI assistant so that the assistant \
+can continue the work without the original messages.
+
+Write Markdown with exactly these four sections, in this order, and nothing else:
+
+## Goal
+What the user wants overall, including constraints and preferences they stated.
+
+## Progress
+What has been done so far: results, files and identifiers touched, tool findings \
+that still matter.
+
+## Decisions
+Choices made and why, including approaches that were rejected.
+
+## Next Steps
+What remains to be done, open questions, and what the assistant was about to do.
+
+Be concise and factual. Keep exact names, paths, numbers, commands and error messages. \
+Do not invent anything. Do not call tools. Do not address the user."""
+
+_SUMMARY_REQUEST = (
+    "Summarize the conversation below.\n\n<conversation>\n{transcript}\n</conversation>"
+)
+_CHUNK_REQUEST = (
+    "Summarize part {index} of {count} of a long conversation (the parts are summarized "
+    "separately and joined).\n\n<conversation>\n{transcript}\n</conversation>"
+)
+_OMITTED = "[... {count} messages omitted from the middle to fit the summarizer's input ...]"
+
+
+# -- estimates and rendering ------------------------------------------------------------
+
+
+def estimate_tokens(text: str) -> int:
+    """``ceil(len(text) / 4)``: a provider-neutral estimate, used only against budgets."""
+    return math.ceil(len(text) / CHARS_PER_TOKEN) if text else 0
+
+
+def _json(value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str, separators=(",", ":"))
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def compaction_part(message: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``data-compaction`` part of a synthetic compaction message, else None."""
+    if message.get("role") != "assistant":
+        return None
+    for part in message.get("parts", ()):
+        if part.get("type") == "data-compaction":
+            return part
+    return None
+
+
+def render_message(message: dict[str, Any]) -> str:
+    """A message as plain transcript text (what the summarizer reads and what token
+    estimates measure). Reasoning is left out: the summary keeps conclusions."""
+    lines: list[str] = []
+    for part in message.get("parts", ()):
+        ptype = part.get("type")
+        if ptype == "text" and part.get("text"):
+            lines.append(part["text"])
+        elif ptype == "file":
+            lines.append(f"[file {part.get('filename') or ''} {part.get('mediaType') or ''}]")
+        elif ptype == "dynamic-tool":
+            state = part.get("state")
+            lines.append(f"[tool call {part.get('toolName')} {_json(part.get('input'))}]")
+            if state == "output-available":
+                lines.append(f"[tool result] {render_output(part.get('output'))}")
+            elif state == "output-error":
+                lines.append(f"[tool error] {part.get('errorText') or ''}")
+            elif state == "output-denied":
+                lines.append("[tool call denied]")
+        elif ptype == "data-compaction":
+            data = part.get("data") or {}
+            lines.append(f"[summary of the earlier conversation]\n{data.get('summary', '')}")
+    return f"{str(message.get('role', '')).upper()}:\n" + "\n".join(lines)
+
+
+def message_tokens(message: dict[str, Any]) -> int:
+    return estimate_tokens(render_message(message))
+
+
+def is_pruned(output: Any) -> bool:
+    return isinstance(output, str) and bool(_STUB_RE.match(output))
+
+
+def compaction_view(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The model's view of a visible history: the latest compaction's summary, then
+    every message from its ``tail_start_id`` on (the synthetic message itself moved
+    first). Without a compaction the history is returned as is. If the tail start is
+    not in the history (a branch copied the messages under new ids), the summary is
+    followed by every other visible message: only the tail and later survive a copy."""
+    index = None
+    for i in range(len(messages) - 1, -1, -1):
+        if compaction_part(messages[i]) is not None:
+            index = i
+            break
+    if index is None:
+        return list(messages)
+    synthetic = messages[index]
+    part = compaction_part(synthetic) or {}
+    tail_start = (part.get("data") or {}).get("tail_start_id")
+    start = 0
+    for i, message in enumerate(messages):
+        if message.get("id") == tail_start:
+            start = i
+            break
+    return [synthetic, *(m for m in messages[start:] if m is not synthetic)]
+
+
+def summarized_ids(store: Any, session_id: str, compaction_message_id: str) -> list[str]:
+    """The ids a compaction hid (path order): the messages on the path to the synthetic
+    message, between ``covers.first_id`` and ``covers.last_id``, whose ``hidden_at`` is the
+    compaction's. What "rewinding past a compaction" un-hides."""
+    rows = store.get_path(session_id, leaf_id=compaction_message_id)
+    part = compaction_part(rows[-1].message) if rows else None
+    if part is None:
+        raise ValueError(f"message {compaction_message_id!r} is not a compaction")
+    data = part.get("data") or {}
+    covers = data.get("covers") or {}
+    if isinstance(covers, dict):
+        first, last = covers.get("first_id"), covers.get("last_id")
+    else:  # an explicit list of ids
+        first, last = (covers[0], covers[-1]) if covers else (None, None)
+    hidden_at = data.get("hidden_at")
+    out: list[str] = []
+    inside = False
+    for row in rows:
+        if row.id == first:
+            inside = True
+        if inside and row.hidden_at is not None and row.hidden_at == hidden_at:
+            out.append(row.id)
+        if row.id == last:
+            break
+    return out
+
+
+def _turn_groups(messages: list[dict[str, Any]]) -> list[list[int]]:
+    """Indexes grouped by turn: a turn starts at each user message."""
+    groups: list[list[int]] = []
+    for i, message in enumerate(messages):
+        if message.get("role") == "user" or not groups:
+            groups.append([i])
+        else:
+            groups[-1].append(i)
+    return groups
+
+
+# -- configuration ----------------------------------------------------------------------
+
+
+class SmartRecovery(BaseModel):
+    """The seed's spec-limit ladder, tried in this order."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prune_tool_outputs: bool = True
+    chunked_summarize: bool = True
+    drop_middle: bool = True
+
+
+class CompactionConfig(BaseModel):
+    """Compaction settings. The first five fields are the seed's normative shape; the
+    rest configure the summarizer and pruning. Per session (or thread), overrides live
+    in the session row's ``settings["compaction"]`` (JSON fields only), merged over the
+    store-wide default settings, then over the agent default
+    (:attr:`CompactionMixin.compaction_config`).
+    """
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    reserve_tokens: int = Field(20_000, ge=0)
+    tail_turns: int = Field(2, ge=1)
+    tail_budget_pct: float = Field(0.25, gt=0, le=1)
+    retry_on_transient: int = Field(2, ge=0)
+    smart_recovery: SmartRecovery = Field(default_factory=SmartRecovery)
+
+    auto: bool = True
+    summary_model: Any = Field(default=None, exclude=True)
+    """A :class:`~runtime.model.Model`, a zero-argument factory returning one, or None
+    (the agent's model). Pick the provider's cheapest tier. Not persisted."""
+    temperature: float = Field(0.2, ge=0, le=2)
+    max_output_tokens: int = Field(2_048, ge=16)
+    timeout: float = Field(60.0, gt=0)
+    retry_backoff: float = Field(1.0, ge=0)
+    protected_tools: tuple[str, ...] = ("todo", "todo_write", "todowrite", "task", "taskstate")
+    """Tool names (or globs) whose outputs pruning never touches."""
+    prune_min_tokens: int = Field(64, ge=0)
+    """Outputs smaller than this are not worth a stub."""
+
+    def reserve_for(self, model: Any) -> int:
+        """``min(reserve_tokens, model.max_output_tokens)`` (the seed's default)."""
+        max_output = getattr(model, "max_output_tokens", None)
+        return min(self.reserve_tokens, max_output) if max_output else self.reserve_tokens
+
+    def usable(self, model: Any) -> int:
+        return int(getattr(model, "context_window", 0)) - self.reserve_for(model)
+
+    def merged(self, overrides: dict[str, Any] | None) -> CompactionConfig:
+        if not overrides:
+            return self
+        data = self.model_dump()
+        for key, value in overrides.items():
+            if key == "smart_recovery" and isinstance(value, dict):
+                data["smart_recovery"] = {**data["smart_recovery"], **value}
+            else:
+                data[key] = value
+        merged = CompactionConfig.model_validate(data)
+        merged.summary_model = self.summary_model
+        return merged
+
+
+class CompactionError(RuntimeError):
+    """Compaction could not run. Nothing was written."""
+
+
+class NothingToCompactError(CompactionError):
+    """The session is empty, or nothing lies before the tail."""
+
+
+class CompactionSpecLimitError(CompactionError):
+    """The history exceeds the summarizer's input and no recovery rung is enabled."""
+
+
+class SummarizerError(CompactionError):
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+@dataclass
+class PruneResult:
+    pruned: int = 0
+    reclaimed_tokens: int = 0
+    message_ids: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pruned": self.pruned,
+            "reclaimed_tokens": self.reclaimed_tokens,
+            "message_ids": self.message_ids,
+        }
+
+
+@dataclass
+class CompactionResult:
+    session_id: str
+    message_id: str
+    summary: str
+    summary_tokens: int
+    tail_start_id: str
+    covers: tuple[str, str]
+    auto: bool
+    summarized: int
+    strategy: str  # "one-shot" | "pruned" | "chunked" | "drop-middle"
+    tail_messages: int
+    warnings: list[str] = field(default_factory=list)
+    pruned: PruneResult | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "session_id": self.session_id,
+            "message_id": self.message_id,
+            "summary": self.summary,
+            "summary_tokens": self.summary_tokens,
+            "tail_start_id": self.tail_start_id,
+            "covers": list(self.covers),
+            "auto": self.auto,
+            "summarized": self.summarized,
+            "strategy": self.strategy,
+            "tail_messages": self.tail_messages,
+            "warnings": list(self.warnings),
+            "pruned": self.pruned.to_dict() if self.pruned else None,
+        }
+
+
+@dataclass
+class _Plan:
+    leaf_id: str
+    summarized: list[dict[str, Any]]  # view order (an earlier summary first)
+    hide_ids: list[str]  # path order
+    tail: list[dict[str, Any]]
+    tail_tokens: int
+    warnings: list[str]
+
+
+# -- the mixin ----------------------------------------------------------------------------
+
+
+class CompactionMixin:
+    """Auto and manual compaction and tool-output pruning for a ``Think`` subclass.
+
+    Compose before ``Think``: ``class Agent(CompactionMixin, Think)``. Public surface:
+
+    - ``compaction_config`` (class or instance attribute): the agent default
+      :class:`CompactionConfig`; ``get_compaction_config(session_id)`` merges the
+      session's effective ``settings["compaction"]`` over it (the store-wide default
+      settings, then the session's or thread's own);
+      ``set_compaction_config(session_id, overrides | None)``.
+    - ``get_summary_model(config)``: the summarizer model.
+    - ``compaction_threshold(session_id, model)``, ``needs_compaction(session_id, model)``.
+    - ``await compact(session_id, auto=False, model=None)`` → :class:`CompactionResult`
+      (``auto=True``: best effort, ``None`` when it could not compact).
+    - ``prune_tool_outputs(session_id, target_tokens=None)`` → :class:`PruneResult`.
+    - ``list_compactions(session_id)``.
+    - ``model_for_turn(session_id, message)``: the model the threshold is checked
+      against (default ``get_model()``).
+
+    Think hooks overridden (each calls ``super()``): ``on_user_message`` (auto
+    compaction, before the message lands), ``on_chat_message`` (progress notes after
+    ``start``), ``assemble_context`` (:func:`compaction_view`), ``start_chat`` (busy
+    while a manual compaction runs).
+    """
+
+    compaction_config: CompactionConfig = CompactionConfig()
+    COMPACTION_SETTINGS_KEY: ClassVar[str] = "compaction"
+
+    # -- per-instance state (created lazily: mixins have no __init__) ------------------
+
+    @property
+    def _compaction_state(self) -> dict[str, Any]:
+        state = self.__dict__.get("_compaction_state_")
+        if state is None:
+            state = self.__dict__["_compaction_state_"] = {
+                "checked": {},  # session_id -> run id whose user message was checked
+                "notes": {},  # session_id -> chunks to emit after "start"
+                "busy": set(),  # sessions with a manual compaction in flight
+                "streaming": set(),  # run ids whose on_chat_message has started
+            }
+        return state
+
+    # -- configuration --------------------------------------------------------------
+
+    def get_compaction_config(self, session_id: str | None = None) -> CompactionConfig:
+        config = self.compaction_config
+        sid = session_id or getattr(self, "current_session_id", None)
+        if sid is None:
+            return config
+        store = self.store  # type: ignore[attr-defined]
+        effective = getattr(store, "get_effective_settings", None)
+        settings = effective(sid) if effective is not None else store.get_session(sid).settings
+        overrides = (settings or {}).get(self.COMPACTION_SETTINGS_KEY)
+        return config.merged(overrides) if isinstance(overrides, dict) else config
+
+    def set_compaction_config(
+        self, session_id: str | None, overrides: dict[str, Any] | CompactionConfig | None
+    ) -> CompactionConfig:
+        """Store per-session overrides (validated first; None clears them)."""
+        sid = self._sid(session_id)  # type: ignore[attr-defined]
+        if isinstance(overrides, CompactionConfig):
+            overrides = overrides.model_dump()
+        if overrides is not None:
+            self.compaction_config.merged(overrides)  # raises on a bad value, before any write
+        info = self.store.get_session(sid)  # type: ignore[attr-defined]
+        settings = dict(info.settings or {})
+        if overrides:
+            settings[self.COMPACTION_SETTINGS_KEY] = dict(overrides)
+        else:
+            settings.pop(self.COMPACTION_SETTINGS_KEY, None)
+        self.store.update_session(sid, settings=settings)  # type: ignore[attr-defined]
+        return self.get_compaction_config(sid)
+
+    def get_summary_model(self, config: CompactionConfig) -> Model:
+        candidate = config.summary_model
+        if candidate is None:
+            return self.get_model()  # type: ignore[attr-defined]
+        if callable(candidate) and not hasattr(candidate, "stream"):
+            return candidate()
+        return candidate
+
+    # -- threshold ------------------------------------------------------------------
+
+    def compaction_threshold(self, session_id: str | None = None, model: Any = None) -> int:
+        """``usable = context_window - min(reserve_tokens, max_output_tokens)``."""
+        model = model or self.get_model()  # type: ignore[attr-defined]
+        return self.get_compaction_config(session_id).usable(model)
+
+    def needs_compaction(self, session_id: str | None = None, model: Any = None) -> bool:
+        """``context_window_used >= usable`` for ``model`` (default ``get_model()``)."""
+        sid = self._sid(session_id)  # type: ignore[attr-defined]
+        used = self.store.get_session(sid).context_window_used  # type: ignore[attr-defined]
+        return used >= self.compaction_threshold(sid, model)
+
+    # -- pruning --------------------------------------------------------------------
+
+    def prune_tool_outputs(
+        self, session_id: str | None = None, *, target_tokens: int | None = None
+    ) -> PruneResult:
+        """Stub out old tool outputs (newest old turn first) until ``target_tokens``
+        are reclaimed (None: everything eligible). Writes through ``flush_stream``."""
+        sid = self._sid(session_id)  # type: ignore[attr-defined]
+        config = self.get_compaction_config(sid)
+        history = self.store.get_history(sid)  # type: ignore[attr-defined]
+        groups = _turn_groups(history)
+        protect = PROTECTED_RECENT_TURNS
+        if self._run_in_flight(sid):
+            protect += 1  # the current turn, on top of the two before it
+        candidates = groups[: max(0, len(groups) - protect)]
+        result = PruneResult()
+        writes: list[PartWrite] = []
+        for group in reversed(candidates):
+            for index in reversed(group):
+                message = history[index]
+                if message.get("role") != "assistant":
+                    continue
+                for idx, part in enumerate(message.get("parts", ())):
+                    if target_tokens is not None and result.reclaimed_tokens >= target_tokens:
+                        break
+                    if (
+                        part.get("type") != "dynamic-tool"
+                        or part.get("state") != "output-available"
+                    ):
+                        continue
+                    if self._is_protected(part.get("toolName", ""), config):
+                        continue
+                    output = part.get("output")
+                    if is_pruned(output):
+                        continue
+                    tokens = estimate_tokens(render_output(output))
+                    if tokens < max(config.prune_min_tokens, 1):
+                        continue
+                    stub = PRUNE_STUB.format(tokens=tokens)
+                    writes.append(PartWrite(message["id"], idx, dict(part, output=stub)))
+                    result.pruned += 1
+                    result.reclaimed_tokens += tokens - estimate_tokens(stub)
+                    if message["id"] not in result.message_ids:
+                        result.message_ids.append(message["id"])
+        if writes:
+            self.store.flush_stream(StreamFlush(session_id=sid, parts=writes))  # type: ignore[attr-defined]
+            cache = getattr(self, "_persist_cache", None)
+            for mid in result.message_ids:
+                if cache is not None:
+                    cache.forget(mid)
+            if sid == getattr(self, "current_session_id", None) and not self._run_in_flight(sid):
+                self.messages = self.store.get_history(sid)  # type: ignore[attr-defined]
+        return result
+
+    @staticmethod
+    def _is_protected(tool_name: str, config: CompactionConfig) -> bool:
+        return any(fnmatch.fnmatchcase(tool_name, p) for p in config.protected_tools)
+
+    # -- compaction -----------------------------------------------------------------
+
+    async def compact(
+        self, session_id: str | None = None, *, auto: bool = False, model: Any = None
+    ) -> CompactionResult | None:
+        """Compact now. ``model``: the model the tail budget is measured against
+        (default ``get_model()``; the per-turn model switch passes the new one).
+
+        Manual (``auto=False``): raises :class:`CompactionError` (nothing written) when
+        it cannot. ``auto=True`` is best effort, as auto-compaction is: a failure is
+        logged and ``None`` returned. Refused with :class:`SessionBusyError` while a run
+        is in flight, unless called from that run itself (a turn making room for
+        itself, e.g. ``Think.compact_for_model``)."""
+        sid = self._sid(session_id)  # type: ignore[attr-defined]
+        self.store.get_session(sid)  # type: ignore[attr-defined]
+        busy: set[str] = self._compaction_state["busy"]
+        own_run = self._inside_own_run(sid)
+        if sid in busy or (self._run_in_flight(sid) and not own_run):
+            raise SessionBusyError(sid, self.active_run(sid))  # type: ignore[attr-defined]
+        busy.add(sid)
+        try:
+            if auto:
+                result = await self._try_compact(sid, model=model)
+            else:
+                result = await self._compact(sid, auto=False, signal=None, model=model)
+        finally:
+            busy.discard(sid)
+        if sid == getattr(self, "current_session_id", None) and not own_run:
+            self.messages = self.store.get_history(sid)  # type: ignore[attr-defined]
+        return result
+
+    def list_compactions(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        """Every compaction on the session's current path, oldest first (hidden ones
+        included), as ``{"message_id", "hidden", **data}``."""
+        sid = self._sid(session_id)  # type: ignore[attr-defined]
+        out = []
+        for row in self.store.get_path(sid):  # type: ignore[attr-defined]
+            part = compaction_part(row.message)
+            if part is not None:
+                out.append({"message_id": row.id, "hidden": row.hidden, **(part.get("data") or {})})
+        return out
+
+    def _plan(self, sid: str, config: CompactionConfig, usable: int) -> _Plan:
+        history = self.store.get_history(sid)  # type: ignore[attr-defined]
+        if not history:
+            raise NothingToCompactError(f"nothing to compact: session {sid!r} has no messages")
+        view = compaction_view(history)
+        body = view[1:] if compaction_part(view[0]) is not None else list(view)
+        earlier = view[:1] if len(body) < len(view) else []
+        if body and body[-1].get("role") == "user":
+            body = body[:-1]  # the prompt waiting for its answer stays, uncounted
+        warnings: list[str] = []
+        n = config.tail_turns
+        budget = int(config.tail_budget_pct * max(usable, 0))
+        tail_tokens = sum(message_tokens(m) for m in body[-n:])
+        if n > 1 and len(body) > 1 and tail_tokens > budget:
+            warnings.append(
+                f"the last {n} messages (~{tail_tokens} tokens) exceed the tail budget "
+                f"({budget} tokens); keeping only the last one"
+            )
+            n = 1
+            tail_tokens = message_tokens(body[-1])
+            log.warning("compaction of %s: %s", sid, warnings[-1])
+        if len(body) <= n:
+            raise NothingToCompactError(
+                f"nothing to compact: session {sid!r} has nothing before its last "
+                f"{n} message(s) to summarize"
+            )
+        tail = body[-n:]
+        summarized = [*earlier, *body[:-n]]
+        order = {m["id"]: i for i, m in enumerate(history)}
+        hide_ids = sorted((m["id"] for m in summarized), key=order.__getitem__)
+        return _Plan(history[-1]["id"], summarized, hide_ids, tail, tail_tokens, warnings)
+
+    def _input_cap(self, model: Any, config: CompactionConfig) -> int:
+        window = int(getattr(model, "context_window", 0) or 0)
+        output = self._output_cap(model, config)
+        overhead = estimate_tokens(SUMMARY_SYSTEM_PROMPT) + estimate_tokens(_CHUNK_REQUEST) + 16
+        return max(1, window - output - overhead)
+
+    @staticmethod
+    def _output_cap(model: Any, config: CompactionConfig) -> int:
+        max_output = getattr(model, "max_output_tokens", None)
+        return min(config.max_output_tokens, max_output) if max_output else config.max_output_tokens
+
+    async def _compact(
+        self,
+        sid: str,
+        *,
+        auto: bool,
+        signal: AbortSignal | None,
+        config: CompactionConfig | None = None,
+        model: Any = None,
+    ) -> CompactionResult:
+        config = config or self.get_compaction_config(sid)
+        model = model or self.get_model()  # type: ignore[attr-defined]
+        usable = config.usable(model)
+        plan = self._plan(sid, config, usable)
+        summarizer = self.get_summary_model(config)
+        cap = self._input_cap(summarizer, config)
+        strategy = "one-shot"
+        pruned: PruneResult | None = None
+        total = sum(message_tokens(m) for m in plan.summarized)
+        recovery = config.smart_recovery
+        if total > cap and recovery.prune_tool_outputs:
+            pruned = self.prune_tool_outputs(sid, target_tokens=total - cap)
+            if pruned.pruned:
+                plan = self._plan(sid, config, usable)
+                total = sum(message_tokens(m) for m in plan.summarized)
+                strategy = "pruned"
+        texts = [render_message(m) for m in plan.summarized]
+        usage = Usage()
+        if total <= cap:
+            summary, usage = await self._summarize(
+                sid,
+                summarizer,
+                config,
+                _SUMMARY_REQUEST.format(transcript="\n\n".join(texts)),
+                signal,
+            )
+        elif recovery.chunked_summarize:
+            strategy = "chunked"
+            chunks = list(_chunks(texts, cap))
+            summaries = []
+            for i, chunk in enumerate(chunks, 1):
+                request = _CHUNK_REQUEST.format(
+                    index=i, count=len(chunks), transcript="\n\n".join(chunk)
+                )
+                text, step_usage = await self._summarize(sid, summarizer, config, request, signal)
+                usage = usage + step_usage
+                summaries.append(
+                    text if len(chunks) == 1 else f"### Part {i} of {len(chunks)}\n\n{text}"
+                )
+            summary = "\n\n".join(summaries)
+        elif recovery.drop_middle:
+            strategy = "drop-middle"
+            kept = _head_and_tail(texts, cap)
+            summary, usage = await self._summarize(
+                sid,
+                summarizer,
+                config,
+                _SUMMARY_REQUEST.format(transcript="\n\n".join(kept)),
+                signal,
+            )
+        else:
+            raise CompactionSpecLimitError(
+                f"the history to summarize (~{total} tokens) exceeds the summarizer's input "
+                f"({cap} tokens) and no recovery is enabled; start a new session, or prune "
+                "tool outputs first (prune_tool_outputs)"
+            )
+        if strategy == "chunked" or not usage.output:
+            summary_tokens = estimate_tokens(summary)
+        else:
+            summary_tokens = usage.output
+        return self._write_compaction(
+            sid,
+            plan,
+            summary,
+            summary_tokens,
+            auto=auto,
+            strategy=strategy,
+            usage=usage,
+            summarizer=summarizer,
+            pruned=pruned,
+        )
+
+    def _write_compaction(
+        self,
+        sid: str,
+        plan: _Plan,
+        summary: str,
+        summary_tokens: int,
+        *,
+        auto: bool,
+        strategy: str,
+        usage: Usage,
+        summarizer: Any,
+        pruned: PruneResult | None,
+    ) -> CompactionResult:
+        now = time.time()
+        before = self.store.get_session(sid)  # type: ignore[attr-defined]
+        after = summary_tokens + plan.tail_tokens
+        rollup = dict(before.usage)
+        rollup.update(
+            prompt_tokens=after,
+            completion_tokens=0,
+            reasoning_tokens=0,
+            cache_read=0,
+            cache_write=0,
+        )
+        covers = (plan.hide_ids[0], plan.hide_ids[-1])
+        data = {
+            "summary": summary,
+            "tail_start_id": plan.tail[0]["id"],
+            "auto": auto,
+            "summary_tokens": summary_tokens,
+            # A range on the path, as a mapping: the store's rewind reads a *list* as
+            # the exact ids covered, so a two-item list would give back only two.
+            "covers": {"first_id": covers[0], "last_id": covers[1]},
+            "hidden_at": now,
+        }
+        metadata = {
+            "synthetic": True,
+            "compaction": {
+                "strategy": strategy,
+                "summarized": len(plan.hide_ids),
+                "tail_messages": len(plan.tail),
+                "tail_tokens": plan.tail_tokens,
+                "context_window_used_at": before.context_window_used,
+                "context_window_after": after,
+                "rollup_before": dict(before.usage),
+                "summary_model": getattr(summarizer, "model_id", None),
+                "summarizer_usage": usage.to_dict(),
+                "warnings": list(plan.warnings),
+            },
+        }
+        message = {
+            "id": new_id("msg"),
+            "role": "assistant",
+            "metadata": metadata,
+            "parts": [{"type": "data-compaction", "data": data}],
+        }
+        db = getattr(self.store, "db", None)  # type: ignore[attr-defined]
+        with db.transaction() if db is not None else contextlib.nullcontext():
+            self.store.append_message(sid, message, parent_id=plan.leaf_id)  # type: ignore[attr-defined]
+            self.store.set_hidden(sid, plan.hide_ids, now)  # type: ignore[attr-defined]
+            self.store.set_usage(sid, rollup)  # type: ignore[attr-defined]
+        log.info(
+            "compacted %s: %d messages into ~%d tokens (%s, %s)",
+            sid,
+            len(plan.hide_ids),
+            summary_tokens,
+            strategy,
+            "auto" if auto else "manual",
+        )
+        return CompactionResult(
+            session_id=sid,
+            message_id=message["id"],
+            summary=summary,
+            summary_tokens=summary_tokens,
+            tail_start_id=data["tail_start_id"],
+            covers=covers,
+            auto=auto,
+            summarized=len(plan.hide_ids),
+            strategy=strategy,
+            tail_messages=len(plan.tail),
+            warnings=list(plan.warnings),
+            pruned=pruned,
+        )
+
+    async def _summarize(
+        self,
+        sid: str,
+        model: Any,
+        config: CompactionConfig,
+        request: str,
+        signal: AbortSignal | None,
+    ) -> tuple[str, Usage]:
+        """One summary with the transient-retry rung of the ladder."""
+        attempts = config.retry_on_transient + 1
+        for attempt in range(1, attempts + 1):
+            try:
+                result = await self._summarize_once(model, config, request, signal)
+            except SummarizerError as exc:
+                if not exc.transient or attempt == attempts:
+                    raise
+                delay = config.retry_backoff * (2 ** (attempt - 1))
+                log.info(
+                    "summarizer for %s failed (%s); retry %d in %.2fs", sid, exc, attempt, delay
+                )
+                if self._run_in_flight(sid):
+                    self.status.retrying(  # type: ignore[attr-defined]
+                        sid, attempt, f"summarizer: {exc} (retry {attempt} in {delay:.1f}s)"
+                    )
+                await _sleep(delay, signal)
+                continue
+            if attempt > 1 and self._run_in_flight(sid):
+                run_id = self.active_run(sid)  # type: ignore[attr-defined]
+                self.status.busy(sid, run_id)  # type: ignore[attr-defined]
+            return result
+        raise AssertionError("unreachable")
+
+    async def _summarize_once(
+        self, model: Any, config: CompactionConfig, request: str, signal: AbortSignal | None
+    ) -> tuple[str, Usage]:
+        controller = AbortController(parent=signal)
+        result = LoopResult()
+        deltas: list[str] = []
+
+        async def run() -> None:
+            async for chunk in run_loop(
+                model,
+                system=SUMMARY_SYSTEM_PROMPT,
+                messages=[ModelMessage(role="user", content=[TextContent(text=request)])],
+                tools={},
+                signal=controller.signal,
+                max_steps=1,
+                retry=RetryPolicy(max_retries=0),  # the ladder owns retries
+                result=result,
+                request_options={
+                    "temperature": config.temperature,
+                    "max_output_tokens": self._output_cap(model, config),
+                },
+            ):
+                if chunk["type"] == "text-delta":
+                    deltas.append(chunk["delta"])
+
+        try:
+            await asyncio.wait_for(run(), timeout=config.timeout)
+        except TimeoutError:
+            controller.abort("summarizer timed out")
+            raise SummarizerError(
+                f"the summarizer timed out after {config.timeout:g}s", transient=True
+            ) from None
+        except ModelError as exc:
+            raise SummarizerError(f"the summarizer failed: {exc}", transient=exc.transient) from exc
+        summary = "".join(deltas).strip()
+        if not summary:
+            raise SummarizerError("the summarizer returned an empty summary")
+        return summary, result.usage
+
+    # -- Think hooks ----------------------------------------------------------------
+
+    def _run_in_flight(self, sid: str) -> bool:
+        active = getattr(self, "active_run", None)
+        return bool(active and active(sid))
+
+    def _inside_own_run(self, sid: str) -> bool:
+        """True when the caller is the session's running turn itself, before its
+        stream started (after that the assistant message's parent is fixed, and a
+        synthetic message could no longer go before it)."""
+        run_id = getattr(self, "_session_runs", {}).get(sid)
+        run = getattr(self, "_runs", {}).get(run_id) if run_id else None
+        task = getattr(run, "task", None)
+        if task is None or task is not asyncio.current_task():
+            return False
+        return run_id not in self._compaction_state["streaming"]
+
+    def _run_signal(self, sid: str) -> AbortSignal | None:
+        # Emulation: on_user_message is not handed the run's signal.
+        runs = getattr(self, "_runs", {})
+        run_id = getattr(self, "_session_runs", {}).get(sid)
+        run = runs.get(run_id) if run_id else None
+        return run.controller.signal if run is not None else None
+
+    def model_for_turn(self, session_id: str, message: dict[str, Any] | None) -> Model:
+        """The model the coming turn will use (the threshold is per model, seed 002
+        "Per-turn model switch"): the message's ``metadata`` selection
+        ``{provider_id, model_id, variant}``, else the session row's ``model``, resolved
+        through ``resolve_model`` when the agent has it; else ``get_model()``."""
+        resolve = getattr(self, "resolve_model", None)
+        if resolve is not None:
+            meta = (message or {}).get("metadata") or {}
+            selection = meta if isinstance(meta, dict) and meta.get("model_id") else None
+            if selection is None:
+                row = self.store.get_session(session_id).model  # type: ignore[attr-defined]
+                selection = row if isinstance(row, dict) and row.get("model_id") else None
+            if selection is not None:
+                keys = ("provider_id", "model_id", "variant")
+                try:
+                    return resolve({k: selection[k] for k in keys if k in selection})
+                except Exception as exc:  # the turn itself reports a bad selection
+                    log.debug("model_for_turn: %s", exc)
+        return self.get_model()  # type: ignore[attr-defined]
+
+    async def _auto_compact(self, sid: str, message: dict[str, Any] | None = None) -> None:
+        config = self.get_compaction_config(sid)
+        if not config.auto:
+            return
+        model = self.model_for_turn(sid, message)
+        if self.needs_compaction(sid, model):
+            await self._try_compact(sid, config=config, model=model)
+
+    async def _try_compact(
+        self, sid: str, *, config: CompactionConfig | None = None, model: Any = None
+    ) -> CompactionResult | None:
+        """Auto-compaction: a failure is a warning and the turn goes on uncompacted
+        (never "the chat just stops"); the outcome is queued for the turn's stream."""
+        # Notes go out on the turn's stream; outside a run there is none to carry them.
+        in_run = self._run_in_flight(sid)
+        notes: list[dict[str, Any]] = (
+            self._compaction_state["notes"].setdefault(sid, []) if in_run else []
+        )
+        try:
+            result = await self._compact(
+                sid, auto=True, signal=self._run_signal(sid), config=config, model=model
+            )
+        except AbortError:
+            raise
+        except Exception as exc:  # the turn goes on uncompacted: never "the chat stops"
+            log.warning("auto-compaction of %s failed, continuing without it: %s", sid, exc)
+            notes.append(_status_note("failed", f"could not summarize earlier turns: {exc}"))
+            return None
+        notes.append(
+            _status_note(
+                "done",
+                f"summarized {result.summarized} earlier messages",
+                summarized=result.summarized,
+                compactionMessageId=result.message_id,
+                summaryTokens=result.summary_tokens,
+                strategy=result.strategy,
+                warnings=result.warnings,
+            )
+        )
+        return result
+
+    async def on_user_message(self, session_id: str, message: dict[str, Any]) -> dict[str, Any]:
+        message = await super().on_user_message(session_id, message)  # type: ignore[misc]
+        self._compaction_state["checked"][session_id] = self.active_run(session_id)  # type: ignore[attr-defined]
+        self._compaction_state["notes"].pop(session_id, None)  # a failed turn's leftovers
+        mid = message.get("id") if isinstance(message, dict) else None
+        if mid is None or self.store.get_message_row(mid) is None:  # type: ignore[attr-defined]
+            # Before the message lands: the synthetic message becomes its parent.
+            await self._auto_compact(session_id, message)
+        return message
+
+    async def assemble_context(self) -> list[ModelMessage]:
+        saved = self.messages  # type: ignore[has-type]
+        self.messages = compaction_view(saved)
+        try:
+            return await super().assemble_context()  # type: ignore[misc]
+        finally:
+            self.messages = saved
+
+    async def on_chat_message(self, options: Any) -> AsyncIterator[dict[str, Any]]:
+        sid = options.session_id
+        state = self._compaction_state
+        notes: list[dict[str, Any]] = state["notes"].pop(sid, [])
+        if state["checked"].pop(sid, None) != options.run_id:
+            # A turn without a new user message: the recorder's parent is already the
+            # last message, so a synthetic message could not go between them.
+            config = self.get_compaction_config(sid)
+            if config.auto and self.needs_compaction(sid, self.model_for_turn(sid, None)):
+                text = "auto-compaction needs a new user message; this turn runs uncompacted"
+                log.warning("%s: %s", sid, text)
+                notes.append(_status_note("skipped", text))
+        state["streaming"].add(options.run_id)
+        try:
+            async for chunk in super().on_chat_message(options):  # type: ignore[misc]
+                yield chunk
+                if notes and chunk.get("type") == "start":
+                    for note in notes:
+                        yield note
+                    notes = []
+        finally:
+            state["streaming"].discard(options.run_id)
+
+    def start_chat(self, message: Any = None, callback: Any = None, **kwargs: Any) -> Any:
+        sid = kwargs.get("session_id") or getattr(self, "current_session_id", None)
+        if sid is not None and sid in self._compaction_state["busy"]:
+            raise SessionBusyError(sid, "compaction")
+        return super().start_chat(message, callback, **kwargs)  # type: ignore[misc]
+
+
+def _status_note(state: str, message: str, **extra: Any) -> dict[str, Any]:
+    """A transient ``data-status`` chunk: shown live, never stored as a part (a stored
+    data part would change how the assistant message is read back)."""
+    return {
+        "type": "data-status",
+        "data": {"kind": "compaction", "state": state, "message": message, **extra},
+        "transient": True,
+    }
+
+
+def _chunks(texts: list[str], cap: int) -> Iterator[list[str]]:
+    """Consecutive groups of transcript entries that each fit ``cap`` tokens; an entry
+    too big on its own is cut to fit."""
+    limit_chars = cap * CHARS_PER_TOKEN
+    current: list[str] = []
+    size = 0
+    for text in texts:
+        tokens = estimate_tokens(text) + 1
+        if tokens > cap:
+            text = text[: max(0, limit_chars - 64)] + "\n[... cut to fit ...]"
+            tokens = estimate_tokens(text) + 1
+        if current and size + tokens > cap:
+            yield current
+            current, size = [], 0
+        current.append(text)
+        size += tokens
+    if current:
+        yield current
+
+
+def _head_and_tail(texts: list[str], cap: int) -> list[str]:
+    """The first and last entries that fit half of ``cap`` each, with a marker."""
+    half = max(1, (cap - estimate_tokens(_OMITTED) - 8) // 2)
+    head: list[str] = []
+    used = 0
+    for text in texts:
+        t = estimate_tokens(text) + 1
+        if used + t > half:
+            break
+        head.append(text)
+        used += t
+    tail: list[str] = []
+    used = 0
+    for text in reversed(texts[len(head) :]):
+        t = estimate_tokens(text) + 1
+        if used + t > half:
+            break
+        tail.insert(0, text)
+        used += t
+    omitted = len(texts) - len(head) - len(tail)
+    if not head and not tail and texts:  # even one entry is too big: cut the first
+        return [texts[0][: half * CHARS_PER_TOKEN], _OMITTED.format(count=len(texts) - 1)]
+    return [*head, _OMITTED.format(count=omitted), *tail] if omitted else [*head, *tail]
+
+
+async def _sleep(delay: float, signal: AbortSignal | None) -> None:
+    if delay <= 0:
+        return
+    if signal is None:
+        await asyncio.sleep(delay)
+        return
+    try:
+        await asyncio.wait_for(signal.wait(), timeout=delay)
+    except TimeoutError:
+        return
+    raise AbortError(signal.reason or "aborted")

@@ -1,0 +1,668 @@
+"""Permission scopes (seed 002 "Permission scopes") and tool approvals.
+
+Rules ``{tool, action, pin, match}`` live in three scopes:
+
+=========  ===============================  ==========================================
+scope      lifetime                         where
+=========  ===============================  ==========================================
+manifest   compile time, immutable          ``PermissionMixin.permission_rules``
+session    this session only                ``sessions.permissions_json["rules"]``
+project    every session of the project     a :class:`ProjectRules` (default: the
+                                            actor's config table, key
+                                            :data:`PROJECT_RULES_KEY`; a host may
+                                            inject a shared one)
+=========  ===============================  ==========================================
+
+Evaluation (at tool-call time) flattens the layers into one ranked ruleset:
+
+1. A matching manifest rule with ``pin=True`` always wins (the most specific pin; on a
+   tie the most restrictive action, deny > ask > allow). Nothing overrides a pin.
+2. Otherwise the most specific matching rule wins. Specificity, compared in order:
+   an exact tool name beats a glob; more ``match`` conditions beat fewer (a rule that
+   matches on the input beats one that does not); a glob with more literal characters
+   beats a looser one (``fs_*`` beats ``*``).
+3. Among equally specific rules: session > project > manifest, and within one scope
+   the rule added last wins ("a more recent session allow").
+4. Nothing matches: :attr:`PermissionMixin.permission_default` (``"allow"``).
+
+``ask`` pauses the call until somebody answers through
+:meth:`PermissionMixin.answer_approval` with ``"once"`` (allow this call),
+``"session"`` (allow and add an allow rule to the session scope), ``"always"`` (allow
+and add it to the project scope) or ``"deny"`` (the call ends as ``output-denied``).
+The request goes out on the run's stream as the AI SDK chunk
+``{"type": "tool-approval-request", "approvalId", "toolCallId"}`` and is listed by
+:meth:`PermissionMixin.pending_approvals` until answered, timed out
+(``approval_timeout``, the call is denied) or aborted (the run's abort finalizes the
+call as an ``output-error`` "aborted: ..." — a clear state on reload).
+
+Why a side channel: ``Think.check_tool_permission`` cannot emit chunks, so
+:meth:`PermissionMixin.on_chat_message` runs the inner stream in a pump task and merges
+what the hook emits into the same ordered stream (see :class:`RunChannel`). When the
+lead folds this into ``Think`` the channel becomes ``ChatOptions.emit``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import fnmatch
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from runtime.abort import AbortSignal
+from runtime.messages import new_id
+
+log = logging.getLogger("thinkray.permissions")
+
+Action = Literal["allow", "deny", "ask"]
+"""What a rule says: run the tool, refuse it, or pause and ask a human."""
+
+Scope = Literal["manifest", "project", "session"]
+
+ApprovalDecision = Literal["deny", "once", "session", "always"]
+"""An answer to an ask: refuse; allow this call; allow for this session; allow always."""
+
+ApprovalStatus = Literal["pending", "approved", "denied", "timed-out", "aborted"]
+
+PROJECT_RULES_KEY = "think.permissions.project"
+"""Reserved config key under which :class:`StoreProjectRules` keeps the project scope."""
+
+_SCOPE_RANK: dict[str, int] = {"manifest": 0, "project": 1, "session": 2}
+_RESTRICTIVENESS: dict[str, int] = {"allow": 0, "ask": 1, "deny": 2}
+_GLOB_CHARS = frozenset("*?[")
+
+
+class PermissionRule(BaseModel):
+    """One rule. ``tool`` is an exact tool name or a glob (``*``, ``?``, ``[..]``);
+    ``match`` maps input fields (dotted paths into the tool input) to globs on the
+    field's value (non-strings are compared as compact JSON); every condition must
+    hold. ``pin`` is meaningful in the manifest scope only."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tool: str = Field(min_length=1)
+    action: Action
+    pin: bool = False
+    match: dict[str, str] | None = None
+
+    @field_validator("match")
+    @classmethod
+    def _non_empty(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        return value or None
+
+    @property
+    def is_glob(self) -> bool:
+        return any(c in _GLOB_CHARS for c in self.tool)
+
+    def specificity(self) -> tuple[int, int, int]:
+        literal = sum(1 for c in self.tool if c not in _GLOB_CHARS)
+        return (0 if self.is_glob else 1, len(self.match or ()), literal)
+
+    def matches(self, tool_name: str, input: Any) -> bool:
+        if self.is_glob:
+            if not fnmatch.fnmatchcase(tool_name, self.tool):
+                return False
+        elif tool_name != self.tool:
+            return False
+        if not self.match:
+            return True
+        data = _plain(input)
+        for path, pattern in self.match.items():
+            found, value = _lookup(data, path)
+            if not found or not fnmatch.fnmatchcase(_as_text(value), pattern):
+                return False
+        return True
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(exclude_defaults=True) | {"action": self.action}
+
+
+RuleLike = PermissionRule | dict[str, Any]
+
+
+def as_rule(rule: RuleLike) -> PermissionRule:
+    return rule if isinstance(rule, PermissionRule) else PermissionRule.model_validate(rule)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _lookup(data: Any, path: str) -> tuple[bool, Any]:
+    for key in path.split("."):
+        if isinstance(data, dict) and key in data:
+            data = data[key]
+        elif isinstance(data, list) and key.isdigit() and int(key) < len(data):
+            data = data[int(key)]
+        else:
+            return False, None
+    return True, data
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, separators=(",", ":"), sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+@dataclass(frozen=True)
+class PermissionDecision:
+    """The outcome of :func:`evaluate`: the action, and the rule and scope that gave it
+    (both ``None`` when the default applied)."""
+
+    action: Action
+    rule: PermissionRule | None = None
+    scope: Scope | None = None
+
+    def describe(self) -> str:
+        if self.rule is None:
+            return "the default policy"
+        pin = "pinned " if self.rule.pin and self.scope == "manifest" else ""
+        match = f" with match {self.rule.match}" if self.rule.match else ""
+        return f"the {pin}{self.scope} rule {self.rule.action} {self.rule.tool!r}{match}"
+
+
+def evaluate(
+    tool_name: str,
+    input: Any,
+    *,
+    manifest: Iterable[RuleLike] = (),
+    project: Iterable[RuleLike] = (),
+    session: Iterable[RuleLike] = (),
+    default: Action = "allow",
+) -> PermissionDecision:
+    """The ranked evaluation described in the module docstring (pure function)."""
+    pins: list[tuple[tuple[int, ...], PermissionRule]] = []
+    ranked: list[tuple[tuple[int, ...], PermissionRule, Scope]] = []
+    layers: tuple[tuple[Scope, Iterable[RuleLike]], ...] = (
+        ("manifest", manifest),
+        ("project", project),
+        ("session", session),
+    )
+    for scope, rules in layers:
+        for order, raw in enumerate(rules):
+            rule = as_rule(raw)
+            if not rule.matches(tool_name, input):
+                continue
+            if scope == "manifest" and rule.pin:
+                pins.append(((*rule.specificity(), _RESTRICTIVENESS[rule.action]), rule))
+            else:
+                ranked.append(((*rule.specificity(), _SCOPE_RANK[scope], order), rule, scope))
+    if pins:
+        pin = max(pins, key=lambda p: p[0])[1]
+        return PermissionDecision(pin.action, pin, "manifest")
+    if ranked:
+        _, rule, scope = max(ranked, key=lambda r: r[0])
+        return PermissionDecision(rule.action, rule, scope)
+    return PermissionDecision(default)
+
+
+# -- the project scope ----------------------------------------------------------------
+
+
+@runtime_checkable
+class ProjectRules(Protocol):
+    """The project scope's storage (the host's choice). ``rules`` is oldest first;
+    ``add`` is idempotent (an identical rule already present is not added again, and
+    re-adding moves nothing)."""
+
+    def rules(self) -> list[PermissionRule]: ...
+
+    def add(self, rule: RuleLike) -> None: ...
+
+    def remove(self, rule: RuleLike) -> bool: ...
+
+
+class MemoryProjectRules:
+    """Project rules held in memory (tests, or a host that persists them itself)."""
+
+    def __init__(self, rules: Iterable[RuleLike] = ()) -> None:
+        self._rules = [_scoped(as_rule(r), "project") for r in rules]
+
+    def rules(self) -> list[PermissionRule]:
+        return list(self._rules)
+
+    def add(self, rule: RuleLike) -> None:
+        rule = _scoped(as_rule(rule), "project")
+        if rule not in self._rules:
+            self._rules.append(rule)
+
+    def remove(self, rule: RuleLike) -> bool:
+        rule = as_rule(rule)
+        if rule in self._rules:
+            self._rules.remove(rule)
+            return True
+        return False
+
+
+class StoreProjectRules:
+    """Project rules in the actor's config table (``store.get_config/set_config``
+    under :data:`PROJECT_RULES_KEY`): they outlive every session of this store."""
+
+    def __init__(self, store: Any, key: str = PROJECT_RULES_KEY) -> None:
+        self.store = store
+        self.key = key
+
+    def rules(self) -> list[PermissionRule]:
+        raw = self.store.get_config(self.key) or []
+        return [as_rule(r) for r in raw]
+
+    def _save(self, rules: list[PermissionRule]) -> None:
+        self.store.set_config(self.key, [r.to_dict() for r in rules])
+
+    def add(self, rule: RuleLike) -> None:
+        rule = _scoped(as_rule(rule), "project")
+        rules = self.rules()
+        if rule not in rules:
+            self._save([*rules, rule])
+
+    def remove(self, rule: RuleLike) -> bool:
+        rule = as_rule(rule)
+        rules = self.rules()
+        if rule not in rules:
+            return False
+        rules.remove(rule)
+        self._save(rules)
+        return True
+
+
+def _scoped(rule: PermissionRule, scope: Scope) -> PermissionRule:
+    if rule.pin and scope != "manifest":
+        raise ValueError(f"pin is only meaningful in the manifest scope, not the {scope} scope")
+    return rule
+
+
+# -- approvals --------------------------------------------------------------------------
+
+
+class ApprovalNotFoundError(LookupError):
+    """No approval with this id is waiting (unknown, already answered, or expired)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "approval not found"
+
+
+@dataclass
+class Approval:
+    """One ``ask``: visible through :meth:`PermissionMixin.pending_approvals`."""
+
+    approval_id: str
+    session_id: str
+    run_id: str | None
+    tool_call_id: str
+    tool_name: str
+    input: Any
+    requested_at: float
+    expires_at: float | None
+    status: ApprovalStatus = "pending"
+    decision: ApprovalDecision | None = None
+    answered_by: str | None = None
+    future: asyncio.Future[str] | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "approval_id": self.approval_id,
+            "session_id": self.session_id,
+            "run_id": self.run_id,
+            "tool_call_id": self.tool_call_id,
+            "tool_name": self.tool_name,
+            "input": _plain(self.input),
+            "requested_at": self.requested_at,
+            "expires_at": self.expires_at,
+            "status": self.status,
+            "decision": self.decision,
+            "answered_by": self.answered_by,
+        }
+
+
+@dataclass
+class RunChannel:
+    """A run's side channel: chunks a hook emits while the loop waits on it.
+
+    ``emit`` puts a chunk on the same FIFO the pump feeds with the loop's chunks, so a
+    ``tool-approval-request`` lands after the ``tool-input-available`` of its call.
+    """
+
+    session_id: str
+    run_id: str
+    signal: AbortSignal
+    queue: asyncio.Queue[tuple[str, Any]]
+    denied: set[str] = field(default_factory=set)
+
+    async def emit(self, chunk: dict[str, Any]) -> None:
+        await self.queue.put(("chunk", chunk))
+
+
+_CHANNEL: contextvars.ContextVar[RunChannel | None] = contextvars.ContextVar(
+    "thinkray_permission_channel", default=None
+)
+
+
+def current_channel() -> RunChannel | None:
+    """The side channel of the run this task belongs to (None outside a run)."""
+    return _CHANNEL.get()
+
+
+async def merge_side_channel(
+    inner: AsyncIterator[dict[str, Any]], channel: RunChannel
+) -> AsyncIterator[dict[str, Any]]:
+    """Yield ``inner``'s chunks and the channel's, in the order they were produced.
+
+    ``inner`` runs in one pump task (so the loop's own abortable waits keep a stable
+    task to cancel); the queue holds at most one chunk so the loop never runs ahead of
+    the consumer. Errors (AbortError, ModelError, ...) are re-raised here; when this
+    generator is closed or cancelled the pump is cancelled and ``inner`` closed.
+    """
+    queue = channel.queue
+
+    async def pump() -> None:
+        try:
+            async for chunk in inner:
+                await queue.put(("chunk", chunk))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # forwarded to the consumer, raised there
+            await queue.put(("error", exc))
+            return
+        finally:
+            await inner.aclose()  # type: ignore[attr-defined]
+        await queue.put(("done", None))
+
+    task = asyncio.ensure_future(pump())
+    try:
+        while True:
+            kind, value = await queue.get()
+            if kind == "chunk":
+                yield value
+            elif kind == "error":
+                raise value
+            else:
+                return
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=5.0)
+        elif not task.cancelled() and task.exception() is not None:
+            log.debug("pump ended with %r", task.exception())
+
+
+# -- the mixin --------------------------------------------------------------------------
+
+
+class PermissionMixin:
+    """Permission scopes and approvals for a :class:`~runtime.think.Think` subclass.
+
+    Compose before ``Think``: ``class Agent(PermissionMixin, Think)``. Overrides
+    ``check_tool_permission`` (the loop's hook) and wraps ``on_chat_message`` (to merge
+    approval requests into the stream). Public surface:
+
+    - ``permission_rules`` (class attribute): the manifest scope, immutable.
+    - ``permission_default``: the action when no rule matches (``"allow"``).
+    - ``approval_timeout``: seconds an ask waits before the call is denied (None: no limit).
+    - ``evaluate_permission(tool_name, input, session_id=None)`` → :class:`PermissionDecision`.
+    - ``session_rules / add_session_rule / remove_session_rule`` (session scope).
+    - ``project_rules`` (a :class:`ProjectRules`; assign to inject the host's),
+      ``add_project_rule / remove_project_rule``.
+    - ``pending_approvals(session_id=None)``, ``get_approval(approval_id)``,
+      ``answer_approval(approval_id, decision, answered_by=None)``.
+    """
+
+    permission_rules: ClassVar[tuple[RuleLike, ...]] = ()
+    permission_default: ClassVar[Action] = "allow"
+    approval_timeout: ClassVar[float | None] = 300.0
+    approval_history_size: ClassVar[int] = 256
+
+    _project_rules_override: ProjectRules | None = None
+
+    # -- scopes ---------------------------------------------------------------------
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Validate the manifest when the class is defined, and freeze it.
+        if "permission_rules" in cls.__dict__:
+            cls.permission_rules = tuple(as_rule(r) for r in cls.__dict__["permission_rules"])
+
+    def manifest_rules(self) -> tuple[PermissionRule, ...]:
+        return tuple(as_rule(r) for r in self.permission_rules)
+
+    @property
+    def project_rules(self) -> ProjectRules:
+        if self._project_rules_override is None:
+            self._project_rules_override = StoreProjectRules(self.store)  # type: ignore[attr-defined]
+        return self._project_rules_override
+
+    @project_rules.setter
+    def project_rules(self, value: ProjectRules) -> None:
+        self._project_rules_override = value
+
+    def add_project_rule(self, rule: RuleLike) -> PermissionRule:
+        rule = _scoped(as_rule(rule), "project")
+        self.project_rules.add(rule)
+        return rule
+
+    def remove_project_rule(self, rule: RuleLike) -> bool:
+        return self.project_rules.remove(rule)
+
+    def session_rules(self, session_id: str | None = None) -> list[PermissionRule]:
+        sid = self._sid(session_id)  # type: ignore[attr-defined]
+        info = self.store.get_session(sid)  # type: ignore[attr-defined]
+        return [as_rule(r) for r in (info.permissions or {}).get("rules", ())]
+
+    def _save_session_rules(self, sid: str, rules: list[PermissionRule]) -> None:
+        info = self.store.get_session(sid)  # type: ignore[attr-defined]
+        permissions = dict(info.permissions or {})
+        permissions["rules"] = [r.to_dict() for r in rules]
+        self.store.update_session(sid, permissions=permissions)  # type: ignore[attr-defined]
+
+    def add_session_rule(self, rule: RuleLike, session_id: str | None = None) -> PermissionRule:
+        """Add (or move to newest) a rule in the session scope."""
+        sid = self._sid(session_id)  # type: ignore[attr-defined]
+        rule = _scoped(as_rule(rule), "session")
+        rules = [r for r in self.session_rules(sid) if r != rule]
+        self._save_session_rules(sid, [*rules, rule])
+        return rule
+
+    def remove_session_rule(self, rule: RuleLike, session_id: str | None = None) -> bool:
+        sid = self._sid(session_id)  # type: ignore[attr-defined]
+        rule = as_rule(rule)
+        rules = self.session_rules(sid)
+        if rule not in rules:
+            return False
+        rules.remove(rule)
+        self._save_session_rules(sid, rules)
+        return True
+
+    def evaluate_permission(
+        self, tool_name: str, input: Any = None, session_id: str | None = None
+    ) -> PermissionDecision:
+        sid = session_id or getattr(self, "current_session_id", None)
+        session = self.session_rules(sid) if sid else []
+        return evaluate(
+            tool_name,
+            input,
+            manifest=self.manifest_rules(),
+            project=self.project_rules.rules(),
+            session=session,
+            default=self.permission_default,
+        )
+
+    # -- approvals ------------------------------------------------------------------
+
+    @property
+    def _approvals(self) -> OrderedDict[str, Approval]:
+        store = self.__dict__.get("_approval_records")
+        if store is None:
+            store = self.__dict__["_approval_records"] = OrderedDict()
+        return store
+
+    def pending_approvals(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        """Asks waiting for an answer, oldest first (JSON-ready dicts)."""
+        return [
+            a.to_dict()
+            for a in self._approvals.values()
+            if a.status == "pending" and (session_id is None or a.session_id == session_id)
+        ]
+
+    def get_approval(self, approval_id: str) -> dict[str, Any] | None:
+        """A pending or recently settled approval (the last ``approval_history_size``)."""
+        approval = self._approvals.get(approval_id)
+        return approval.to_dict() if approval else None
+
+    def answer_approval(
+        self, approval_id: str, decision: ApprovalDecision, answered_by: str | None = None
+    ) -> dict[str, Any]:
+        """Answer an ask. ``session``/``always`` add ``{tool: <this tool's name>,
+        action: allow}`` to the session / project scope first (so a storage error
+        reaches the answerer and the call stays pending), then release the call; other
+        pending asks that the new rule now allows are released too. A manifest pin
+        still wins over the new rule on later calls."""
+        if decision not in ("deny", "once", "session", "always"):
+            raise ValueError(f"decision must be deny, once, session or always, not {decision!r}")
+        approval = self._approvals.get(approval_id)
+        if approval is None or approval.status != "pending":
+            raise ApprovalNotFoundError(f"no pending approval {approval_id!r}")
+        rule = PermissionRule(tool=approval.tool_name, action="allow")
+        if decision == "session":
+            self.add_session_rule(rule, approval.session_id)
+        elif decision == "always":
+            self.add_project_rule(rule)
+        self._settle(approval, decision, answered_by)
+        if decision in ("session", "always"):
+            for other in list(self._approvals.values()):
+                if other.status != "pending" or other is approval:
+                    continue
+                if decision == "session" and other.session_id != approval.session_id:
+                    continue
+                verdict = self.evaluate_permission(other.tool_name, other.input, other.session_id)
+                if verdict.action == "allow":
+                    self._settle(other, "once", answered_by)
+        return approval.to_dict()
+
+    def _settle(self, approval: Approval, decision: ApprovalDecision, by: str | None) -> None:
+        approval.status = "denied" if decision == "deny" else "approved"
+        approval.decision = decision
+        approval.answered_by = by
+        if approval.future is not None and not approval.future.done():
+            approval.future.set_result(decision)
+
+    def _remember(self, approval: Approval) -> None:
+        records = self._approvals
+        records[approval.approval_id] = approval
+        while len(records) > self.approval_history_size:
+            oldest = next(iter(records))
+            if records[oldest].status == "pending":
+                break
+            records.popitem(last=False)
+
+    async def _ask(
+        self, channel: RunChannel, tool_name: str, input: Any, call_id: str
+    ) -> ApprovalDecision | None:
+        """Emit the request and wait. Returns the decision, or None on timeout."""
+        now = time.time()
+        timeout = self.approval_timeout
+        approval = Approval(
+            approval_id=new_id("apr"),
+            session_id=channel.session_id,
+            run_id=channel.run_id,
+            tool_call_id=call_id,
+            tool_name=tool_name,
+            input=input,
+            requested_at=now,
+            expires_at=now + timeout if timeout is not None else None,
+            future=asyncio.get_running_loop().create_future(),
+        )
+        self._remember(approval)
+        aborted = asyncio.ensure_future(channel.signal.wait())
+        try:
+            await channel.emit(
+                {
+                    "type": "tool-approval-request",
+                    "approvalId": approval.approval_id,
+                    "toolCallId": call_id,
+                }
+            )
+            assert approval.future is not None
+            done, _ = await asyncio.wait(
+                {approval.future, aborted}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if approval.future in done:
+                return approval.future.result()  # type: ignore[return-value]
+            if aborted in done:
+                approval.status = "aborted"
+                return "deny"
+            approval.status = "timed-out"
+            return None
+        except asyncio.CancelledError:
+            if approval.status == "pending":
+                approval.status = "aborted"
+            raise
+        finally:
+            aborted.cancel()
+            if approval.status == "pending":
+                approval.status = "aborted"
+
+    # -- Think hooks ----------------------------------------------------------------
+
+    async def check_tool_permission(self, tool_name: str, input: Any, call_id: str) -> str | None:
+        channel = current_channel()
+        sid = channel.session_id if channel else getattr(self, "current_session_id", None)
+        verdict = self.evaluate_permission(tool_name, input, sid)
+        if verdict.action == "deny":
+            return f"permission denied: {tool_name!r} is denied by {verdict.describe()}"
+        if verdict.action == "ask":
+            if channel is None:
+                return (
+                    f"permission denied: {tool_name!r} needs approval ({verdict.describe()}) "
+                    "but this run has no approval channel"
+                )
+            decision = await self._ask(channel, tool_name, input, call_id)
+            if decision is None:
+                channel.denied.add(call_id)
+                return (
+                    f"permission denied: the approval for {tool_name!r} timed out after "
+                    f"{self.approval_timeout:g}s"
+                )
+            if decision == "deny":
+                channel.denied.add(call_id)
+                return f"permission denied: the user denied this {tool_name!r} call"
+        return await super().check_tool_permission(tool_name, input, call_id)  # type: ignore[misc]
+
+    async def on_chat_message(self, options: Any) -> AsyncIterator[dict[str, Any]]:
+        channel = RunChannel(
+            session_id=options.session_id,
+            run_id=options.run_id,
+            signal=options.signal,
+            queue=asyncio.Queue(maxsize=1),
+        )
+        token = _CHANNEL.set(channel)
+        try:
+            inner = super().on_chat_message(options)  # type: ignore[misc]
+            async for chunk in merge_side_channel(inner, channel):
+                if chunk.get("type") == "tool-output-error" and chunk.get("toolCallId") in (
+                    channel.denied
+                ):
+                    # A human said no (or never answered): the AI SDK's denied state.
+                    chunk = {"type": "tool-output-denied", "toolCallId": chunk["toolCallId"]}
+                yield chunk
+        finally:
+            # Finalized from another context: there is nothing to restore.
+            with contextlib.suppress(ValueError):
+                _CHANNEL.reset(token)

@@ -1,0 +1,366 @@
+"""System prompt assembly (seed 002 "System prompt assembly").
+
+Every turn assembles a fresh prompt from five sections, in this normative order:
+
+1. ``# Agent`` — the agent manifest prompt.
+2. ``# Project instructions`` — ``AGENTS.md``, ``CLAUDE.md`` and ``CONTEXT.md`` found
+   in the workspace on the way from the root to the working directory.
+3. ``# Skills`` — one line per ``skills/<name>/SKILL.md`` (name and the front
+   matter's ``description``; bodies load on demand).
+4. ``# Environment`` — platform, workspace root, working directory, git status (when
+   the host supplies it), current date, resolved model and variant.
+5. ``# Tools`` — name, description and JSON Schema of every active tool.
+
+An empty section is left out (its heading too); the others never move. The digest is
+the SHA-256 of the assembled text, so two assemblies of the same inputs produce the
+same digest, and any change in any section changes it.
+
+The instructions walk. The seed says "walked from the outermost file inward
+(nearest-last, so the project root has the final word)". The two halves only agree
+when the working directory is the project root, so we implement the unambiguous
+part: files are concatenated outermost first, the file nearest the working directory
+last. Read top to bottom the later text refines the earlier — the nearest file has the
+final word; host-level instructions (``global_instructions``, outside the workspace)
+come before the workspace root's. Within one directory the order is ``AGENTS.md``,
+``CLAUDE.md``, ``CONTEXT.md``. A missing file, directory or workspace is not an error.
+
+Determinism: tools are listed by name with their schemas as sorted compact JSON; the
+date is a day (not a timestamp) and injectable, so a turn's digest is stable within a
+day for the same inputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import hashlib
+import json
+import logging
+import sys
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from runtime.paths import normalize_path
+from runtime.workspace import call_op
+
+log = logging.getLogger("thinkray.prompt")
+
+INSTRUCTION_FILES: tuple[str, ...] = ("AGENTS.md", "CLAUDE.md", "CONTEXT.md")
+SKILLS_DIR = "skills"
+SKILL_FILE = "SKILL.md"
+
+SECTION_TITLES: tuple[str, ...] = (
+    "Agent",
+    "Project instructions",
+    "Skills",
+    "Environment",
+    "Tools",
+)
+"""The normative order; implementations MUST NOT shuffle it."""
+
+
+@dataclass(frozen=True)
+class InstructionFile:
+    path: str  # workspace path ("AGENTS.md", "pkg/app/CLAUDE.md") or a host label
+    content: str
+
+
+@dataclass(frozen=True)
+class Skill:
+    name: str
+    description: str
+    path: str
+
+
+@dataclass(frozen=True)
+class AssembledPrompt:
+    text: str
+    digest: str  # hex SHA-256 of ``text``
+    sections: tuple[tuple[str, str], ...]  # (title, body) of the non-empty sections
+
+
+def digest_of(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# -- the sections ------------------------------------------------------------------------
+
+
+def _dirs_outermost_first(cwd: str) -> list[str]:
+    cwd = normalize_path(cwd, allow_root=True) if cwd else ""
+    dirs = [""]
+    if cwd:
+        parts = cwd.split("/")
+        dirs += ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    return dirs
+
+
+def _join(directory: str, name: str) -> str:
+    return f"{directory}/{name}" if directory else name
+
+
+async def _read_optional(ws: Any, path: str) -> str | None:
+    try:
+        info = await call_op(ws, "stat", path)
+    except Exception:  # an unsafe or unreadable path is "not there" for the prompt
+        return None
+    if not info or info.get("type") != "file":
+        return None
+    try:
+        return await call_op(ws, "read_file", path)
+    except Exception as exc:
+        log.warning("cannot read %s for the system prompt: %s", path, exc)
+        return None
+
+
+async def find_project_instructions(ws: Any, cwd: str = "") -> list[InstructionFile]:
+    """Instruction files from the workspace root down to ``cwd`` (outermost first)."""
+    if ws is None:
+        return []
+    found: list[InstructionFile] = []
+    for directory in _dirs_outermost_first(cwd):
+        for name in INSTRUCTION_FILES:
+            path = _join(directory, name)
+            content = await _read_optional(ws, path)
+            if content is not None and content.strip():
+                found.append(InstructionFile(path, content.strip()))
+    return found
+
+
+def parse_front_matter(text: str) -> dict[str, str]:
+    """``key: value`` lines between leading ``---`` fences (a small YAML subset)."""
+    lines = text.lstrip("\ufeff").splitlines()
+    if not lines or lines[0].strip() != "---":
+        return {}
+    meta: dict[str, str] = {}
+    for line in lines[1:]:
+        if line.strip() == "---":
+            return meta
+        if ":" in line and not line.startswith((" ", "\t")):
+            key, value = line.split(":", 1)
+            meta[key.strip()] = value.strip().strip("\"'")
+    return {}  # no closing fence: not front matter
+
+
+async def discover_skills(ws: Any, skills_dir: str = SKILLS_DIR) -> list[Skill]:
+    """``<skills_dir>/<name>/SKILL.md`` files, by name. Only the front matter is used:
+    ``name`` (default: the directory) and ``description`` (its first line)."""
+    if ws is None:
+        return []
+    try:
+        entries = await call_op(ws, "list_directory", skills_dir)
+    except Exception:
+        return []
+    skills: list[Skill] = []
+    for entry in entries:
+        if entry.get("type") != "directory":
+            continue
+        path = _join(entry["path"], SKILL_FILE)
+        content = await _read_optional(ws, path)
+        if content is None:
+            continue
+        meta = parse_front_matter(content)
+        description = (meta.get("description") or "").strip().splitlines()
+        skills.append(
+            Skill(
+                name=meta.get("name") or entry["name"],
+                description=description[0] if description else "",
+                path=path,
+            )
+        )
+    return sorted(skills, key=lambda s: s.name)
+
+
+def render_instructions(files: Iterable[InstructionFile]) -> str:
+    return "\n\n".join(f"## {f.path}\n\n{f.content}" for f in files)
+
+
+def render_skills(skills: Iterable[Skill]) -> str:
+    lines = []
+    for s in skills:
+        desc = f": {s.description}" if s.description else ""
+        lines.append(f"- {s.name}{desc} ({s.path})")
+    if not lines:
+        return ""
+    return "Load a skill's full instructions by reading its file when it applies.\n\n" + "\n".join(
+        lines
+    )
+
+
+def render_environment(env: Mapping[str, Any]) -> str:
+    return "\n".join(f"- {key}: {value}" for key, value in env.items() if value not in (None, ""))
+
+
+def render_tools(tools: Mapping[str, Any]) -> str:
+    blocks = []
+    for name in sorted(tools):
+        t = tools[name]
+        schema = json.dumps(
+            getattr(t, "input_schema", {}) or {},
+            sort_keys=True,
+            separators=(",", ":"),
+            default=str,
+        )
+        desc = (getattr(t, "description", "") or "").strip()
+        blocks.append(
+            f"## {name}\n\n" + (f"{desc}\n\n" if desc else "") + f"Input schema: {schema}"
+        )
+    return "\n\n".join(blocks)
+
+
+def assemble_system_prompt(
+    *,
+    manifest: str = "",
+    instructions: Iterable[InstructionFile] = (),
+    skills: Iterable[Skill] = (),
+    environment: Mapping[str, Any] | None = None,
+    tools: Mapping[str, Any] | None = None,
+) -> AssembledPrompt:
+    """The five sections in the normative order, each under its ``#`` heading."""
+    bodies = (
+        (manifest or "").strip(),
+        render_instructions(instructions),
+        render_skills(skills),
+        render_environment(environment or {}),
+        render_tools(tools or {}),
+    )
+    sections = tuple(
+        (title, body) for title, body in zip(SECTION_TITLES, bodies, strict=True) if body
+    )
+    text = "\n\n".join(f"# {title}\n\n{body}" for title, body in sections)
+    return AssembledPrompt(text=text, digest=digest_of(text), sections=sections)
+
+
+# -- the mixin --------------------------------------------------------------------------
+
+
+@dataclass
+class _RunPrompt:
+    tools: dict[str, Any] = field(default_factory=dict)
+    prompt: AssembledPrompt | None = None
+
+
+_RUN: contextvars.ContextVar[_RunPrompt | None] = contextvars.ContextVar(
+    "thinkray_prompt_run", default=None
+)
+
+
+class PromptMixin:
+    """Assembles ``get_system_prompt`` from the five sections and records the digest.
+
+    Compose before ``Think``: ``class Agent(PromptMixin, Think)``. Overridable:
+
+    - ``manifest_prompt`` / ``get_manifest_prompt()`` — section 1.
+    - ``global_instructions`` — host-level instruction text placed before the
+      workspace's files (outermost).
+    - ``working_directory`` / ``get_working_directory()`` — where the instructions
+      walk ends (workspace path, ``""`` is the root).
+    - ``workspace_root`` — how the root is named in the environment section.
+    - ``skills_dir`` — where skills are discovered.
+    - ``get_environment(model)`` — the environment section's key/values;
+      ``get_git_status()`` (None: omitted), ``get_current_date()``,
+      ``get_model_variant(model)``.
+
+    ``get_system_prompt()`` returns the text; ``assemble_prompt(tools)`` the
+    :class:`AssembledPrompt`. Each assistant message gets
+    ``metadata.system_prompt_digest`` (emitted as a ``message-metadata`` chunk right
+    after ``start``). The tool catalog lists ``get_tools()`` plus the turn's extra
+    tools (``chat(tools=...)``), which ``on_chat_message`` makes visible to
+    ``get_system_prompt`` through a context variable.
+    """
+
+    manifest_prompt: str = "You are a helpful assistant."
+    global_instructions: str = ""
+    working_directory: str = ""
+    workspace_root: str = "/"
+    skills_dir: str = SKILLS_DIR
+
+    last_prompt: AssembledPrompt | None = None
+
+    def get_manifest_prompt(self) -> str:
+        return self.manifest_prompt
+
+    def get_working_directory(self) -> str:
+        return self.working_directory
+
+    def get_git_status(self) -> str | None:
+        return None
+
+    def get_current_date(self) -> str:
+        return datetime.now(UTC).date().isoformat()
+
+    def get_model_variant(self, model: Any) -> str | None:
+        return getattr(model, "variant", None)
+
+    def get_environment(self, model: Any) -> dict[str, Any]:
+        provider = getattr(model, "provider_id", None)
+        model_id = getattr(model, "model_id", None)
+        resolved = "/".join(str(x) for x in (provider, model_id) if x) or None
+        return {
+            "platform": sys.platform,
+            "workspace root": self.workspace_root,
+            "working directory": self.get_working_directory() or ".",
+            "git status": self.get_git_status(),
+            "date": self.get_current_date(),
+            "model": resolved,
+            "variant": self.get_model_variant(model),
+        }
+
+    async def assemble_prompt(self, tools: Mapping[str, Any] | None = None) -> AssembledPrompt:
+        ws = self.get_workspace()  # type: ignore[attr-defined]
+        files = await find_project_instructions(ws, self.get_working_directory())
+        if self.global_instructions.strip():
+            files = [InstructionFile("(host)", self.global_instructions.strip()), *files]
+        try:
+            model = self.get_model()  # type: ignore[attr-defined]
+        except Exception:
+            model = None
+        if tools is None:
+            tools = dict(await _maybe_await(self.get_tools()))  # type: ignore[attr-defined]
+        prompt = assemble_system_prompt(
+            manifest=await _maybe_await(self.get_manifest_prompt()),
+            instructions=files,
+            skills=await discover_skills(ws, self.skills_dir),
+            environment=self.get_environment(model),
+            tools=tools,
+        )
+        self.last_prompt = prompt
+        return prompt
+
+    async def get_system_prompt(self) -> str:  # type: ignore[override]
+        run = _RUN.get()
+        tools = dict(await _maybe_await(self.get_tools()))  # type: ignore[attr-defined]
+        if run is not None:
+            tools.update(run.tools)
+        prompt = await self.assemble_prompt(tools)
+        if run is not None:
+            run.prompt = prompt
+        return prompt.text
+
+    async def on_chat_message(self, options: Any) -> AsyncIterator[dict[str, Any]]:
+        run = _RunPrompt(tools=dict(options.tools))
+        token = _RUN.set(run)
+        sent = False
+        try:
+            async for chunk in super().on_chat_message(options):  # type: ignore[misc]
+                if not sent and run.prompt is not None and chunk.get("type") != "start":
+                    sent = True
+                    yield _digest_chunk(run.prompt)
+                yield chunk
+            if not sent and run.prompt is not None:
+                yield _digest_chunk(run.prompt)
+        finally:
+            with contextlib.suppress(ValueError):  # finalized from another context
+                _RUN.reset(token)
+
+
+def _digest_chunk(prompt: AssembledPrompt) -> dict[str, Any]:
+    return {"type": "message-metadata", "messageMetadata": {"system_prompt_digest": prompt.digest}}
+
+
+async def _maybe_await(value: Any) -> Any:
+    if hasattr(value, "__await__"):
+        return await value
+    return value
