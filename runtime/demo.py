@@ -154,3 +154,40 @@ class ScriptAgent(Think):
 
     def alarms_fired(self) -> list[Any]:
         return self.store.get_config("alarms_fired", [])
+
+
+def _session_step(request: ModelRequest, step: int) -> Reply:
+    """Answers summarizer calls with a summary, weather questions with the tool, and
+    everything else by echoing; every step reports 400 input tokens."""
+    usage = {"input": 400, "output": 20}
+    if not request.tools and "summar" in request.system.lower():
+        return reply("Goal: chat. Progress: several turns. Next Steps: continue.", usage=usage)
+    last = request.messages[-1] if request.messages else None
+    if last is not None and last.role == "user":
+        text = " ".join(getattr(c, "text", "") for c in last.content)
+        match = re.search(r"weather in ([A-Za-z]+)", text)
+        if match:
+            return reply(tool_call("get_weather", {"city": match.group(1)}), usage=usage)
+        return reply(f"echo: {text}", usage=usage)
+    return reply("done", usage=usage)
+
+
+class SessionAgent(Agent):
+    """A deterministic ``Agent`` for tests of the session model through actors."""
+
+    manifest_prompt = "You are a test agent."
+
+    def __init__(self, store: Any = None, *, context_window: int = 200_000) -> None:
+        self.context_window = context_window
+        super().__init__(store)
+
+    def get_model(self) -> Model:
+        return FunctionModel(
+            _session_step,
+            model_id="session-script",
+            context_window=self.context_window,
+            max_output_tokens=256,
+        )
+
+    def get_tools(self) -> dict[str, Tool]:
+        return {"get_weather": get_weather}
