@@ -9,9 +9,9 @@ import os
 import re
 from typing import Any
 
+from runtime.agent import Agent
 from runtime.model import Model, ModelRequest
 from runtime.testing import FunctionModel, Reply, reply, tool_call
-from runtime.agent import Agent
 from runtime.think import Think
 from runtime.tools import Tool, tool
 

@@ -408,8 +408,13 @@ class Think:
     def get_status(self, session_id: str | None = None) -> SessionStatus:
         return self.status.get(self._sid(session_id))
 
-    def abort(self, session_id: str | None = None, *, run_id: str | None = None,
-              reason: str = "aborted by user") -> bool:
+    def abort(
+        self,
+        session_id: str | None = None,
+        *,
+        run_id: str | None = None,
+        reason: str = "aborted by user",
+    ) -> bool:
         """Abort the run in flight (by session or run id). False if there is none."""
         if run_id is None:
             sid = session_id or self._current_session_id
@@ -552,9 +557,7 @@ class Think:
                     self.on_step_usage(sid, usage)
 
             def on_retry(attempt: int, exc: ModelError, delay: float) -> None:
-                self.status.retrying(
-                    sid, attempt, f"{exc} (retry {attempt} in {delay:.1f}s)"
-                )
+                self.status.retrying(sid, attempt, f"{exc} (retry {attempt} in {delay:.1f}s)")
 
             options = ChatOptions(
                 session_id=sid,
@@ -587,8 +590,11 @@ class Think:
                         run,
                         recorder,
                         callback,
-                        {"type": "tool-output-error", "toolCallId": call_id,
-                         "errorText": f"aborted: {exc.reason}"},
+                        {
+                            "type": "tool-output-error",
+                            "toolCallId": call_id,
+                            "errorText": f"aborted: {exc.reason}",
+                        },
                     )
                 callback = await self._emit(
                     run, recorder, callback, {"type": "abort", "reason": exc.reason}
