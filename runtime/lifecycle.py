@@ -347,6 +347,12 @@ async def prepare_turn_model(
         return None, None  # an agent with its own on_chat_message and no model
     if selection is not None and selection != current:
         settings = agent.store.get_effective_settings(session_id)
+        configured = getattr(agent, "get_compaction_config", None)
+        if callable(configured):
+            # An agent with compaction knows its reserve (session > store > agent default).
+            compaction = dict(settings.get("compaction") or {})
+            compaction["reserve_tokens"] = configured(session_id).reserve_tokens
+            settings = {**settings, "compaction": compaction}
         if not fits_context(info.context_window_used, model, settings):
             await agent.compact_for_model(session_id, model)
             info = agent.store.get_session(session_id)

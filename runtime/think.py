@@ -815,6 +815,7 @@ class Think:
                 if part.get("type") == "dynamic-tool" and part.get("state") in (
                     "input-streaming",
                     "input-available",
+                    "approval-requested",  # the approval died with the process
                 ):
                     fixed = dict(part, state="output-error", errorText=ORPHAN_ERROR)
                     writes.append(PartWrite(message["id"], idx, enforce_row_size(fixed)))

@@ -341,3 +341,28 @@ async def test_configuration_persists(tmp_path):
     again = Think(DuckDBSessionStore(path))
     assert again.get_config() == {"modelTier": "capable", "systemPrompt": "be brief"}
     again.close()
+
+
+async def test_tool_call_awaiting_approval_is_finalized_after_restart(store):
+    agent = Think(store, model=ScriptedModel([reply("ok")]))
+    sid = agent.create_session().id
+    store.append_message(sid, {"id": "u", "role": "user", "parts": [{"type": "text", "text": "q"}]})
+    store.append_message(
+        sid,
+        {
+            "id": "a",
+            "role": "assistant",
+            "parts": [
+                {
+                    "type": "dynamic-tool",
+                    "toolName": "t",
+                    "toolCallId": "c1",
+                    "state": "approval-requested",
+                    "input": {},
+                    "approval": {"id": "ap1"},
+                }
+            ],
+        },
+    )
+    await agent.chat("again")
+    assert store.get_message("a")["parts"][0]["state"] == "output-error"
