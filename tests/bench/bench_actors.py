@@ -19,11 +19,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-
-def pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+from _report import line, pct  # noqa: E402
 
 
 def uss_mib(pid: int) -> float:
@@ -34,10 +32,6 @@ def uss_mib(pid: int) -> float:
             if row.startswith(("Private_Clean:", "Private_Dirty:")):
                 total += int(row.split()[1])
     return total / 1024
-
-
-def line(name: str, figure: str, target: str = "") -> None:
-    print(f"  {name:<52} {figure:<28} {('target ' + target) if target else ''}")
 
 
 def main() -> int:
@@ -86,7 +80,7 @@ def main() -> int:
     print("\nwake (hibernated -> first streamed chunk), warm pool")
     line(
         "p50 / p95",
-        f"{statistics.median(wake_ms):.1f} / {pct(wake_ms, 95):.1f} ms",
+        f"{statistics.median(wake_ms):.1f} / {pct(wake_ms, 0.95):.1f} ms",
         "<= 60 / <= 150 ms",
     )
 
@@ -157,7 +151,7 @@ def main() -> int:
             lat.append((time.time() - float(chunk["delta"])) * 1000)
     line(
         "emit -> receive latency p50 / p95 (500 deltas, 4 ms apart)",
-        f"{statistics.median(lat):.1f} / {pct(lat, 95):.1f} ms",
+        f"{statistics.median(lat):.1f} / {pct(lat, 0.95):.1f} ms",
         "p95 <= 20 ms",
     )
     ns_lat.shutdown()

@@ -19,7 +19,6 @@ metadata, ~3 MB of parts) and "light" (one short text part each).
 
 from __future__ import annotations
 
-import random
 import statistics
 import sys
 import tempfile
@@ -34,81 +33,11 @@ import numpy  # noqa: E402,F401  (loaded in every Ray worker; the store uses it 
 
 from storage.session_store import DuckDBSessionStore  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import conversation, light, line, ms, pct  # noqa: E402
+
 N = 10_000
 RUNS = 15
-RNG = random.Random(11)
-WORDS = [
-    "".join(RNG.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(RNG.randint(2, 9)))
-    for _ in range(2000)
-]
-
-
-def words(n: int) -> str:
-    return " ".join(RNG.choice(WORDS) for _ in range(n))
-
-
-def realistic(n: int, prefix: str = "m") -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for i in range(n):
-        if i % 2 == 0:
-            out.append(
-                {
-                    "id": f"{prefix}{i}",
-                    "role": "user",
-                    "metadata": {"createdAt": 1_700_000_000 + i},
-                    "parts": [{"type": "text", "text": words(20)}],
-                }
-            )
-            continue
-        parts: list[dict[str, Any]] = [{"type": "step-start"}]
-        if i % 10 == 1:
-            parts.append(
-                {
-                    "type": "dynamic-tool",
-                    "toolName": "search",
-                    "toolCallId": f"call-{prefix}{i}",
-                    "state": "output-available",
-                    "input": {"query": words(4)},
-                    "output": {"hits": [words(6), words(6)]},
-                }
-            )
-            parts.append({"type": "step-start"})
-        parts.append({"type": "text", "text": words(60), "state": "done"})
-        out.append(
-            {
-                "id": f"{prefix}{i}",
-                "role": "assistant",
-                "metadata": {"usage": {"input": 1200 + i, "output": 80, "cache_read": 900}},
-                "parts": parts,
-            }
-        )
-    return out
-
-
-def light(n: int, prefix: str = "l") -> list[dict[str, Any]]:
-    return [
-        {
-            "id": f"{prefix}{i}",
-            "role": "user" if i % 2 == 0 else "assistant",
-            "metadata": None,
-            "parts": [{"type": "text", "text": f"message {i}"}],
-        }
-        for i in range(n)
-    ]
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def ms(seconds: float) -> str:
-    return f"{seconds * 1000:.2f} ms"
-
-
-def line(name: str, figure: str, target: str, ok: bool | None = None) -> None:
-    verdict = "" if ok is None else ("ok" if ok else "OVER TARGET")
-    print(f"  {name:<44} {figure:<26} target {target:<10} {verdict}")
 
 
 def timed(fn: Callable[[], Any], undo: Callable[[Any], None], runs: int) -> list[float]:
@@ -245,7 +174,7 @@ def bench_rewinds(tmp: Path, label: str, messages: list[dict[str, Any]]) -> None
 
 def main() -> None:
     started = time.perf_counter()
-    shapes = (("realistic", realistic(N)), ("light", light(N)))
+    shapes = (("realistic", conversation(N)), ("light", light(N)))
     with tempfile.TemporaryDirectory() as tmp:
         print("branch and clone of a 10,000-message history")
         for label, messages in shapes:

@@ -15,15 +15,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-
-def pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
-
-
-def line(name: str, figure: str, target: str = "") -> None:
-    print(f"  {name:<50} {figure:<30} {('target ' + target) if target else ''}")
+from _report import line, pct  # noqa: E402
 
 
 def main() -> int:
@@ -63,12 +57,12 @@ def main() -> int:
     print("\nbridge workspace call round trip (from another process, 300 calls)")
     line(
         "read_file p50 / p95",
-        f"{statistics.median(reads):.2f} / {pct(reads, 95):.2f} ms",
+        f"{statistics.median(reads):.2f} / {pct(reads, 0.95):.2f} ms",
         "p50 <= 5 ms",
     )
     line(
         "write_file p50 / p95",
-        f"{statistics.median(writes):.2f} / {pct(writes, 95):.2f} ms",
+        f"{statistics.median(writes):.2f} / {pct(writes, 0.95):.2f} ms",
         "p50 <= 5 ms",
     )
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import gc
 import os
-import random
 import statistics
 import sys
 import tempfile
@@ -37,34 +36,8 @@ import numpy  # noqa: E402,F401  (loaded in every Ray worker; the store uses it 
 from storage.session_store import DuckDBSessionStore  # noqa: E402
 from storage.types import ChunkWrite, PartWrite, StreamFlush  # noqa: E402
 
-RNG = random.Random(7)
-WORDS = [
-    "".join(RNG.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(RNG.randint(2, 9)))
-    for _ in range(2000)
-]
-
-
-def words(n: int) -> str:
-    return " ".join(RNG.choice(WORDS) for _ in range(n))
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def line(name: str, figure: str, target: str, ok: bool | None = None) -> None:
-    verdict = "" if ok is None else ("ok" if ok else "OVER TARGET")
-    print(f"  {name:<44} {figure:<30} target {target:<18} {verdict}")
-
-
-def ms(seconds: float) -> str:
-    return f"{seconds * 1000:.2f} ms"
-
-
-def kib(n: int) -> str:
-    return f"{n / 1024:.0f} KiB"
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import RNG, WORDS, conversation, kib, light, line, ms, pct  # noqa: E402
 
 # -- stream flush --------------------------------------------------------------------
 
@@ -170,57 +143,6 @@ def bench_flush(tmp: Path) -> None:
 
 
 # -- history -------------------------------------------------------------------------
-
-
-def conversation(n: int, prefix: str = "m") -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for i in range(n):
-        if i % 2 == 0:
-            out.append(
-                {
-                    "id": f"{prefix}{i}",
-                    "role": "user",
-                    "metadata": {"createdAt": 1_700_000_000 + i},
-                    "parts": [{"type": "text", "text": words(20)}],
-                }
-            )
-            continue
-        parts: list[dict[str, Any]] = [{"type": "step-start"}]
-        if i % 10 == 1:
-            parts.append(
-                {
-                    "type": "dynamic-tool",
-                    "toolName": "search",
-                    "toolCallId": f"call-{i}",
-                    "state": "output-available",
-                    "input": {"query": words(4)},
-                    "output": {"hits": [words(6), words(6)]},
-                }
-            )
-            parts.append({"type": "step-start"})
-        parts.append({"type": "text", "text": words(60), "state": "done"})
-        out.append(
-            {
-                "id": f"{prefix}{i}",
-                "role": "assistant",
-                "metadata": {"usage": {"input": 1200 + i, "output": 80, "cache_read": 900}},
-                "parts": parts,
-            }
-        )
-    return out
-
-
-def light(n: int) -> list[dict[str, Any]]:
-    """The shape DESIGN.md's walk figure was measured with: one short text per message."""
-    return [
-        {
-            "id": f"l{i}",
-            "role": "user" if i % 2 == 0 else "assistant",
-            "metadata": None,
-            "parts": [{"type": "text", "text": f"message {i}"}],
-        }
-        for i in range(n)
-    ]
 
 
 def time_history(path: Path, sid: str, runs: int) -> tuple[float, list[float]]:
