@@ -10,21 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import text_of, wait_until
+
 pytestmark = pytest.mark.ray
-
-
-def wait_until(predicate, timeout=10.0, interval=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError("condition not met in time")
-
-
-def text_of(message):
-    return "".join(p.get("text", "") for p in message["parts"] if p["type"] == "text")
 
 
 @pytest.fixture

@@ -7,11 +7,9 @@ import time
 
 import pytest
 
+from tests.helpers import text_of
+
 pytestmark = pytest.mark.ray
-
-
-def text_of(message):
-    return "".join(p.get("text", "") for p in message["parts"] if p["type"] == "text")
 
 
 @pytest.fixture

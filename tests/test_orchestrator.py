@@ -9,21 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import wait_until
+
 pytestmark = pytest.mark.ray
 
 
 def script(*steps, delay=0.0):
     return {"provider": "script", "steps": [list(s) for s in steps], "delay": delay}
-
-
-def wait_until(predicate, timeout=15.0, interval=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError("condition not met in time")
 
 
 def tool_parts(message):

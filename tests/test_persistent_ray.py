@@ -4,26 +4,15 @@ actor-hosted agent as a tool through HandleTarget."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from runtime.persistent import ScriptedPersistentAgent
 from storage.db import Database
 from storage.inbox import InboxStore
 from storage.layout import session_path
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.ray
-
-
-def wait_until(predicate, timeout=15.0, interval=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError("condition not met in time")
 
 
 def test_send_reply_hibernate_and_wake_on_send(namespace_factory):
