@@ -26,8 +26,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import duckdb
-import msgpack
 
+from storage.codec import pack, unpack
 from storage.db import Database, Migration
 from storage.types import InvalidInputError, NotFoundError
 
@@ -55,23 +55,6 @@ class ScheduleNotFoundError(NotFoundError):
 
 
 # -- msgpack ---------------------------------------------------------------------------
-
-
-def pack(value: Any, what: str = "value") -> bytes:
-    """msgpack-encode ``value``; an unencodable value is an :class:`InvalidInputError`."""
-    try:
-        return msgpack.packb(value, use_bin_type=True)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise InvalidInputError(
-            f"{what} must be msgpack-serializable (dicts, lists, str, bytes, numbers, "
-            f"bool, None): {exc}"
-        ) from exc
-
-
-def unpack(blob: bytes | None) -> Any:
-    if blob is None:
-        return None
-    return msgpack.unpackb(blob, raw=False, strict_map_key=False)
 
 
 # -- records ---------------------------------------------------------------------------

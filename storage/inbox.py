@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import duckdb
-import msgpack
 
+from storage.codec import pack as _pack
+from storage.codec import unpack as _unpack
 from storage.db import Database, Migration
 from storage.types import InvalidInputError, NotFoundError
 
@@ -58,19 +59,6 @@ def _v1(con: duckdb.DuckDBPyConnection) -> None:
 
 MIGRATIONS = [Migration(1, _v1)]
 _COLS = "id, sender, status, created_at, info"
-
-
-def _pack(value: Any, what: str) -> bytes:
-    try:
-        return msgpack.packb(value, use_bin_type=True)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise InvalidInputError(f"{what} must be msgpack-serializable: {exc}") from exc
-
-
-def _unpack(blob: bytes | None) -> Any:
-    if blob is None:
-        return None
-    return msgpack.unpackb(blob, raw=False, strict_map_key=False)
 
 
 @dataclass

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import duckdb
-import msgpack
 
+from storage.codec import pack as _pack
+from storage.codec import unpack as _unpack
 from storage.db import Database, Migration
 from storage.types import InvalidInputError
 
@@ -45,17 +46,6 @@ def _v1(con: duckdb.DuckDBPyConnection) -> None:
 
 MIGRATIONS = [Migration(1, _v1)]
 _COLS = "id, status, updated_at, info"
-
-
-def _pack(value: Any, what: str) -> bytes:
-    try:
-        return msgpack.packb(value, use_bin_type=True)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise InvalidInputError(f"{what} must be msgpack-serializable: {exc}") from exc
-
-
-def _unpack(blob: bytes | None) -> Any:
-    return None if blob is None else msgpack.unpackb(blob, raw=False, strict_map_key=False)
 
 
 @dataclass

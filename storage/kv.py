@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgpack
-
+from storage.codec import pack, unpack
 from storage.db import Database, Migration
 
 
@@ -25,10 +24,10 @@ class KeyValueStore:
 
     def get(self, key: str, default: Any = None) -> Any:
         row = self.db.fetchone("SELECT value FROM kv WHERE key = ?", [key])
-        return default if row is None else msgpack.unpackb(row[0], raw=False)
+        return default if row is None else unpack(row[0])
 
     def set(self, key: str, value: Any) -> None:
-        blob = msgpack.packb(value, use_bin_type=True)
+        blob = pack(value, f"value of {key!r}")
         with self.db.transaction() as con:
             con.execute("DELETE FROM kv WHERE key = ?", [key])
             con.execute("INSERT INTO kv VALUES (?, ?)", [key, blob])
@@ -40,4 +39,4 @@ class KeyValueStore:
         rows = self.db.fetchall(
             "SELECT key, value FROM kv WHERE starts_with(key, ?) ORDER BY key", [prefix]
         )
-        return {k: msgpack.unpackb(v, raw=False) for k, v in rows}
+        return {k: unpack(v) for k, v in rows}

@@ -6,8 +6,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-import msgpack
-
+from storage.codec import pack, unpack
 from storage.db import Database, Migration
 from storage.types import InvalidInputError, NotFoundError
 
@@ -49,7 +48,7 @@ class RegistryStore:
         db.migrate("registry", MIGRATIONS)
 
     def _encode(self, record: SubAgentRecord) -> bytes:
-        return msgpack.packb(record.to_dict(), use_bin_type=True)
+        return pack(record.to_dict(), "sub-agent record")
 
     def add(self, record: SubAgentRecord) -> SubAgentRecord:
         with self.db.transaction() as con:
@@ -62,7 +61,7 @@ class RegistryStore:
         row = self.db.fetchone("SELECT info FROM subagents WHERE name = ?", [name])
         if row is None:
             raise SubAgentNotFoundError(f"unknown sub-agent {name!r}")
-        return SubAgentRecord(**msgpack.unpackb(row[0], raw=False))
+        return SubAgentRecord(**unpack(row[0]))
 
     def has(self, name: str) -> bool:
         return self.db.fetchone("SELECT 1 FROM subagents WHERE name = ?", [name]) is not None
@@ -80,7 +79,7 @@ class RegistryStore:
 
     def list(self) -> list[SubAgentRecord]:
         rows = self.db.fetchall("SELECT info FROM subagents ORDER BY name")
-        return [SubAgentRecord(**msgpack.unpackb(r[0], raw=False)) for r in rows]
+        return [SubAgentRecord(**unpack(r[0])) for r in rows]
 
     def remove(self, name: str) -> None:
         self.get(name)

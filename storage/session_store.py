@@ -70,6 +70,8 @@ from typing import Any
 import duckdb
 import msgpack
 
+from storage.codec import pack as _pack
+from storage.codec import unpack as _unpack
 from storage.db import Database, DatabaseClosedError, Migration
 from storage.protocols import HEAD, Thread
 from storage.types import (
@@ -241,17 +243,6 @@ def _rollup_checked(envelopes: Iterable[Any]) -> dict[str, Any]:
 
 
 # -- msgpack -----------------------------------------------------------------------
-
-
-def _pack(value: Any, what: str) -> bytes:
-    try:
-        return msgpack.packb(value, use_bin_type=True)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise InvalidInputError(f"{what} is not serializable: {exc}") from exc
-
-
-def _unpack(data: bytes | bytearray) -> Any:
-    return msgpack.unpackb(data, raw=False, strict_map_key=False)
 
 
 def _unpack_many(payloads: Sequence[bytes | bytearray]) -> list[Any]:
