@@ -66,20 +66,23 @@ target is reclaimed. It never touches the current turn or the last two turns. It
 on request and automatically as the first rung before a summary that would not fit
 (pruning is lossy, so it reclaims only what the summarizer cannot take).
 
-**Progress.** Auto-compaction runs before the turn's stream exists, so its outcome is
-queued and emitted right after ``start`` as a transient ``data-status`` chunk
+**Progress.** Auto-compaction runs before the turn's stream exists; its outcome goes
+out through ``ChatOptions.emit`` (which holds it until the stream started, so it lands
+right after ``start``) as a transient ``data-status`` chunk
 (``data: {kind: "compaction", state: "done" | "failed" | "skipped", message:
 "summarized N earlier messages", ...}``): live and in the replay log, never a stored
 part — a ``data-compaction`` part on the turn's own message would make
 ``to_model_messages`` read that whole message as a summary.
 
-**Hooks used** (see :class:`CompactionMixin`): ``on_user_message`` (auto-compaction
-runs there, before the user message lands, so the synthetic message is its parent and
-the turn's recorder keeps the right parent), ``on_chat_message`` (progress notes),
-``assemble_context`` (the view), ``start_chat`` (busy while a manual compaction runs).
+**Hooks used** (see :class:`CompactionMixin`): ``Think.prepare_turn`` (auto-compaction
+runs there, after the user message landed and before the assistant message exists:
+the synthetic message follows the user message, which stays in the tail, and becomes
+the assistant message's parent), ``Think.context_view`` (the view) and
+``Think.reserve_session`` (busy while a manual compaction runs).
 ``Think.compact_for_model`` (the per-turn model switch) may call
-``compact(session, auto=True, model=...)`` from inside its own turn, before the stream.
-An abort during auto-compaction aborts the turn before its user message lands.
+``compact(session, auto=True, model=...)`` from inside its own turn, before the stream
+(``Think.own_turn``). An abort during auto-compaction aborts the turn; the user
+message stays, nothing of the compaction is written.
 """
 
 from __future__ import annotations
@@ -92,7 +95,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -103,7 +106,6 @@ from runtime.context import render_output
 from runtime.loop import LoopResult, RetryPolicy, run_loop
 from runtime.messages import new_id
 from runtime.model import Model, ModelError, ModelMessage, TextContent
-from runtime.status import SessionBusyError
 from runtime.usage import Usage
 from storage.types import PartWrite, StreamFlush
 
@@ -427,28 +429,14 @@ class CompactionMixin:
     - ``model_for_turn(session_id, message)``: the model the threshold is checked
       against (default ``get_model()``).
 
-    Think hooks overridden (each calls ``super()``): ``on_user_message`` (auto
-    compaction, before the message lands), ``on_chat_message`` (progress notes after
-    ``start``), ``assemble_context`` (:func:`compaction_view`), ``start_chat`` (busy
-    while a manual compaction runs).
+    Think hooks overridden (each calls ``super()``): ``prepare_turn`` (auto
+    compaction, with a progress note through ``options.emit``) and ``context_view``
+    (:func:`compaction_view`). A manual compaction holds the session with
+    ``reserve_session``.
     """
 
     compaction_config: CompactionConfig = CompactionConfig()
     COMPACTION_SETTINGS_KEY: ClassVar[str] = "compaction"
-
-    # -- per-instance state (created lazily: mixins have no __init__) ------------------
-
-    @property
-    def _compaction_state(self) -> dict[str, Any]:
-        state = self.__dict__.get("_compaction_state_")
-        if state is None:
-            state = self.__dict__["_compaction_state_"] = {
-                "checked": {},  # session_id -> run id whose user message was checked
-                "notes": {},  # session_id -> chunks to emit after "start"
-                "busy": set(),  # sessions with a manual compaction in flight
-                "streaming": set(),  # run ids whose on_chat_message has started
-            }
-        return state
 
     # -- configuration --------------------------------------------------------------
 
@@ -575,19 +563,22 @@ class CompactionMixin:
         itself, e.g. ``Think.compact_for_model``)."""
         sid = self._sid(session_id)  # type: ignore[attr-defined]
         self.store.get_session(sid)  # type: ignore[attr-defined]
-        busy: set[str] = self._compaction_state["busy"]
-        own_run = self._inside_own_run(sid)
-        if sid in busy or (self._run_in_flight(sid) and not own_run):
-            raise SessionBusyError(sid, self.active_run(sid))  # type: ignore[attr-defined]
-        busy.add(sid)
-        try:
+        # The session's own turn (before its stream) already holds the session.
+        run = self.own_turn(sid)  # type: ignore[attr-defined]
+        hold: Any = contextlib.nullcontext()
+        if run is None:
+            hold = self.reserve_session(sid, "compaction")  # type: ignore[attr-defined]
+        with hold:
             if auto:
-                result = await self._try_compact(sid, model=model)
+                result = await self._try_compact(
+                    sid,
+                    model=model,
+                    signal=run.controller.signal if run is not None else None,
+                    emit=run.emit if run is not None else None,
+                )
             else:
                 result = await self._compact(sid, auto=False, signal=None, model=model)
-        finally:
-            busy.discard(sid)
-        if sid == getattr(self, "current_session_id", None) and not own_run:
+        if sid == getattr(self, "current_session_id", None) and run is None:
             self.messages = self.store.get_history(sid)  # type: ignore[attr-defined]
         return result
 
@@ -887,24 +878,6 @@ class CompactionMixin:
         active = getattr(self, "active_run", None)
         return bool(active and active(sid))
 
-    def _inside_own_run(self, sid: str) -> bool:
-        """True when the caller is the session's running turn itself, before its
-        stream started (after that the assistant message's parent is fixed, and a
-        synthetic message could no longer go before it)."""
-        run_id = getattr(self, "_session_runs", {}).get(sid)
-        run = getattr(self, "_runs", {}).get(run_id) if run_id else None
-        task = getattr(run, "task", None)
-        if task is None or task is not asyncio.current_task():
-            return False
-        return run_id not in self._compaction_state["streaming"]
-
-    def _run_signal(self, sid: str) -> AbortSignal | None:
-        # Emulation: on_user_message is not handed the run's signal.
-        runs = getattr(self, "_runs", {})
-        run_id = getattr(self, "_session_runs", {}).get(sid)
-        run = runs.get(run_id) if run_id else None
-        return run.controller.signal if run is not None else None
-
     def model_for_turn(self, session_id: str, message: dict[str, Any] | None) -> Model:
         """The model the coming turn will use (the threshold is per model, seed 002
         "Per-turn model switch"): the message's ``metadata`` selection
@@ -925,93 +898,63 @@ class CompactionMixin:
                     log.debug("model_for_turn: %s", exc)
         return self.get_model()  # type: ignore[attr-defined]
 
-    async def _auto_compact(self, sid: str, message: dict[str, Any] | None = None) -> None:
-        config = self.get_compaction_config(sid)
-        if not config.auto:
-            return
-        model = self.model_for_turn(sid, message)
-        if self.needs_compaction(sid, model):
-            await self._try_compact(sid, config=config, model=model)
-
     async def _try_compact(
-        self, sid: str, *, config: CompactionConfig | None = None, model: Any = None
+        self,
+        sid: str,
+        *,
+        config: CompactionConfig | None = None,
+        model: Any = None,
+        signal: AbortSignal | None = None,
+        emit: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
     ) -> CompactionResult | None:
         """Auto-compaction: a failure is a warning and the turn goes on uncompacted
-        (never "the chat just stops"); the outcome is queued for the turn's stream."""
-        # Notes go out on the turn's stream; outside a run there is none to carry them.
-        in_run = self._run_in_flight(sid)
-        notes: list[dict[str, Any]] = (
-            self._compaction_state["notes"].setdefault(sid, []) if in_run else []
-        )
+        (never "the chat just stops"); the outcome is a note through ``emit`` (the
+        turn's stream; None outside a turn)."""
         try:
-            result = await self._compact(
-                sid, auto=True, signal=self._run_signal(sid), config=config, model=model
-            )
+            result = await self._compact(sid, auto=True, signal=signal, config=config, model=model)
         except AbortError:
             raise
         except Exception as exc:  # the turn goes on uncompacted: never "the chat stops"
             log.warning("auto-compaction of %s failed, continuing without it: %s", sid, exc)
-            notes.append(_status_note("failed", f"could not summarize earlier turns: {exc}"))
+            if emit is not None:
+                await emit(_status_note("failed", f"could not summarize earlier turns: {exc}"))
             return None
-        notes.append(
-            _status_note(
-                "done",
-                f"summarized {result.summarized} earlier messages",
-                summarized=result.summarized,
-                compactionMessageId=result.message_id,
-                summaryTokens=result.summary_tokens,
-                strategy=result.strategy,
-                warnings=result.warnings,
+        if emit is not None:
+            await emit(
+                _status_note(
+                    "done",
+                    f"summarized {result.summarized} earlier messages",
+                    summarized=result.summarized,
+                    compactionMessageId=result.message_id,
+                    summaryTokens=result.summary_tokens,
+                    strategy=result.strategy,
+                    warnings=result.warnings,
+                )
             )
-        )
         return result
 
-    async def on_user_message(self, session_id: str, message: dict[str, Any]) -> dict[str, Any]:
-        message = await super().on_user_message(session_id, message)  # type: ignore[misc]
-        self._compaction_state["checked"][session_id] = self.active_run(session_id)  # type: ignore[attr-defined]
-        self._compaction_state["notes"].pop(session_id, None)  # a failed turn's leftovers
-        mid = message.get("id") if isinstance(message, dict) else None
-        if mid is None or self.store.get_message_row(mid) is None:  # type: ignore[attr-defined]
-            # Before the message lands: the synthetic message becomes its parent.
-            await self._auto_compact(session_id, message)
-        return message
-
-    async def assemble_context(self) -> list[ModelMessage]:
-        saved = self.messages  # type: ignore[has-type]
-        self.messages = compaction_view(saved)
-        try:
-            return await super().assemble_context()  # type: ignore[misc]
-        finally:
-            self.messages = saved
-
-    async def on_chat_message(self, options: Any) -> AsyncIterator[dict[str, Any]]:
+    async def prepare_turn(self, options: Any) -> bool:
+        changed = await super().prepare_turn(options)  # type: ignore[misc]
         sid = options.session_id
-        state = self._compaction_state
-        notes: list[dict[str, Any]] = state["notes"].pop(sid, [])
-        if state["checked"].pop(sid, None) != options.run_id:
-            # A turn without a new user message: the recorder's parent is already the
-            # last message, so a synthetic message could not go between them.
-            config = self.get_compaction_config(sid)
-            if config.auto and self.needs_compaction(sid, self.model_for_turn(sid, None)):
-                text = "auto-compaction needs a new user message; this turn runs uncompacted"
-                log.warning("%s: %s", sid, text)
-                notes.append(_status_note("skipped", text))
-        state["streaming"].add(options.run_id)
-        try:
-            async for chunk in super().on_chat_message(options):  # type: ignore[misc]
-                yield chunk
-                if notes and chunk.get("type") == "start":
-                    for note in notes:
-                        yield note
-                    notes = []
-        finally:
-            state["streaming"].discard(options.run_id)
+        config = self.get_compaction_config(sid)
+        if not config.auto:
+            return changed
+        model = options.model if options.model is not None else self.model_for_turn(sid, None)
+        if not self.needs_compaction(sid, model):
+            return changed
+        if options.user_message_id is None:
+            # A turn without a new user message answers the history as it stands.
+            text = "auto-compaction needs a new user message; this turn runs uncompacted"
+            log.warning("%s: %s", sid, text)
+            await options.emit(_status_note("skipped", text))
+            return changed
+        result = await self._try_compact(
+            sid, config=config, model=model, signal=options.signal, emit=options.emit
+        )
+        return changed or result is not None
 
-    def start_chat(self, message: Any = None, callback: Any = None, **kwargs: Any) -> Any:
-        sid = kwargs.get("session_id") or getattr(self, "current_session_id", None)
-        if sid is not None and sid in self._compaction_state["busy"]:
-            raise SessionBusyError(sid, "compaction")
-        return super().start_chat(message, callback, **kwargs)  # type: ignore[misc]
+    def context_view(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return super().context_view(compaction_view(messages))  # type: ignore[misc]
 
 
 def _status_note(state: str, message: str, **extra: Any) -> dict[str, Any]:

@@ -49,8 +49,21 @@ class RetryPolicy:
         )
 
 
-PermissionCheck = Callable[[str, Any, str], Awaitable[str | None]]
-"""``(tool_name, input, tool_call_id) -> None`` to allow, or a reason string to deny."""
+@dataclass(frozen=True)
+class ToolDenial:
+    """A permission check's "no". ``reason`` is the call's error result for the model.
+
+    ``by_user`` marks a refusal a human gave (or an approval nobody answered): the call
+    ends as the AI SDK's ``tool-output-denied`` instead of ``tool-output-error``.
+    """
+
+    reason: str
+    by_user: bool = False
+
+
+PermissionCheck = Callable[[str, Any, str], Awaitable["str | ToolDenial | None"]]
+"""``(tool_name, input, tool_call_id)`` -> ``None`` to allow; a reason string (an
+error result) or a :class:`ToolDenial` to refuse."""
 
 
 @dataclass
@@ -186,7 +199,8 @@ async def run_loop(
 
         tool_results: list[ToolResultContent] = []
         if calls:
-            async for chunk in _execute_calls(calls, tools, signal, tool_context, hooks):
+            denials: dict[str, str] = {}  # call id -> reason, for tool-output-denied
+            async for chunk in _execute_calls(calls, tools, signal, tool_context, hooks, denials):
                 if chunk["type"] == "tool-output-available":
                     tool_results.append(
                         ToolResultContent(
@@ -201,6 +215,15 @@ async def run_loop(
                             tool_call_id=chunk["toolCallId"],
                             tool_name=_name_of(calls, chunk["toolCallId"]),
                             output=chunk["errorText"],
+                            is_error=True,
+                        )
+                    )
+                elif chunk["type"] == "tool-output-denied":
+                    tool_results.append(
+                        ToolResultContent(
+                            tool_call_id=chunk["toolCallId"],
+                            tool_name=_name_of(calls, chunk["toolCallId"]),
+                            output=denials.get(chunk["toolCallId"], "denied"),
                             is_error=True,
                         )
                     )
@@ -267,8 +290,11 @@ async def _execute_calls(
     signal: AbortSignal,
     tool_context: dict[str, Any] | None,
     hooks: LoopHooks,
+    denials: dict[str, str],
 ) -> AsyncIterator[Chunk]:
-    """Run valid calls concurrently; yield each result as it completes."""
+    """Run valid calls concurrently; yield each result as it completes. A call refused
+    with ``ToolDenial(by_user=True)`` yields ``tool-output-denied`` and leaves its
+    reason in ``denials`` (the chunk has no room for it; the model still reads it)."""
     queue: asyncio.Queue[Chunk] = asyncio.Queue()
     ctx_extra = dict(tool_context or {})
 
@@ -279,8 +305,13 @@ async def _execute_calls(
             return
         if hooks.check_permission is not None:
             denied = await hooks.check_permission(name, value, call_id)
+            if isinstance(denied, ToolDenial) and denied.by_user:
+                denials[call_id] = denied.reason
+                await queue.put({"type": "tool-output-denied", "toolCallId": call_id})
+                return
             if denied:
-                await queue.put(_tool_output_error(call_id, denied))
+                reason = denied.reason if isinstance(denied, ToolDenial) else denied
+                await queue.put(_tool_output_error(call_id, reason))
                 return
         ctx = ToolContext(
             tool_call_id=call_id,

@@ -35,29 +35,28 @@ The request goes out on the run's stream as the AI SDK chunk
 (``approval_timeout``, the call is denied) or aborted (the run's abort finalizes the
 call as an ``output-error`` "aborted: ..." — a clear state on reload).
 
-Why a side channel: ``Think.check_tool_permission`` cannot emit chunks, so
-:meth:`PermissionMixin.on_chat_message` runs the inner stream in a pump task and merges
-what the hook emits into the same ordered stream (see :class:`RunChannel`). When the
-lead folds this into ``Think`` the channel becomes ``ChatOptions.emit``.
+Think hooks used: ``Think.check_tool_permission`` receives the turn's
+:class:`~runtime.think.ChatOptions`; the request goes out with ``options.emit`` (the
+same ordered stream as the model's chunks), and a human's "no" (or no answer in time)
+is returned as ``ToolDenial(by_user=True)``, which the loop ends as
+``tool-output-denied``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import fnmatch
 import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from runtime.abort import AbortSignal
+from runtime.loop import ToolDenial
 from runtime.messages import new_id
 
 log = logging.getLogger("thinkray.permissions")
@@ -333,77 +332,6 @@ class Approval:
         }
 
 
-@dataclass
-class RunChannel:
-    """A run's side channel: chunks a hook emits while the loop waits on it.
-
-    ``emit`` puts a chunk on the same FIFO the pump feeds with the loop's chunks, so a
-    ``tool-approval-request`` lands after the ``tool-input-available`` of its call.
-    """
-
-    session_id: str
-    run_id: str
-    signal: AbortSignal
-    queue: asyncio.Queue[tuple[str, Any]]
-    denied: set[str] = field(default_factory=set)
-
-    async def emit(self, chunk: dict[str, Any]) -> None:
-        await self.queue.put(("chunk", chunk))
-
-
-_CHANNEL: contextvars.ContextVar[RunChannel | None] = contextvars.ContextVar(
-    "thinkray_permission_channel", default=None
-)
-
-
-def current_channel() -> RunChannel | None:
-    """The side channel of the run this task belongs to (None outside a run)."""
-    return _CHANNEL.get()
-
-
-async def merge_side_channel(
-    inner: AsyncIterator[dict[str, Any]], channel: RunChannel
-) -> AsyncIterator[dict[str, Any]]:
-    """Yield ``inner``'s chunks and the channel's, in the order they were produced.
-
-    ``inner`` runs in one pump task (so the loop's own abortable waits keep a stable
-    task to cancel); the queue holds at most one chunk so the loop never runs ahead of
-    the consumer. Errors (AbortError, ModelError, ...) are re-raised here; when this
-    generator is closed or cancelled the pump is cancelled and ``inner`` closed.
-    """
-    queue = channel.queue
-
-    async def pump() -> None:
-        try:
-            async for chunk in inner:
-                await queue.put(("chunk", chunk))
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # forwarded to the consumer, raised there
-            await queue.put(("error", exc))
-            return
-        finally:
-            await inner.aclose()  # type: ignore[attr-defined]
-        await queue.put(("done", None))
-
-    task = asyncio.ensure_future(pump())
-    try:
-        while True:
-            kind, value = await queue.get()
-            if kind == "chunk":
-                yield value
-            elif kind == "error":
-                raise value
-            else:
-                return
-    finally:
-        if not task.done():
-            task.cancel()
-            await asyncio.wait({task}, timeout=5.0)
-        elif not task.cancelled() and task.exception() is not None:
-            log.debug("pump ended with %r", task.exception())
-
-
 # -- the mixin --------------------------------------------------------------------------
 
 
@@ -411,8 +339,8 @@ class PermissionMixin:
     """Permission scopes and approvals for a :class:`~runtime.think.Think` subclass.
 
     Compose before ``Think``: ``class Agent(PermissionMixin, Think)``. Overrides
-    ``check_tool_permission`` (the loop's hook) and wraps ``on_chat_message`` (to merge
-    approval requests into the stream). Public surface:
+    ``check_tool_permission`` (the loop's hook; asks go out through ``options.emit``).
+    Public surface:
 
     - ``permission_rules`` (class attribute): the manifest scope, immutable.
     - ``permission_default``: the action when no rule matches (``"allow"``).
@@ -573,15 +501,16 @@ class PermissionMixin:
             records.popitem(last=False)
 
     async def _ask(
-        self, channel: RunChannel, tool_name: str, input: Any, call_id: str
+        self, options: Any, tool_name: str, input: Any, call_id: str
     ) -> ApprovalDecision | None:
-        """Emit the request and wait. Returns the decision, or None on timeout."""
+        """Emit the request on the turn's stream and wait. Returns the decision, or
+        None on timeout."""
         now = time.time()
         timeout = self.approval_timeout
         approval = Approval(
             approval_id=new_id("apr"),
-            session_id=channel.session_id,
-            run_id=channel.run_id,
+            session_id=options.session_id,
+            run_id=options.run_id,
             tool_call_id=call_id,
             tool_name=tool_name,
             input=input,
@@ -590,9 +519,9 @@ class PermissionMixin:
             future=asyncio.get_running_loop().create_future(),
         )
         self._remember(approval)
-        aborted = asyncio.ensure_future(channel.signal.wait())
+        aborted = asyncio.ensure_future(options.signal.wait())
         try:
-            await channel.emit(
+            await options.emit(
                 {
                     "type": "tool-approval-request",
                     "approvalId": approval.approval_id,
@@ -621,48 +550,28 @@ class PermissionMixin:
 
     # -- Think hooks ----------------------------------------------------------------
 
-    async def check_tool_permission(self, tool_name: str, input: Any, call_id: str) -> str | None:
-        channel = current_channel()
-        sid = channel.session_id if channel else getattr(self, "current_session_id", None)
+    async def check_tool_permission(
+        self, tool_name: str, input: Any, call_id: str, options: Any = None
+    ) -> str | ToolDenial | None:
+        sid = options.session_id if options else getattr(self, "current_session_id", None)
         verdict = self.evaluate_permission(tool_name, input, sid)
         if verdict.action == "deny":
             return f"permission denied: {tool_name!r} is denied by {verdict.describe()}"
         if verdict.action == "ask":
-            if channel is None:
+            if options is None:
                 return (
                     f"permission denied: {tool_name!r} needs approval ({verdict.describe()}) "
-                    "but this run has no approval channel"
+                    "but this call has no run to ask through"
                 )
-            decision = await self._ask(channel, tool_name, input, call_id)
-            if decision is None:
-                channel.denied.add(call_id)
-                return (
+            decision = await self._ask(options, tool_name, input, call_id)
+            if decision is None:  # nobody answered: the AI SDK's denied state
+                return ToolDenial(
                     f"permission denied: the approval for {tool_name!r} timed out after "
-                    f"{self.approval_timeout:g}s"
+                    f"{self.approval_timeout:g}s",
+                    by_user=True,
                 )
             if decision == "deny":
-                channel.denied.add(call_id)
-                return f"permission denied: the user denied this {tool_name!r} call"
-        return await super().check_tool_permission(tool_name, input, call_id)  # type: ignore[misc]
-
-    async def on_chat_message(self, options: Any) -> AsyncIterator[dict[str, Any]]:
-        channel = RunChannel(
-            session_id=options.session_id,
-            run_id=options.run_id,
-            signal=options.signal,
-            queue=asyncio.Queue(maxsize=1),
-        )
-        token = _CHANNEL.set(channel)
-        try:
-            inner = super().on_chat_message(options)  # type: ignore[misc]
-            async for chunk in merge_side_channel(inner, channel):
-                if chunk.get("type") == "tool-output-error" and chunk.get("toolCallId") in (
-                    channel.denied
-                ):
-                    # A human said no (or never answered): the AI SDK's denied state.
-                    chunk = {"type": "tool-output-denied", "toolCallId": chunk["toolCallId"]}
-                yield chunk
-        finally:
-            # Finalized from another context: there is nothing to restore.
-            with contextlib.suppress(ValueError):
-                _CHANNEL.reset(token)
+                return ToolDenial(
+                    f"permission denied: the user denied this {tool_name!r} call", by_user=True
+                )
+        return await super().check_tool_permission(tool_name, input, call_id, options)  # type: ignore[misc]

@@ -31,14 +31,12 @@ day for the same inputs.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import hashlib
 import json
 import logging
 import sys
-from collections.abc import AsyncIterator, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -236,15 +234,7 @@ def assemble_system_prompt(
 # -- the mixin --------------------------------------------------------------------------
 
 
-@dataclass
-class _RunPrompt:
-    tools: dict[str, Any] = field(default_factory=dict)
-    prompt: AssembledPrompt | None = None
-
-
-_RUN: contextvars.ContextVar[_RunPrompt | None] = contextvars.ContextVar(
-    "thinkray_prompt_run", default=None
-)
+_STATE_KEY = "prompt.assembled"  # ChatOptions.state: this turn's AssembledPrompt
 
 
 class PromptMixin:
@@ -264,11 +254,11 @@ class PromptMixin:
       ``get_model_variant(model)``.
 
     ``get_system_prompt()`` returns the text; ``assemble_prompt(tools)`` the
-    :class:`AssembledPrompt`. Each assistant message gets
-    ``metadata.system_prompt_digest`` (emitted as a ``message-metadata`` chunk right
-    after ``start``). The tool catalog lists ``get_tools()`` plus the turn's extra
-    tools (``chat(tools=...)``), which ``on_chat_message`` makes visible to
-    ``get_system_prompt`` through a context variable.
+    :class:`AssembledPrompt`. Think hooks used: ``system_prompt_for`` assembles the
+    turn's prompt with its resolved tools (``get_tools()`` plus ``chat(tools=...)``),
+    and ``message_metadata`` stores ``metadata.system_prompt_digest`` on each assistant
+    message. A subclass that overrides ``get_system_prompt`` replaces the assembly (and
+    its messages get no digest).
     """
 
     manifest_prompt: str = "You are a helpful assistant."
@@ -330,34 +320,22 @@ class PromptMixin:
         return prompt
 
     async def get_system_prompt(self) -> str:  # type: ignore[override]
-        run = _RUN.get()
-        tools = dict(await _maybe_await(self.get_tools()))  # type: ignore[attr-defined]
-        if run is not None:
-            tools.update(run.tools)
+        return (await self.assemble_prompt()).text
+
+    async def system_prompt_for(self, options: Any, tools: dict[str, Any]) -> str:
+        if type(self).get_system_prompt is not PromptMixin.get_system_prompt:
+            # A subclass replaced the assembly altogether (see runtime.agent.Agent).
+            return await super().system_prompt_for(options, tools)  # type: ignore[misc]
         prompt = await self.assemble_prompt(tools)
-        if run is not None:
-            run.prompt = prompt
+        options.state[_STATE_KEY] = prompt
         return prompt.text
 
-    async def on_chat_message(self, options: Any) -> AsyncIterator[dict[str, Any]]:
-        run = _RunPrompt(tools=dict(options.tools))
-        token = _RUN.set(run)
-        sent = False
-        try:
-            async for chunk in super().on_chat_message(options):  # type: ignore[misc]
-                if not sent and run.prompt is not None and chunk.get("type") != "start":
-                    sent = True
-                    yield _digest_chunk(run.prompt)
-                yield chunk
-            if not sent and run.prompt is not None:
-                yield _digest_chunk(run.prompt)
-        finally:
-            with contextlib.suppress(ValueError):  # finalized from another context
-                _RUN.reset(token)
-
-
-def _digest_chunk(prompt: AssembledPrompt) -> dict[str, Any]:
-    return {"type": "message-metadata", "messageMetadata": {"system_prompt_digest": prompt.digest}}
+    def message_metadata(self, options: Any) -> dict[str, Any]:
+        metadata = super().message_metadata(options)  # type: ignore[misc]
+        prompt = options.state.get(_STATE_KEY)
+        if prompt is not None:
+            metadata = {**metadata, "system_prompt_digest": prompt.digest}
+        return metadata
 
 
 async def _maybe_await(value: Any) -> Any:

@@ -6,7 +6,8 @@ sessions and runs at most one turn per session at a time. A turn (seed 000 §1�
 
 1. validate and idempotently append the user message, reload the history;
 2. give the run its own abort controller (chained to the caller's signal);
-3. run ``on_chat_message`` — by default the agentic loop over ``assemble_context``;
+3. run the ``prepare_turn`` hook (compaction, say), then ``on_chat_message`` — by
+   default the agentic loop over ``assemble_context``;
 4. fold every chunk into the assistant message, write it in batches (recorder),
    append it to the run's replayable stream and deliver it to the callback;
 5. on completion, abort or error persist what was produced (sanitized, row-capped,
@@ -16,11 +17,12 @@ sessions and runs at most one turn per session at a time. A turn (seed 000 §1�
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -28,7 +30,7 @@ from runtime import lifecycle
 from runtime.abort import AbortController, AbortError, AbortSignal, abortable
 from runtime.context import prune_tool_calls, to_model_messages
 from runtime.fibers import FiberManager
-from runtime.loop import LoopHooks, LoopResult, RetryPolicy, run_loop
+from runtime.loop import LoopHooks, LoopResult, RetryPolicy, ToolDenial, run_loop
 from runtime.messages import Role, new_id, parse_message
 from runtime.model import Model, ModelError, ModelMessage
 from runtime.persistence import PersistCache, enforce_row_size, prepare_message
@@ -78,6 +80,18 @@ class ChatOptions:
     request_options: dict[str, Any] = field(default_factory=dict)
     model: Any = None  # this turn's model (per-turn switch, seed 002); None: get_model()
     model_selection: dict[str, Any] | None = None  # {provider_id, model_id, variant}
+    user_message_id: str | None = None  # the user message this turn answers; None: a rerun
+    state: dict[str, Any] = field(default_factory=dict)  # per-turn scratch space for hooks
+    emitter: Callable[[dict[str, Any]], Awaitable[None]] | None = field(default=None, repr=False)
+
+    async def emit(self, chunk: dict[str, Any]) -> None:
+        """Push ``chunk`` into this turn's stream by the same path as the model's chunks
+        (recorder, replayable stream, callback), in call order. For hooks and tools:
+        ``prepare_turn`` notes, approval requests. Chunks emitted before the stream
+        started are held and delivered right after its first chunk (``start``)."""
+        if self.emitter is None:
+            raise RuntimeError("these ChatOptions belong to no run: nothing to emit into")
+        await self.emitter(chunk)
 
 
 @dataclass
@@ -127,13 +141,34 @@ class RunState:
     started_at: float = field(default_factory=time.time)
     model: Any = None  # resolved by lifecycle.prepare_turn_model before the turn runs
     model_selection: dict[str, Any] | None = None
+    # True once the turn's history is fixed (its recorder exists): until then the turn
+    # itself (on_user_message, prepare_turn, the model switch) may still rewrite it.
+    prepared: bool = False
+    # ``emit`` before the stream started holds chunks here; ``_turn`` then sets ``sink``.
+    pending: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    sink: Callable[[dict[str, Any]], Awaitable[None]] | None = field(default=None, repr=False)
+
+    async def emit(self, chunk: dict[str, Any]) -> None:
+        """See :meth:`ChatOptions.emit` (which delegates here)."""
+        if self.sink is None:
+            self.pending.append(chunk)
+        else:
+            await self.sink(chunk)
 
 
 class Think:
     """Override points (seed 000): ``get_model``, ``get_system_prompt``, ``get_tools``,
     ``get_max_steps``, ``assemble_context``, ``on_chat_message``, ``on_chat_error``,
     ``get_workspace``. Lifecycle hooks: ``on_start`` (the constructor path, run on
-    every wake), ``on_user_message`` (before a user message lands)."""
+    every wake), ``on_user_message`` (before a user message lands).
+
+    Turn hooks for capabilities layered on top (``runtime.agent.Agent``'s mixins use
+    them; each default is a no-op, so a plain subclass behaves as without them):
+    ``prepare_turn`` (before the stream; may emit and rewrite the history),
+    ``context_view`` (which messages the model sees), ``system_prompt_for`` (the prompt
+    given the turn's tools), ``check_tool_permission`` (with the turn's options),
+    ``message_metadata`` (extra assistant metadata), ``reserve_session`` (hold a session
+    busy outside a turn) and ``own_turn``."""
 
     max_persisted_messages: int | None = None
     flush_interval: float = DEFAULT_FLUSH_INTERVAL
@@ -159,6 +194,7 @@ class Think:
         self.messages: list[dict[str, Any]] = []
         self._runs: dict[str, RunState] = {}
         self._session_runs: dict[str, str] = {}
+        self._reserved: dict[str, str] = {}  # session id -> operation (reserve_session)
         self._last_stream: dict[str, RunStream] = {}
         self._clear_generation: dict[str, int] = {}
         self._persist_cache = PersistCache()
@@ -194,7 +230,32 @@ class Think:
 
     async def assemble_context(self) -> list[ModelMessage]:
         """The model's view of ``self.messages``; older tool calls pruned."""
-        return prune_tool_calls(to_model_messages(self.messages), self.prune_keep_last)
+        messages = self.context_view(self.messages)
+        return prune_tool_calls(to_model_messages(messages), self.prune_keep_last)
+
+    def context_view(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Hook: the stored messages the model sees (e.g. a summary plus the tail after a
+        compaction). Must not mutate ``messages``. Default: all of them."""
+        return messages
+
+    async def prepare_turn(self, options: ChatOptions) -> bool:
+        """Hook: runs once per turn after the user message landed and the history was
+        loaded (``self.messages``), before the assistant message exists and before the
+        model is called. It may ``await options.emit(chunk)`` (held until the stream
+        starts) and may change the stored history, e.g. compact it; return True then,
+        so the turn reloads the history (and the assistant message's parent). Raising
+        ends the turn like an error in the stream (AbortError: aborted)."""
+        return False
+
+    async def system_prompt_for(self, options: ChatOptions, tools: dict[str, Tool]) -> str:
+        """Hook: the system prompt of this turn, given its resolved tools
+        (``get_tools()`` plus ``options.tools``). Default: ``get_system_prompt()``."""
+        return await _maybe_await(self.get_system_prompt())
+
+    def message_metadata(self, options: ChatOptions) -> dict[str, Any]:
+        """Hook: extra ``metadata`` for the turn's assistant message, merged when the
+        turn ends (``usage``, ``status``, ``finishReason`` and ``model`` win)."""
+        return {}
 
     async def on_chat_message(self, options: ChatOptions) -> AsyncIterator[dict[str, Any]]:
         """The default turn: the agentic loop. Override for full control; yield UI chunks."""
@@ -204,7 +265,7 @@ class Think:
         messages = await self.assemble_context()
         async for chunk in run_loop(
             model,
-            system=await _maybe_await(self.get_system_prompt()),
+            system=await self.system_prompt_for(options, tools),
             messages=messages,
             tools=tools,
             signal=options.signal,
@@ -217,6 +278,7 @@ class Think:
                 "session_id": options.session_id,
                 "run_id": options.run_id,
                 "agent": self,
+                "emit": options.emit,  # a tool's ctx.extras["emit"]: into this turn's stream
             },
             request_options=options.request_options,
         ):
@@ -424,6 +486,38 @@ class Think:
             return False
         return run.controller.abort(reason)
 
+    @contextlib.contextmanager
+    def reserve_session(self, session_id: str, operation: str = "reserved") -> Iterator[None]:
+        """Hold ``session_id`` busy for an operation that is not a turn (a manual
+        compaction, say): raises :class:`SessionBusyError` if a run or another
+        reservation holds it; while held, ``start_chat`` raises SessionBusyError and the
+        status reads busy (``message=operation``). The previous status comes back after.
+        The session's own turn must not reserve (see :meth:`own_turn`)."""
+        holder = self._session_runs.get(session_id) or self._reserved.get(session_id)
+        if holder is not None:
+            raise SessionBusyError(session_id, holder)
+        previous = self.status.get(session_id)
+        self._reserved[session_id] = operation
+        self.status.set(
+            session_id,
+            SessionStatus(state="busy", started_at=int(time.time() * 1000), message=operation),
+        )
+        try:
+            yield
+        finally:
+            del self._reserved[session_id]
+            self.status.set(session_id, previous)
+
+    def own_turn(self, session_id: str) -> RunState | None:
+        """The session's turn if the caller runs inside it (its own task) before its
+        history is fixed (``on_user_message``, ``prepare_turn``, the model switch), else
+        None. Such a caller already holds the session and may rewrite its history, and
+        may ``emit`` into the turn's stream (held until the stream starts)."""
+        run = self._runs.get(self._session_runs.get(session_id, ""))
+        if run is None or run.prepared or run.task is not asyncio.current_task():
+            return None
+        return run
+
     def active_run(self, session_id: str | None = None) -> str | None:
         sid = session_id or self._current_session_id
         return self._session_runs.get(sid) if sid else None
@@ -493,6 +587,8 @@ class Think:
         self.store.get_session(sid)  # unknown id: a clear error, never a silent create
         if sid in self._session_runs:
             raise SessionBusyError(sid, self._session_runs[sid])
+        if sid in self._reserved:
+            raise SessionBusyError(sid, self._reserved[sid])
         if user_msg is None and not self.store.get_history(sid):
             raise ValueError("nothing to answer: the session is empty and no message was given")
         run_id = run_id or new_id("run")
@@ -519,6 +615,7 @@ class Think:
         generation = self._clear_generation.get(sid, 0)
         stale = lambda: self._clear_generation.get(sid, 0) != generation  # noqa: E731
         recorder: Recorder | None = None
+        options: ChatOptions | None = None
         status, error_text, finish_reason = "completed", None, None
         result = LoopResult()
         step_usage = Usage()
@@ -537,17 +634,6 @@ class Think:
             if self.finalize_orphaned_tool_calls(sid, history):
                 history = self.store.get_history(sid)
             self.messages = history  # the turn's view (switch_session restores others)
-            parent_id = history[-1]["id"] if history else None
-            recorder = Recorder(
-                self.store,
-                sid,
-                run.run_id,
-                run.stream.message_id or new_id("msg"),
-                parent_id=parent_id,
-                cache=self._persist_cache,
-                flush_interval=self.flush_interval,
-                is_stale=stale,
-            )
 
             def on_step_finish(step: int, usage: Usage, reason: str) -> None:
                 nonlocal step_usage
@@ -559,30 +645,68 @@ class Think:
             def on_retry(attempt: int, exc: ModelError, delay: float) -> None:
                 self.status.retrying(sid, attempt, f"{exc} (retry {attempt} in {delay:.1f}s)")
 
+            async def check_permission(name: str, value: Any, call_id: str) -> Any:
+                return await self.check_tool_permission(name, value, call_id, options)
+
             options = ChatOptions(
                 session_id=sid,
                 run_id=run.run_id,
-                message_id=recorder.builder.message["id"],
+                message_id=run.stream.message_id or new_id("msg"),
                 signal=signal,
                 tools=tools,
                 hooks=LoopHooks(
                     on_step_finish=on_step_finish,
                     on_retry=on_retry,
-                    check_permission=self.check_tool_permission,
+                    check_permission=check_permission,
                 ),
                 result=result,
                 request_options=self.get_request_options(),
                 model=run.model,
                 model_selection=run.model_selection,
+                user_message_id=user_id,
+                emitter=run.emit,
             )
+            if await self.prepare_turn(options):
+                history = self.messages = self.store.get_history(sid)
+            recorder = Recorder(
+                self.store,
+                sid,
+                run.run_id,
+                options.message_id,
+                parent_id=history[-1]["id"] if history else None,
+                cache=self._persist_cache,
+                flush_interval=self.flush_interval,
+                is_stale=stale,
+            )
+            run.prepared = True
+
+            async def sink(chunk: dict[str, Any]) -> None:  # ChatOptions.emit, once started
+                nonlocal callback
+                callback = await self._emit(run, recorder, callback, chunk)
+
+            # Chunks emitted before the stream started (prepare_turn's, say) wait in
+            # run.pending and go out right after the first chunk ("start"); from then on
+            # ChatOptions.emit writes through ``sink``, the path the model's chunks take.
+            async def open_stream() -> None:
+                run.sink = sink
+                for held in run.pending:
+                    await sink(held)
+                run.pending.clear()
+
             async for chunk in abortable(self.on_chat_message(options), signal):
                 if self.status.get(sid).state == "retrying":
                     self.status.busy(sid, run.run_id)
                 callback = await self._emit(run, recorder, callback, chunk)
+                if run.sink is None:
+                    await open_stream()
+            if run.sink is None:
+                await open_stream()
             finish_reason = result.finish_reason
         except AbortError as exc:
             status = "aborted"
             if recorder is not None:
+                if run.sink is None:
+                    await open_stream()
                 # In-flight tool calls are finalized, so the stored turn is truthful and
                 # the next prompt carries no unresolved call.
                 for call_id in recorder.builder.unfinished_tool_calls():
@@ -603,7 +727,7 @@ class Think:
             # The hosting task was cancelled (actor shutdown): persist what we have.
             status = "aborted"
             if recorder is not None:
-                self._finish_recorder(recorder, run, "aborted", step_usage, None, stale)
+                self._finish_recorder(recorder, run, options, "aborted", step_usage, None, stale)
                 recorder = None
             self._end_run(run, "aborted")
             raise
@@ -613,12 +737,16 @@ class Think:
             error_text = str(replaced) or type(exc).__name__
             log.warning("run %s failed: %s", run.run_id, error_text)
             if recorder is not None:
+                if run.sink is None:
+                    await open_stream()
                 callback = await self._emit(
                     run, recorder, callback, {"type": "error", "errorText": error_text}
                 )
         message = None
         if recorder is not None:
-            message = self._finish_recorder(recorder, run, status, step_usage, finish_reason, stale)
+            message = self._finish_recorder(
+                recorder, run, options, status, step_usage, finish_reason, stale
+            )
             if message is not None and not self._trimmed:
                 self.messages = [*self.messages, message]
             elif not stale():
@@ -646,12 +774,19 @@ class Think:
         self,
         recorder: Recorder,
         run: RunState,
+        options: ChatOptions | None,
         status: str,
         usage: Usage,
         finish_reason: str | None,
         stale: Callable[[], bool],
     ) -> dict[str, Any] | None:
-        metadata: dict[str, Any] = {"usage": usage.to_dict(), "status": status}
+        metadata: dict[str, Any] = {}
+        if options is not None:
+            try:
+                metadata.update(self.message_metadata(options))
+            except Exception:  # a hook's failure must not lose the turn's message
+                log.exception("message_metadata of run %s failed", run.run_id)
+        metadata.update(usage=usage.to_dict(), status=status)
         if finish_reason:
             metadata["finishReason"] = finish_reason
         model = self._model_info(run)
@@ -692,6 +827,7 @@ class Think:
             return None
 
     def _end_run(self, run: RunState, status: str, error: str | None = None) -> None:
+        run.sink = _discard  # a straggler's late emit goes nowhere (the message is final)
         if self._runs.pop(run.run_id, None) is None:
             return
         self._session_runs.pop(run.session_id, None)
@@ -706,8 +842,13 @@ class Think:
         """Extra :class:`~runtime.model.ModelRequest` fields for this turn."""
         return {}
 
-    async def check_tool_permission(self, tool_name: str, input: Any, call_id: str) -> str | None:
-        """Return ``None`` to allow a tool call, or the reason it is denied."""
+    async def check_tool_permission(
+        self, tool_name: str, input: Any, call_id: str, options: ChatOptions | None = None
+    ) -> str | ToolDenial | None:
+        """Return ``None`` to allow a tool call; a reason (a ``tool-output-error`` the
+        model reads) or a :class:`~runtime.loop.ToolDenial` (``by_user=True``: the call
+        ends ``tool-output-denied``) to refuse it. ``options`` is the turn's: session,
+        run, signal and ``emit`` (e.g. to ask a human with ``tool-approval-request``)."""
         return None
 
     # -- fibers and alarms (seed 000 "Durable fibers") -------------------------------
@@ -860,6 +1001,10 @@ class Think:
         if self.scheduler is not None:
             self.scheduler.stop()
         self.store.close()
+
+
+async def _discard(chunk: dict[str, Any]) -> None:
+    """The emit sink of a finished run."""
 
 
 async def _maybe_await(value: Any) -> Any:
