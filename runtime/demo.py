@@ -5,9 +5,12 @@ They live in the package (not in tests) so Ray workers can import them by name.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from typing import Any
+
+from pydantic import BaseModel
 
 from runtime.agent import Agent
 from runtime.model import Model, ModelRequest
@@ -191,3 +194,53 @@ class SessionAgent(Agent):
 
     def get_tools(self) -> dict[str, Tool]:
         return {"get_weather": get_weather}
+
+
+class Summary(BaseModel):
+    """Typed output of the demo summarizer worker."""
+
+    title: str
+    word_count: int
+
+
+def _summarizer_step(request: ModelRequest, step: int) -> Reply:
+    words = next(
+        (
+            " ".join(getattr(c, "text", "") for c in m.content)
+            for m in reversed(request.messages)
+            if m.role == "user"
+        ),
+        "",
+    ).split()
+    first = words[0].title() if words else "Empty"
+    return reply(tool_call("final_result", {"title": first, "word_count": len(words)}))
+
+
+def summarizer() -> Any:
+    """A worker agent: fresh context per call, typed ``Summary`` output."""
+    from runtime.worker import WorkerAgent
+
+    return WorkerAgent(
+        "summarize",
+        instructions="Summarize the text: a title and its word count.",
+        model=lambda: FunctionModel(_summarizer_step, model_id="summarizer"),
+        output_type=Summary,
+    )
+
+
+def _host_step(request: ModelRequest, step: int) -> Reply:
+    last = request.messages[-1] if request.messages else None
+    if last is not None and last.role == "tool":
+        return reply(f"summary: {json.dumps(last.content[0].output, sort_keys=True)}")
+    text = " ".join(getattr(c, "text", "") for c in last.content) if last is not None else ""
+    return reply(tool_call("summarize", {"input": text}))
+
+
+class WorkerHostAgent(Think):
+    """Uses the summarizer worker as a blocking tool (actor tests)."""
+
+    def get_model(self) -> Model:
+        return FunctionModel(_host_step, model_id="worker-host")
+
+    def get_tools(self) -> dict[str, Tool]:
+        return {"summarize": summarizer().as_tool("blocking")}
