@@ -137,6 +137,7 @@ class ChatStream:
 
     def __init__(self, header: dict[str, Any], refs: Any) -> None:
         self.run_id: str | None = header.get("run_id")
+        self.message_id: str | None = header.get("message_id")
         self.session_id: str | None = header.get("session_id")
         self.receiver: AbortReceiver | None = header.get("receiver")
         self.live: bool = header.get("live", True)
@@ -161,6 +162,7 @@ class ChatStream:
 class AsyncChatStream:
     def __init__(self, header: dict[str, Any], refs: Any) -> None:
         self.run_id = header.get("run_id")
+        self.message_id = header.get("message_id")
         self.session_id = header.get("session_id")
         self.receiver: AbortReceiver | None = header.get("receiver")
         self.live = header.get("live", True)

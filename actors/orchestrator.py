@@ -135,6 +135,7 @@ class Delegation:
     task: str
     stream: RunStream
     run_id: str | None = None
+    message_id: str | None = None
     receiver: Any = None
     status: str = "running"
     text: str = ""
@@ -296,6 +297,7 @@ class Orchestrator(Agent):
             task=task,
             stream=RunStream(stream.run_id or "", name),
             run_id=stream.run_id,
+            message_id=stream.message_id,
             receiver=stream.receiver,
         )
         self._delegations[delegation.task_id] = delegation
@@ -350,8 +352,12 @@ class Orchestrator(Agent):
 
     async def _final(self, delegation: Delegation, handle: AgentHandle) -> dict[str, Any]:
         result = delegation.summary()
-        history = await handle.ainvoke("get_history")
-        result["message"] = history[-1] if history and history[-1]["role"] == "assistant" else None
+        # The run's own message, by id: no read of the sub-agent's whole history.
+        result["message"] = (
+            await handle.ainvoke("get_message", delegation.message_id)
+            if delegation.message_id
+            else None
+        )
         return result
 
     async def wait_task(self, task_id: str, timeout: float | None = None) -> dict[str, Any]:

@@ -387,6 +387,9 @@ class Think:
     def message_count(self, session_id: str | None = None) -> int:
         return self.store.message_count(self._sid(session_id))
 
+    def get_message(self, message_id: str) -> dict[str, Any] | None:
+        return self.store.get_message(message_id)
+
     def children(self, message_id: str) -> list[dict[str, Any]]:
         return self.store.children(message_id)
 
@@ -589,7 +592,7 @@ class Think:
             raise SessionBusyError(sid, self._session_runs[sid])
         if sid in self._reserved:
             raise SessionBusyError(sid, self._reserved[sid])
-        if user_msg is None and not self.store.get_history(sid):
+        if user_msg is None and not self.store.message_count(sid):
             raise ValueError("nothing to answer: the session is empty and no message was given")
         run_id = run_id or new_id("run")
         if run_id in self._runs:
