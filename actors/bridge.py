@@ -8,7 +8,7 @@ claim more than it was granted. Paths are normalized (and unsafe ones refused) b
 workspace operations before anything is touched.
 
 A client implements the workspace operation protocols with awaitable results, so
-``runtime.workspace.workspace_tools(client, access=...)`` turns it into tools.
+``thinkray.runtime.tools.workspace.workspace_tools(client, access=...)`` turns it into tools.
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import ray
-
-from runtime.workspace import LocalWorkspace
-from storage.db import Database
-from storage.kv import KeyValueStore
-from storage.workspace import WorkspaceStore
+from thinkray.runtime.tools.workspace import LocalWorkspace
+from thinkray.storage.db import Database
+from thinkray.storage.kv import KeyValueStore
+from thinkray.storage.workspace import WorkspaceStore
 
 Access = Literal["none", "read", "read-write"]
 READ_METHODS = frozenset({"read_file", "stat", "list_directory", "find_files", "grep", "exists"})

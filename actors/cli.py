@@ -45,8 +45,8 @@ def _init_ray() -> None:
 
 
 def demo(args: argparse.Namespace) -> int:
-    from actors.namespace import AgentNamespace
-    from runtime.demo import DemoAgent
+    from thinkray.actors.demo import DemoAgent
+    from thinkray.actors.namespace import AgentNamespace
 
     root = args.root or os.path.join(tempfile.gettempdir(), "thinkray-demo")
     if os.environ.get("ANTHROPIC_API_KEY"):
@@ -133,9 +133,8 @@ def _delegation_demo(root: str) -> None:
     import threading
 
     import ray
-
-    from actors.namespace import AgentNamespace
-    from actors.orchestrator import Orchestrator
+    from thinkray.actors.namespace import AgentNamespace
+    from thinkray.actors.orchestrator import Orchestrator
 
     print("\n--- Orchestrator: two sub-agents in parallel, one shared workspace ---")
     live = bool(os.environ.get("ANTHROPIC_API_KEY"))

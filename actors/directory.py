@@ -25,11 +25,10 @@ from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-from actors.session_actor import DEFAULT_PRELOAD, BindSpec, RemoteSessionActor
-from storage.db import DatabaseLockedError
-from storage.layout import ensure_root, session_path, validate_name
-from storage.types import SessionNotFoundError
+from thinkray.actors.session_actor import DEFAULT_PRELOAD, BindSpec, RemoteSessionActor
+from thinkray.storage.db import DatabaseLockedError
+from thinkray.storage.layout import ensure_root, session_path, validate_name
+from thinkray.storage.types import SessionNotFoundError
 
 log = logging.getLogger("thinkray.directory")
 

@@ -16,12 +16,11 @@ from typing import Any
 
 import ray
 from ray.actor import ActorHandle
-
-from actors.directory import NamespaceConfig, RemoteDirectory
-from actors.relay import AbortReceiver, NotBoundError
-from actors.session_actor import DEFAULT_PRELOAD
-from runtime.think import Think
-from storage.layout import ensure_root, list_names, validate_name
+from thinkray.actors.directory import NamespaceConfig, RemoteDirectory
+from thinkray.actors.relay import AbortReceiver, NotBoundError
+from thinkray.actors.session_actor import DEFAULT_PRELOAD
+from thinkray.runtime.agents.think import Think
+from thinkray.storage.layout import ensure_root, list_names, validate_name
 
 RAY_NAMESPACE = "thinkray"
 _RETRYABLE = (NotBoundError, ray.exceptions.RayActorError)

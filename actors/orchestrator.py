@@ -5,7 +5,7 @@ fire-and-forget) with live, buffered relay, and aborts down the tree.
 Both classes are ``Think`` subclasses hosted by the generic session actors:
 
 - :class:`SubAgent` — each its own actor and DuckDB file; a private workspace, plus
-  the shared one through its :class:`~actors.bridge.BridgeClient` (tools prefixed
+  the shared one through its :class:`~thinkray.actors.bridge.BridgeClient` (tools prefixed
   ``shared_``), optional code execution and extensions. Its behaviour comes from the
   config the orchestrator gives it (instructions, model, access, features).
 - :class:`Orchestrator` — the registry (persisted in its database), a namespace of its
@@ -21,20 +21,20 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.bridge import BridgeClient, bridge_name, open_bridge
-from actors.namespace import AgentHandle, AgentNamespace
-from runtime.abort import AbortSignal
-from runtime.agent import Agent
-from runtime.messages import new_id
-from runtime.model import Model
-from runtime.stream import RunStream
-from runtime.think import Think
-from runtime.tools import Tool, ToolContext, tool
-from runtime.workspace import LocalWorkspace, workspace_tools
-from storage.layout import validate_name
-from storage.registry import RegistryStore, SubAgentNotFoundError, SubAgentRecord
-from storage.types import InvalidInputError
-from storage.workspace import WorkspaceStore
+from thinkray.actors.bridge import BridgeClient, bridge_name, open_bridge
+from thinkray.actors.namespace import AgentHandle, AgentNamespace
+from thinkray.runtime.abort import AbortSignal
+from thinkray.runtime.agents.agent import Agent
+from thinkray.runtime.agents.think import Think
+from thinkray.runtime.messages import new_id
+from thinkray.runtime.models.base import Model
+from thinkray.runtime.tools.base import Tool, ToolContext, tool
+from thinkray.runtime.tools.workspace import LocalWorkspace, workspace_tools
+from thinkray.runtime.turn.stream import RunStream
+from thinkray.storage.layout import validate_name
+from thinkray.storage.registry import RegistryStore, SubAgentNotFoundError, SubAgentRecord
+from thinkray.storage.types import InvalidInputError
+from thinkray.storage.workspace import WorkspaceStore
 
 log = logging.getLogger("thinkray.orchestrator")
 BRIDGE_KEY = "bridge"
@@ -42,20 +42,20 @@ BRIDGE_KEY = "bridge"
 
 def build_model(spec: dict[str, Any] | None, fallback: Model | None = None) -> Model:
     """A model from config: ``{"provider": "anthropic", "model_id": ...}`` or
-    ``{"provider": "script", "steps": [...]}`` (see ``runtime.testing.model_from_spec``)."""
+    ``{"provider": "script", "steps": [...]}`` (see ``thinkray.runtime.models.testing.model_from_spec``)."""
     spec = spec or {}
     provider = spec.get("provider")
     if provider == "anthropic":
-        from runtime.anthropic_model import AnthropicModel
+        from thinkray.runtime.models.anthropic import AnthropicModel
 
         return AnthropicModel(spec.get("model_id", "claude-sonnet-4-6"))
     if provider == "script":
-        from runtime.testing import model_from_spec
+        from thinkray.runtime.models.testing import model_from_spec
 
         return model_from_spec(spec)
     if fallback is not None:
         return fallback
-    from runtime.demo import DemoAgent
+    from thinkray.actors.demo import DemoAgent
 
     return DemoAgent.get_model(None)  # type: ignore[arg-type]
 
@@ -86,7 +86,7 @@ class SubAgent(Agent):
 
     def extension_manager(self) -> Any:
         if self._extensions is None:
-            from runtime.extensions import ExtensionManager
+            from thinkray.runtime.tools.extensions import ExtensionManager
 
             self._extensions = ExtensionManager(self.store.db, self.get_workspace())  # type: ignore[attr-defined]
         return self._extensions
@@ -99,12 +99,12 @@ class SubAgent(Agent):
             tools.update(workspace_tools(client, access=client.access, prefix="shared_"))
             tools["shared_wait_for_file"] = _wait_for_file_tool(client)
         if config.get("code_execution"):
-            from runtime.sandbox import CodeSandbox, execute_tool
+            from thinkray.runtime.tools.sandbox import CodeSandbox, execute_tool
 
             sandbox = CodeSandbox(self.get_workspace(), timeout=config.get("code_timeout", 10.0))
             tools["execute"] = execute_tool(sandbox)
         if config.get("extensions"):
-            from runtime.extensions import extension_tools
+            from thinkray.runtime.tools.extensions import extension_tools
 
             manager = self.extension_manager()
             tools.update(extension_tools(manager))

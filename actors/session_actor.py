@@ -7,7 +7,7 @@ binding); ``hibernate`` refuses while anything is in flight, otherwise closes th
 file (checkpoint, no ``.wal``) and makes the actor generic again.
 
 Every RPC names the agent it is meant for. An actor that does not host that agent
-raises :class:`~actors.relay.NotBoundError`, and the caller's handle re-resolves.
+raises :class:`~thinkray.actors.relay.NotBoundError`, and the caller's handle re-resolves.
 """
 
 from __future__ import annotations
@@ -24,15 +24,18 @@ from pathlib import Path
 from typing import Any
 
 import ray
-
-from actors.relay import AbortReceiver, NotBoundError, as_callback
-from runtime.think import Think
-from storage.session_store import DuckDBSessionStore
-from storage.types import SessionNotFoundError
+from thinkray.actors.relay import AbortReceiver, NotBoundError, as_callback
+from thinkray.runtime.agents.think import Think
+from thinkray.storage.session_store import DuckDBSessionStore
+from thinkray.storage.types import SessionNotFoundError
 
 log = logging.getLogger("thinkray.actor")
 
-DEFAULT_PRELOAD = ("runtime.think", "runtime.loop", "storage.session_store")
+DEFAULT_PRELOAD = (
+    "thinkray.runtime.agents.think",
+    "thinkray.runtime.turn.loop",
+    "thinkray.storage.session_store",
+)
 # Relay batches wait this long to gather chunks: ~2 ms of latency for far fewer Ray
 # items per turn (each costs the actor and the consumer ~0.1-0.3 ms).
 RELAY_COALESCE = 0.002
@@ -51,7 +54,7 @@ class BindSpec:
 
 
 class SessionActor:
-    """Generic host. Use through :class:`actors.namespace.AgentNamespace` handles."""
+    """Generic host. Use through :class:`thinkray.actors.namespace.AgentNamespace` handles."""
 
     def __init__(self, preload: tuple[str, ...] = DEFAULT_PRELOAD) -> None:
         for module in preload:

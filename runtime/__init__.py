@@ -1,15 +1,15 @@
 """thinkray runtime: an agent turn without Ray (messages, chunks, models, loop, Think)."""
 
-from runtime.abort import AbortController, AbortError, AbortSignal
-from runtime.agent import Agent
-from runtime.messages import InvalidMessageError, UIMessage, new_id, parse_message
-from runtime.model import Model, ModelError, ModelRequest
-from runtime.persistent import PersistentAgent
-from runtime.status import SessionBusyError, SessionStatus
-from runtime.think import ChatOptions, ChatResult, StreamCallback, Think
-from runtime.tools import Tool, ToolContext, tool, tool_from_model
-from runtime.usage import Usage
-from runtime.worker import WorkerAgent
+from thinkray.runtime.abort import AbortController, AbortError, AbortSignal
+from thinkray.runtime.agents.agent import Agent
+from thinkray.runtime.agents.persistent import PersistentAgent
+from thinkray.runtime.agents.think import ChatOptions, ChatResult, StreamCallback, Think
+from thinkray.runtime.agents.worker import WorkerAgent
+from thinkray.runtime.messages import InvalidMessageError, UIMessage, new_id, parse_message
+from thinkray.runtime.models.base import Model, ModelError, ModelRequest
+from thinkray.runtime.status import SessionBusyError, SessionStatus
+from thinkray.runtime.tools.base import Tool, ToolContext, tool, tool_from_model
+from thinkray.runtime.usage import Usage
 
 __all__ = [
     "AbortController",

@@ -1,7 +1,7 @@
 """Abort signals for one run (the seed's AbortController, for asyncio).
 
 A signal is threaded through the model call and every tool's ``execute``. Aborting
-is explicit; a consumer going away only detaches (see ``runtime.think``). Signals
+is explicit; a consumer going away only detaches (see ``thinkray.runtime.agents.think``). Signals
 can be chained: a sub-agent's signal follows its parent's, so aborting a parent run
 aborts every run it started.
 """

@@ -12,9 +12,8 @@ import json
 from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, TypeAdapter
-
-from runtime.messages import WireModel
-from runtime.model import FinishReason
+from thinkray.runtime.messages import WireModel
+from thinkray.runtime.models.base import FinishReason
 
 
 class StartChunk(WireModel):

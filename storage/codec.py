@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgpack
-
-from storage.types import InvalidInputError
+from thinkray.storage.types import InvalidInputError
 
 
 def pack(value: Any, what: str = "value") -> bytes:

@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-
-from storage.types import StorageError
+from thinkray.storage.types import StorageError
 
 # 16 KiB blocks: an empty session file is ~28 KiB instead of ~780 KiB with the 256 KiB
 # default, which matters when thousands of hibernated sessions sit on shared storage.

@@ -2,9 +2,9 @@
 
 A *fiber* is a long-running method call that survives eviction: its row records the
 method, the payload, the attempt counter and the last checkpoint the method stashed, so
-a later incarnation of the actor can restart it (``runtime.fibers``). A *schedule* is a
+a later incarnation of the actor can restart it (``thinkray.runtime.durable.fibers``). A *schedule* is a
 method call due at a time: once, every N seconds, or on a cron expression
-(``runtime.schedules``); a Ray-side waker only needs :meth:`FiberStore.next_due_at`.
+(``thinkray.runtime.durable.schedules``); a Ray-side waker only needs :meth:`FiberStore.next_due_at`.
 
 Layout: DuckDB spends a few KiB per non-empty column per table, so each table keeps
 only the columns that are filtered or written on their own (``status``/``updated_at``
@@ -26,10 +26,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import duckdb
-
-from storage.codec import pack, unpack
-from storage.db import Database, Migration
-from storage.types import InvalidInputError, NotFoundError
+from thinkray.storage.codec import pack, unpack
+from thinkray.storage.db import Database, Migration
+from thinkray.storage.types import InvalidInputError, NotFoundError
 
 FiberStatus = Literal["running", "completed", "failed", "cancelled", "interrupted"]
 """``running`` until it ends; ``interrupted`` when a new incarnation found it orphaned
@@ -252,7 +251,7 @@ class FiberStore:
     - Tables are created on first use (``db.migrate("fibers", ...)``).
     - **Validation before writes.** An unencodable payload, checkpoint or result, an
       unknown status or kind, a bad interval or cron expression raises
-      :class:`~storage.types.InvalidInputError` (a ``ValueError``) and writes nothing.
+      :class:`~thinkray.storage.types.InvalidInputError` (a ``ValueError``) and writes nothing.
     - ``get_*`` return ``None`` for an unknown id; updates of an unknown id raise
       :class:`FiberNotFoundError` / return ``None`` for :meth:`mark_ran` (a schedule
       cancelled while it ran is not an error).

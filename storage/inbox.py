@@ -24,11 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import duckdb
-
-from storage.codec import pack as _pack
-from storage.codec import unpack as _unpack
-from storage.db import Database, Migration
-from storage.types import InvalidInputError, NotFoundError
+from thinkray.storage.codec import pack as _pack
+from thinkray.storage.codec import unpack as _unpack
+from thinkray.storage.db import Database, Migration
+from thinkray.storage.types import InvalidInputError, NotFoundError
 
 InboxStatus = Literal["pending", "processing", "done", "failed"]
 """``pending`` until the loop claims it, ``processing`` during its generation cycle,
@@ -158,7 +157,7 @@ class InboxStore:
       incarnation go back to ``pending`` (or to ``failed`` once they used up their
       attempts, so a message that kills the agent cannot crash-loop it).
     - Bad input (unencodable content, unknown status, bad id) raises
-      :class:`~storage.types.InvalidInputError` and writes nothing.
+      :class:`~thinkray.storage.types.InvalidInputError` and writes nothing.
     """
 
     def __init__(self, db: Database) -> None:

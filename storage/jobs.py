@@ -20,11 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import duckdb
-
-from storage.codec import pack as _pack
-from storage.codec import unpack as _unpack
-from storage.db import Database, Migration
-from storage.types import InvalidInputError
+from thinkray.storage.codec import pack as _pack
+from thinkray.storage.codec import unpack as _unpack
+from thinkray.storage.db import Database, Migration
+from thinkray.storage.types import InvalidInputError
 
 JobStatus = Literal["running", "completed", "failed", "cancelled", "interrupted"]
 JOB_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "cancelled", "interrupted")

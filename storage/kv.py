@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage.codec import pack, unpack
-from storage.db import Database, Migration
+from thinkray.storage.codec import pack, unpack
+from thinkray.storage.db import Database, Migration
 
 
 def _create(con: Any) -> None:

@@ -12,7 +12,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from storage.types import InvalidInputError
+from thinkray.storage.types import InvalidInputError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 FILE_SUFFIX = ".duckdb"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from storage.types import (
+from thinkray.storage.types import (
     Message,
     MessageRow,
     RewindInfo,
@@ -29,10 +29,10 @@ class SessionStore(Protocol):
     Contract (checked by the conformance suite):
 
     - **Not found is an error.** Every method taking a ``session_id`` raises
-      :class:`~storage.types.SessionNotFoundError` for an unknown id; nothing is ever
+      :class:`~thinkray.storage.types.SessionNotFoundError` for an unknown id; nothing is ever
       created implicitly except by :meth:`create_session`.
     - **Validation before writes.** Malformed input raises
-      :class:`~storage.types.InvalidInputError` and writes nothing.
+      :class:`~thinkray.storage.types.InvalidInputError` and writes nothing.
     - **Idempotency.** :meth:`append_message` with an id that exists is a no-op that
       returns ``False`` (the first write wins); :meth:`upsert_message` replaces.
     - **Tree and head.** Messages form a tree through ``parent_id``. Each session has
@@ -178,14 +178,14 @@ class SessionStore(Protocol):
     def thread(self, key: str | None = None) -> Thread:
         """Create or get the thread keyed ``key`` (a session with that ``thread_key``).
 
-        ``key`` must match :data:`~storage.types.THREAD_KEY_PATTERN`, else
-        :class:`~storage.types.InvalidInputError` before anything is written. ``None``
-        is :data:`~storage.types.DEFAULT_THREAD_KEY`. Thread keys are unique.
+        ``key`` must match :data:`~thinkray.storage.types.THREAD_KEY_PATTERN`, else
+        :class:`~thinkray.storage.types.InvalidInputError` before anything is written. ``None``
+        is :data:`~thinkray.storage.types.DEFAULT_THREAD_KEY`. Thread keys are unique.
         """
         ...
 
     def get_thread(self, key: str) -> Thread:
-        """The existing thread; :class:`~storage.types.ThreadNotFoundError` otherwise."""
+        """The existing thread; :class:`~thinkray.storage.types.ThreadNotFoundError` otherwise."""
         ...
 
     def list_threads(self) -> list[SessionInfo]:
@@ -201,14 +201,14 @@ class SessionStore(Protocol):
     ) -> Thread:
         """Copy ``src_key``'s visible history, root to ``from_message_id`` (default:
         its head), into a new thread ``dst_key``: what :meth:`branch_session` does,
-        keyed. Fails with :class:`~storage.types.ThreadExistsError` if ``dst_key``
-        exists, and with :class:`~storage.types.NotOnPathError` if the message is not
+        keyed. Fails with :class:`~thinkray.storage.types.ThreadExistsError` if ``dst_key``
+        exists, and with :class:`~thinkray.storage.types.NotOnPathError` if the message is not
         on the source's visible history; either writes nothing."""
         ...
 
     def get_effective_settings(self, session_id: str) -> dict[str, Any]:
         """The session's ``settings`` over the store default
-        (config :data:`~storage.types.DEFAULT_SETTINGS_KEY`), nested dicts merged."""
+        (config :data:`~thinkray.storage.types.DEFAULT_SETTINGS_KEY`), nested dicts merged."""
         ...
 
     # -- branch and rewind (seed 002) -------------------------------------------------
@@ -225,8 +225,8 @@ class SessionStore(Protocol):
         including ``from_message_id``.
 
         - ``from_message_id`` must be a visible message on the parent's current path
-          (root to head), else :class:`~storage.types.NotOnPathError`
-          (:class:`~storage.types.MessageNotFoundError` if it is not in the session
+          (root to head), else :class:`~thinkray.storage.types.NotOnPathError`
+          (:class:`~thinkray.storage.types.MessageNotFoundError` if it is not in the session
           at all); nothing is written.
         - Hidden messages are skipped; the copies get new ids and form one chain;
           envelopes (metadata) and parts are copied verbatim. The new head is the
@@ -246,7 +246,7 @@ class SessionStore(Protocol):
         to its parent, so an edited message can be sent in its place).
 
         - The target must be a ``user`` message on the current path, else
-          :class:`~storage.types.NotOnPathError` and nothing is written.
+          :class:`~thinkray.storage.types.NotOnPathError` and nothing is written.
         - A compaction (a message with a ``data-compaction`` part) that the rewind
           hides gives back what it summarized up to the target: those messages are
           un-hidden (unless an earlier compaction, still on the path, covers them).
@@ -257,7 +257,7 @@ class SessionStore(Protocol):
     def unrewind_session(self, session_id: str) -> UnrewindInfo:
         """Undo the latest rewind: un-hide what it hid, re-hide what it un-hid, move the
         head back. Messages appended since stay, visible, on their own branch. Refused
-        (:class:`~storage.types.InvalidInputError`, nothing written) when there is no
+        (:class:`~thinkray.storage.types.InvalidInputError`, nothing written) when there is no
         rewind to undo or when messages of the restored path were hidden after the
         rewind (a compaction ran since: restoring would lose them without a summary).
         """
@@ -272,7 +272,7 @@ class Thread:
     """A handle on one keyed thread (seed 001): a session with a ``thread_key``.
 
     Cheap and stateless beyond ``(store, key, id)``; every call goes to the store, so
-    a deleted thread raises :class:`~storage.types.SessionNotFoundError`.
+    a deleted thread raises :class:`~thinkray.storage.types.SessionNotFoundError`.
     """
 
     __slots__ = ("id", "key", "store")

@@ -6,9 +6,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from storage.codec import pack, unpack
-from storage.db import Database, Migration
-from storage.types import InvalidInputError, NotFoundError
+from thinkray.storage.codec import pack, unpack
+from thinkray.storage.db import Database, Migration
+from thinkray.storage.types import InvalidInputError, NotFoundError
 
 SubAgentStatus = Literal["idle", "busy", "error"]
 

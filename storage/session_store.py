@@ -1,4 +1,4 @@
-"""The DuckDB :class:`~storage.protocols.SessionStore`: one file per agent actor.
+"""The DuckDB :class:`~thinkray.storage.protocols.SessionStore`: one file per agent actor.
 
 Layout (``sessions`` component, version 1)::
 
@@ -69,12 +69,11 @@ from typing import Any
 
 import duckdb
 import msgpack
-
-from storage.codec import pack as _pack
-from storage.codec import unpack as _unpack
-from storage.db import Database, DatabaseClosedError, Migration
-from storage.protocols import HEAD, Thread
-from storage.types import (
+from thinkray.storage.codec import pack as _pack
+from thinkray.storage.codec import unpack as _unpack
+from thinkray.storage.db import Database, DatabaseClosedError, Migration
+from thinkray.storage.protocols import HEAD, Thread
+from thinkray.storage.types import (
     DEFAULT_SETTINGS_KEY,
     DEFAULT_THREAD_KEY,
     THREAD_KEY_PATTERN,
@@ -458,7 +457,7 @@ class _Tree:
 
 
 class DuckDBSessionStore:
-    """:class:`~storage.protocols.SessionStore` on one DuckDB file (or ``:memory:``).
+    """:class:`~thinkray.storage.protocols.SessionStore` on one DuckDB file (or ``:memory:``).
 
     Given a path, the store owns its :class:`Database` and closes it in :meth:`close`;
     given a :class:`Database`, it shares it (other stores use the same connection so a

@@ -33,7 +33,7 @@ def empty_rollup() -> dict[str, Any]:
 
 
 class StorageError(Exception):
-    """Base class for storage errors (re-exported by :mod:`storage.db`)."""
+    """Base class for storage errors (re-exported by :mod:`thinkray.storage.db`)."""
 
 
 class NotFoundError(StorageError, KeyError):
@@ -195,7 +195,7 @@ class NotOnPathError(InvalidInputError):
 
 @dataclass
 class RewindInfo:
-    """What :meth:`~storage.protocols.SessionStore.rewind_session` did.
+    """What :meth:`~thinkray.storage.protocols.SessionStore.rewind_session` did.
 
     ``hidden_ids`` were soft-hidden by this rewind (in path order); ``unhidden_ids``
     were summarized by a compaction the rewind moved back over, and are visible again.
@@ -215,7 +215,7 @@ class RewindInfo:
 
 @dataclass
 class UnrewindInfo:
-    """What :meth:`~storage.protocols.SessionStore.unrewind_session` did.
+    """What :meth:`~thinkray.storage.protocols.SessionStore.unrewind_session` did.
 
     ``unhidden_ids`` were hidden by the rewind and are visible again;
     ``rehidden_ids`` had been un-hidden from a compaction's summary and are hidden

@@ -15,7 +15,7 @@ meta       msgpack ``{"mime", "ctime", "mtime"}``: read only for ``stat``/listin
            it stays in one column (DuckDB spends a few KiB per non-empty column)
 =========  ===========================================================================
 
-Paths handed to the store must already be canonical (``runtime.paths.normalize_path``
+Paths handed to the store must already be canonical (``thinkray.runtime.tools.paths.normalize_path``
 does the hostile-input work; ``storage`` must not import ``runtime``). The store still
 refuses malformed paths structurally (``..``, empty segments, a leading ``/``, NUL) so
 that a caller skipping normalization cannot corrupt the tree.
@@ -35,9 +35,8 @@ from typing import Any, Literal
 
 import duckdb
 import msgpack
-
-from storage.db import Database, Migration
-from storage.types import StorageError
+from thinkray.storage.db import Database, Migration
+from thinkray.storage.types import StorageError
 
 EntryKind = Literal["file", "dir"]
 
@@ -52,7 +51,7 @@ class WorkspaceError(StorageError):
 
 
 class WorkspacePathError(WorkspaceError, ValueError):
-    """A path that is not in canonical form (normalize it with ``runtime.paths``)."""
+    """A path that is not in canonical form (normalize it with ``thinkray.runtime.tools.paths``)."""
 
 
 class WorkspaceNotFoundError(WorkspaceError, FileNotFoundError):

@@ -6,9 +6,8 @@ from __future__ import annotations
 import contextlib
 
 import pytest
-
-from runtime.testing import ScriptedModel
-from storage.session_store import DuckDBSessionStore
+from thinkray.runtime.models.testing import ScriptedModel
+from thinkray.storage.session_store import DuckDBSessionStore
 
 
 @pytest.fixture
@@ -78,13 +77,13 @@ def ray_local():
 @pytest.fixture
 def namespace_factory(ray_local, tmp_path):
     """Build AgentNamespaces that are shut down (actors stopped) after the test."""
-    from actors.namespace import AgentNamespace
+    from thinkray.actors.namespace import AgentNamespace
 
     made = []
     counter = iter(range(10_000))
 
     def make(agent_cls=None, **kwargs):
-        from runtime.demo import ScriptAgent
+        from thinkray.actors.demo import ScriptAgent
 
         kwargs.setdefault("storage_root", str(tmp_path / "root"))
         kwargs.setdefault("pool_size", 2)

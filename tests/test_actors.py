@@ -68,7 +68,7 @@ def test_concurrent_get_or_create_yields_one_actor(namespace_factory, ray_local)
 
     @ray_local.remote(num_cpus=0)
     def resolve_from_another_process(namespace_name, agent_name):
-        from actors.namespace import AgentNamespace
+        from thinkray.actors.namespace import AgentNamespace
 
         handle = AgentNamespace.connect(namespace_name).get(agent_name)
         return handle.invoke("whoami")
@@ -85,7 +85,7 @@ def test_concurrent_get_or_create_yields_one_actor(namespace_factory, ray_local)
 
 
 def test_callback_actor_receives_every_chunk_in_order(namespace_factory, collector_cls):
-    from runtime.demo import ScriptAgent  # noqa: F401
+    from thinkray.actors.demo import ScriptAgent  # noqa: F401
 
     ns = namespace_factory(agent_kwargs={"chunks": 300})
     collector = collector_cls.remote(delay=0.01)  # a lagging consumer
@@ -180,7 +180,7 @@ def test_abort_unknown_run_returns_false(namespace_factory):
     agent = ns.get("nobody")
     run = agent.start_chat("x")
     agent.wait_run(run["run_id"])
-    from actors.relay import AbortReceiver
+    from thinkray.actors.relay import AbortReceiver
 
     fake = AbortReceiver(run["receiver"].actor, "nobody", "run_does_not_exist")
     assert fake.abort() is False
@@ -298,7 +298,7 @@ def test_recycle_after_n_bindings(namespace_factory):
 
 
 def test_orphaned_tool_call_finalized_after_restart(namespace_factory):
-    from storage.session_store import DuckDBSessionStore
+    from thinkray.storage.session_store import DuckDBSessionStore
 
     ns = namespace_factory()
     path = Path(ns.storage_root) / ns.name / "orphan.duckdb"
@@ -364,7 +364,7 @@ def test_alarm_wakes_hibernated_agent(namespace_factory):
 
 @pytest.mark.parametrize("bad", ["../escape", "a/b", "", ".hidden", "x" * 200, "a\x00b", "sp ace"])
 def test_unsafe_names_rejected_before_filesystem(namespace_factory, bad):
-    from storage.types import InvalidInputError
+    from thinkray.storage.types import InvalidInputError
 
     ns = namespace_factory()
     before = set(os.listdir(Path(ns.storage_root) / ns.name))
@@ -374,7 +374,7 @@ def test_unsafe_names_rejected_before_filesystem(namespace_factory, bad):
 
 
 def test_never_created_name_is_not_found(namespace_factory):
-    from storage.types import SessionNotFoundError
+    from thinkray.storage.types import SessionNotFoundError
 
     ns = namespace_factory()
     with pytest.raises(SessionNotFoundError):
@@ -383,8 +383,8 @@ def test_never_created_name_is_not_found(namespace_factory):
 
 
 def test_unwritable_storage_root_fails_at_start(ray_local, tmp_path):
-    from actors.namespace import AgentNamespace
-    from storage.layout import StorageRootError
+    from thinkray.actors.namespace import AgentNamespace
+    from thinkray.storage.layout import StorageRootError
 
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
@@ -393,7 +393,7 @@ def test_unwritable_storage_root_fails_at_start(ray_local, tmp_path):
 
 
 def test_session_operations_over_the_actor(namespace_factory):
-    from storage.types import SessionNotFoundError
+    from thinkray.storage.types import SessionNotFoundError
 
     ns = namespace_factory()
     agent = ns.get("multi")

@@ -25,9 +25,8 @@ from fake_anthropic import (
     thinking,
     tool_use,
 )
-
-from runtime.anthropic_model import AnthropicModel
-from runtime.model import (
+from thinkray.runtime.models.anthropic import AnthropicModel
+from thinkray.runtime.models.base import (
     FileContent,
     Model,
     ModelError,
@@ -512,7 +511,7 @@ async def test_cancel_mid_stream_closes_the_connection(fake, claude) -> None:
 
 def test_importing_the_adapter_does_not_import_anthropic() -> None:
     code = (
-        "import sys, runtime.anthropic_model as m; "
+        "import sys, thinkray.runtime.models.anthropic as m; "
         "m.AnthropicModel(); "
         "assert 'anthropic' not in sys.modules, 'anthropic imported eagerly'"
     )

@@ -15,10 +15,9 @@ from fake_anthropic import (
     thinking,
     tool_use,
 )
-
-from runtime import Think, tool
-from runtime.anthropic_model import AnthropicModel
-from runtime.loop import RetryPolicy
+from thinkray.runtime import Think, tool
+from thinkray.runtime.models.anthropic import AnthropicModel
+from thinkray.runtime.turn.loop import RetryPolicy
 
 
 @tool

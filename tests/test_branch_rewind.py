@@ -6,12 +6,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
-from runtime import SessionBusyError, Think
-from runtime.lifecycle import RewindResult, UnrewindResult
-from runtime.model import ModelRequest
-from runtime.testing import FunctionModel, ScriptedModel, last_user_text, reply
-from storage.types import (
+from thinkray.runtime import SessionBusyError, Think
+from thinkray.runtime.agents.lifecycle import RewindResult, UnrewindResult
+from thinkray.runtime.models.base import ModelRequest
+from thinkray.runtime.models.testing import FunctionModel, ScriptedModel, last_user_text, reply
+from thinkray.storage.types import (
     InvalidInputError,
     MessageNotFoundError,
     NotOnPathError,
@@ -303,7 +302,7 @@ async def test_unrewind_restores_and_keeps_the_regenerated_turn(store):
 
 
 async def test_rewind_past_a_real_compaction_unhides_the_summarized_turns(store):
-    from runtime.compaction import CompactionConfig, CompactionMixin
+    from thinkray.runtime.capabilities.compaction import CompactionConfig, CompactionMixin
 
     class Agent(CompactionMixin, Think):
         pass

@@ -8,9 +8,8 @@ import logging
 
 import pytest
 from pydantic import ValidationError
-
-from runtime import SessionBusyError, Think, tool
-from runtime.compaction import (
+from thinkray.runtime import SessionBusyError, Think, tool
+from thinkray.runtime.capabilities.compaction import (
     SUMMARY_SYSTEM_PROMPT,
     CompactionConfig,
     CompactionMixin,
@@ -20,10 +19,18 @@ from runtime.compaction import (
     compaction_view,
     summarized_ids,
 )
-from runtime.model import ModelRequest
-from runtime.testing import FunctionModel, ScriptedModel, fail, reply, text, tool_call
-from runtime.tools import ToolContext
-from runtime.usage import Usage
+from thinkray.runtime.models.base import ModelRequest
+from thinkray.runtime.models.testing import (
+    FunctionModel,
+    ScriptedModel,
+    fail,
+    reply,
+    text,
+    tool_call,
+)
+from thinkray.runtime.tools.base import ToolContext
+from thinkray.runtime.usage import Usage
+
 from tests.conftest import Collector
 
 SUMMARY = "## Goal\nG\n\n## Progress\nP\n\n## Decisions\nD\n\n## Next Steps\nN"
@@ -687,7 +694,7 @@ async def test_config_per_session_over_store_defaults_over_the_agent_default(sto
     assert one.summary_model is agent.compaction_config.summary_model
     assert agent.get_compaction_config(s2).tail_turns == 2
     if hasattr(store, "get_effective_settings"):  # store-wide defaults, which threads inherit
-        from storage.types import DEFAULT_SETTINGS_KEY
+        from thinkray.storage.types import DEFAULT_SETTINGS_KEY
 
         store.set_config(DEFAULT_SETTINGS_KEY, {"compaction": {"tail_budget_pct": 0.5}})
         assert agent.get_compaction_config(s2).tail_budget_pct == 0.5
@@ -727,8 +734,8 @@ def test_view_of_a_copied_history_keeps_every_visible_message():
 
 
 async def test_mixins_compose_with_permissions_and_prompt(store):
-    from runtime.permissions import PermissionMixin
-    from runtime.prompt import PromptMixin
+    from thinkray.runtime.capabilities.permissions import PermissionMixin
+    from thinkray.runtime.capabilities.prompt import PromptMixin
 
     @tool
     def bash(command: str) -> str:

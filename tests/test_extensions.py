@@ -6,18 +6,17 @@ from __future__ import annotations
 import socket
 
 import pytest
-
-from runtime.abort import AbortSignal
-from runtime.extensions import (
+from thinkray.runtime.abort import AbortSignal
+from thinkray.runtime.tools.base import Tool, ToolContext, ToolExecutionError, ToolInputError
+from thinkray.runtime.tools.extensions import (
     EXTENSIONS_NAMESPACE,
     ExtensionError,
     ExtensionManager,
     extension_tools,
 )
-from runtime.tools import Tool, ToolContext, ToolExecutionError, ToolInputError
-from runtime.workspace import LocalWorkspace
-from storage.db import Database
-from storage.workspace import WorkspaceStore
+from thinkray.runtime.tools.workspace import LocalWorkspace
+from thinkray.storage.db import Database
+from thinkray.storage.workspace import WorkspaceStore
 
 # Runs that are not about timeouts get a generous limit: a loaded CI machine can take
 # seconds to start a process.
@@ -295,10 +294,10 @@ async def test_model_tools_make_new_tools_appear(manager):
 
 
 async def test_tools_loaded_on_one_turn_appear_on_the_next(tmp_path):
-    from runtime.sandbox import CodeSandbox, execute_tool
-    from runtime.testing import ScriptedModel, reply, tool_call
-    from runtime.think import Think
-    from runtime.workspace import workspace_tools
+    from thinkray.runtime.agents.think import Think
+    from thinkray.runtime.models.testing import ScriptedModel, reply, tool_call
+    from thinkray.runtime.tools.sandbox import CodeSandbox, execute_tool
+    from thinkray.runtime.tools.workspace import workspace_tools
 
     class Agent(Think):
         def on_start(self) -> None:

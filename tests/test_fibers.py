@@ -6,13 +6,12 @@ import asyncio
 from typing import Any
 
 import pytest
-
-from runtime.abort import AbortError
-from runtime.fibers import FiberContext, FiberManager, current_fiber
-from runtime.think import Think
-from storage.db import Database
-from storage.fibers import FiberStore
-from storage.types import InvalidInputError
+from thinkray.runtime.abort import AbortError
+from thinkray.runtime.agents.think import Think
+from thinkray.runtime.durable.fibers import FiberContext, FiberManager, current_fiber
+from thinkray.storage.db import Database
+from thinkray.storage.fibers import FiberStore
+from thinkray.storage.types import InvalidInputError
 
 
 async def until(cond: Any, timeout: float = 2.0) -> None:

@@ -4,18 +4,18 @@ tracking" (usage per assistant message, session rollups, cost, context_window_us
 from __future__ import annotations
 
 import pytest
-
-from runtime import Think, tool
-from runtime.lifecycle import (
+from thinkray.runtime import Think, tool
+from thinkray.runtime.agents.lifecycle import (
     CONTEXT_SWITCH_ERROR,
     UnknownModelError,
     fits_context,
     model_selection,
     reserve_tokens,
 )
-from runtime.messages import new_id
-from runtime.testing import ScriptedModel, reply, tool_call
-from storage.types import DEFAULT_SETTINGS_KEY, empty_rollup
+from thinkray.runtime.messages import new_id
+from thinkray.runtime.models.testing import ScriptedModel, reply, tool_call
+from thinkray.storage.types import DEFAULT_SETTINGS_KEY, empty_rollup
+
 from tests.conftest import Collector
 
 

@@ -24,14 +24,14 @@ def tool_parts(message):
 
 @pytest.fixture
 def orchestrator(namespace_factory):
-    from actors.orchestrator import Orchestrator
+    from thinkray.actors.orchestrator import Orchestrator
 
     ns = namespace_factory(Orchestrator, pool_size=1, idle_timeout=None)
     handle = ns.get("boss")
     yield ns, handle
     # sub-agent namespaces belong to the orchestrator: stop them too
     try:
-        from actors.namespace import AgentNamespace
+        from thinkray.actors.namespace import AgentNamespace
 
         AgentNamespace.connect(f"{ns.name}.boss.subs").shutdown()
     except Exception:
@@ -59,7 +59,7 @@ def test_registry_persists_and_configures(orchestrator):
     listed = boss.invoke("list_subagents")
     assert [r["name"] for r in listed] == ["writer"]
     assert listed[0]["config"]["instructions"] == "be terse"
-    from storage.types import InvalidInputError
+    from thinkray.storage.types import InvalidInputError
 
     with pytest.raises(InvalidInputError):
         boss.invoke("create_subagent", "writer", {})
@@ -127,7 +127,7 @@ def test_bridge_enforces_access_and_path_safety(orchestrator):
 
 
 def test_forged_and_revoked_grants_are_refused(orchestrator, ray_local):
-    from actors.bridge import BridgeAccessError, BridgeClient, bridge_name
+    from thinkray.actors.bridge import BridgeAccessError, BridgeClient, bridge_name
 
     ns, boss = orchestrator
     boss.invoke("create_subagent", "w", {"model": WRITE_PLAN})
@@ -152,7 +152,7 @@ def test_abort_task_reaches_the_sub_agent_tool_call(orchestrator):
     assert boss.invoke("abort_task", task["task_id"]) is True
     status = boss.invoke("wait_task", task["task_id"], 20)
     assert status["status"] == "aborted"
-    from actors.namespace import AgentNamespace
+    from thinkray.actors.namespace import AgentNamespace
 
     sub = AgentNamespace.connect(f"{boss.namespace}.boss.subs").existing("waiter")
     part = tool_parts(sub.history()[-1])[0]
@@ -181,7 +181,7 @@ def test_aborting_the_parent_turn_aborts_sub_agent_turns(orchestrator):
 
 
 def test_unknown_sub_agent_is_a_clear_error(orchestrator):
-    from storage.registry import SubAgentNotFoundError
+    from thinkray.storage.registry import SubAgentNotFoundError
 
     _, boss = orchestrator
     with pytest.raises(SubAgentNotFoundError, match="unknown sub-agent 'ghost'"):
@@ -221,7 +221,7 @@ def mul(a: int, b: int) -> int:
 def test_extension_written_on_one_turn_is_a_tool_on_the_next_and_survives_hibernation(
     orchestrator,
 ):
-    from actors.namespace import AgentNamespace
+    from thinkray.actors.namespace import AgentNamespace
 
     _, boss = orchestrator
     steps = script(

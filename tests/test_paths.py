@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import pytest
-
-from runtime.paths import (
+from thinkray.runtime.tools.paths import (
     MAX_PATH_BYTES,
     UnsafePathError,
     is_safe_path,
     normalize_path,
 )
-from runtime.workspace import LocalWorkspace
-from storage.db import Database
-from storage.workspace import WorkspaceStore
+from thinkray.runtime.tools.workspace import LocalWorkspace
+from thinkray.storage.db import Database
+from thinkray.storage.workspace import WorkspaceStore
 
 # (bad input, a fragment of the expected reason)
 BAD_PATHS: list[tuple[object, str]] = [

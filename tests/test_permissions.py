@@ -6,9 +6,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
-from runtime import Think, tool
-from runtime.permissions import (
+from thinkray.runtime import Think, tool
+from thinkray.runtime.capabilities.permissions import (
     PROJECT_RULES_KEY,
     ApprovalNotFoundError,
     MemoryProjectRules,
@@ -16,8 +15,9 @@ from runtime.permissions import (
     PermissionRule,
     evaluate,
 )
-from runtime.testing import ScriptedModel, reply, tool_call
-from storage.session_store import DuckDBSessionStore
+from thinkray.runtime.models.testing import ScriptedModel, reply, tool_call
+from thinkray.storage.session_store import DuckDBSessionStore
+
 from tests.conftest import Collector
 
 CALLS: list[str] = []

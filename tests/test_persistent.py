@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
-from runtime.model import ModelRequest
-from runtime.persistent import (
+from thinkray.runtime.agents.persistent import (
     InboxMessageFailedError,
     PersistentAgent,
     ScriptedPersistentAgent,
@@ -17,10 +15,18 @@ from runtime.persistent import (
     persistent_agent_tool,
     persistent_agent_tools,
 )
-from runtime.testing import FunctionModel, ScriptedModel, fail, last_user_text, reply, tool_call
-from runtime.think import Think
-from runtime.worker import JobRegistry, WorkerAgent
-from storage.inbox import InboxStore
+from thinkray.runtime.agents.think import Think
+from thinkray.runtime.agents.worker import JobRegistry, WorkerAgent
+from thinkray.runtime.models.base import ModelRequest
+from thinkray.runtime.models.testing import (
+    FunctionModel,
+    ScriptedModel,
+    fail,
+    last_user_text,
+    reply,
+    tool_call,
+)
+from thinkray.storage.inbox import InboxStore
 
 
 def user_texts(request: ModelRequest) -> list[str]:

@@ -5,11 +5,11 @@ actor-hosted agent as a tool through HandleTarget."""
 from __future__ import annotations
 
 import pytest
+from thinkray.runtime.agents.persistent import ScriptedPersistentAgent
+from thinkray.storage.db import Database
+from thinkray.storage.inbox import InboxStore
+from thinkray.storage.layout import session_path
 
-from runtime.persistent import ScriptedPersistentAgent
-from storage.db import Database
-from storage.inbox import InboxStore
-from storage.layout import session_path
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.ray

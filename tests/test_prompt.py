@@ -7,9 +7,8 @@ import hashlib
 import re
 
 import pytest
-
-from runtime import Think, tool
-from runtime.prompt import (
+from thinkray.runtime import Think, tool
+from thinkray.runtime.capabilities.prompt import (
     SECTION_TITLES,
     PromptMixin,
     assemble_system_prompt,
@@ -17,9 +16,9 @@ from runtime.prompt import (
     find_project_instructions,
     parse_front_matter,
 )
-from runtime.testing import ScriptedModel, reply
-from runtime.workspace import LocalWorkspace
-from storage.workspace import WorkspaceStore
+from thinkray.runtime.models.testing import ScriptedModel, reply
+from thinkray.runtime.tools.workspace import LocalWorkspace
+from thinkray.storage.workspace import WorkspaceStore
 
 
 @tool
@@ -169,7 +168,7 @@ def test_digest_stable_and_sensitive_to_every_section():
     one = assemble_system_prompt(**base)
     assert one.digest == assemble_system_prompt(**base).digest
     assert one.digest == hashlib.sha256(one.text.encode()).hexdigest() == digest_of(one.text)
-    from runtime.prompt import InstructionFile, Skill
+    from thinkray.runtime.capabilities.prompt import InstructionFile, Skill
 
     variants = [
         dict(base, manifest="m2"),

@@ -8,13 +8,12 @@ import socket
 from pathlib import Path
 
 import pytest
-
-from runtime.abort import AbortSignal
-from runtime.sandbox import CodeSandbox, _RunState, execute_tool
-from runtime.tools import ToolContext, ToolExecutionError
-from runtime.workspace import LocalWorkspace
-from storage.db import Database
-from storage.workspace import WorkspaceStore
+from thinkray.runtime.abort import AbortSignal
+from thinkray.runtime.tools.base import ToolContext, ToolExecutionError
+from thinkray.runtime.tools.sandbox import CodeSandbox, _RunState, execute_tool
+from thinkray.runtime.tools.workspace import LocalWorkspace
+from thinkray.storage.db import Database
+from thinkray.storage.workspace import WorkspaceStore
 
 # Runs that are not about timeouts get a generous limit: a loaded CI machine can take
 # seconds to start a process.

@@ -8,10 +8,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-
-from runtime.schedules import CronExpression, Scheduler
-from storage.db import Database
-from storage.fibers import FiberStore
+from thinkray.runtime.durable.schedules import CronExpression, Scheduler
+from thinkray.storage.db import Database
+from thinkray.storage.fibers import FiberStore
 
 
 async def until(cond: Any, timeout: float = 2.0) -> None:

@@ -10,14 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import thinkray.storage.session_store as session_store_module
 from conformance.session_store_suite import *  # noqa: F403
 from conformance.session_store_suite import chain, envelope, ids, msg
-
-import storage.session_store as session_store_module
-from storage.db import Database, DatabaseClosedError
-from storage.protocols import SessionStore
-from storage.session_store import DuckDBSessionStore
-from storage.types import (
+from thinkray.storage.db import Database, DatabaseClosedError
+from thinkray.storage.protocols import SessionStore
+from thinkray.storage.session_store import DuckDBSessionStore
+from thinkray.storage.types import (
     ChunkWrite,
     InvalidInputError,
     PartWrite,

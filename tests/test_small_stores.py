@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
-from storage.db import Database
-from storage.kv import KeyValueStore
-from storage.registry import RegistryStore, SubAgentNotFoundError, SubAgentRecord
-from storage.types import InvalidInputError
+from thinkray.storage.db import Database
+from thinkray.storage.kv import KeyValueStore
+from thinkray.storage.registry import RegistryStore, SubAgentNotFoundError, SubAgentRecord
+from thinkray.storage.types import InvalidInputError
 
 
 def test_kv_set_replaces_get_default_prefix_items_and_persists(tmp_path):

@@ -1,4 +1,4 @@
-"""storage.db.Database: the file settings, transactions, migrations and the file lock."""
+"""thinkray.storage.db.Database: the file settings, transactions, migrations and the file lock."""
 
 from __future__ import annotations
 
@@ -11,15 +11,14 @@ from pathlib import Path
 
 import duckdb
 import pytest
-
-from storage.db import (
+from thinkray.storage.db import (
     BLOCK_SIZE,
     Database,
     DatabaseClosedError,
     DatabaseLockedError,
     Migration,
 )
-from storage.types import StorageError
+from thinkray.storage.types import StorageError
 
 
 def _create_t(con: duckdb.DuckDBPyConnection) -> None:

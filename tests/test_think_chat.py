@@ -6,12 +6,11 @@ import asyncio
 
 import pytest
 from pydantic import BaseModel
-
-from runtime import SessionBusyError, Think, tool, tool_from_model
-from runtime.abort import AbortController
-from runtime.messages import InvalidMessageError
-from runtime.model import ModelError
-from runtime.testing import (
+from thinkray.runtime import SessionBusyError, Think, tool, tool_from_model
+from thinkray.runtime.abort import AbortController
+from thinkray.runtime.messages import InvalidMessageError
+from thinkray.runtime.models.base import ModelError
+from thinkray.runtime.models.testing import (
     FunctionModel,
     ScriptedModel,
     fail,
@@ -22,8 +21,9 @@ from runtime.testing import (
     text,
     tool_call,
 )
-from runtime.usage import Usage
-from storage.types import SessionNotFoundError
+from thinkray.runtime.usage import Usage
+from thinkray.storage.types import SessionNotFoundError
+
 from tests.conftest import Collector
 
 
@@ -63,7 +63,7 @@ async def test_multi_turn_context_reaches_model(store):
 
 
 async def test_history_survives_reopen(tmp_path):
-    from storage.session_store import DuckDBSessionStore
+    from thinkray.storage.session_store import DuckDBSessionStore
 
     path = tmp_path / "a.duckdb"
     agent = Think(DuckDBSessionStore(path), model=ScriptedModel([reply("kept")]))
@@ -447,7 +447,7 @@ async def test_context_assembly_override(store):
 
     class WithMemory(Think):
         async def assemble_context(self):
-            from runtime.model import ModelMessage, TextContent
+            from thinkray.runtime.models.base import ModelMessage, TextContent
 
             base = await super().assemble_context()
             return [ModelMessage(role="user", content=[TextContent(text="MEMORY")]), *base]

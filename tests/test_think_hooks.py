@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from thinkray.runtime import SessionBusyError, Think, ToolContext, tool
+from thinkray.runtime.models.testing import ScriptedModel, reply, text, tool_call
+from thinkray.runtime.turn.loop import ToolDenial
 
-from runtime import SessionBusyError, Think, ToolContext, tool
-from runtime.loop import ToolDenial
-from runtime.testing import ScriptedModel, reply, text, tool_call
 from tests.conftest import Collector
 
 

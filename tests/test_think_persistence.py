@@ -6,18 +6,17 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
-from runtime import Think
-from runtime.persistence import (
+from thinkray.runtime import Think
+from thinkray.runtime.models.testing import ScriptedModel, pause, reply, tool_call
+from thinkray.runtime.tools.base import tool
+from thinkray.runtime.turn.persistence import (
     ROW_MAX_BYTES,
     TRUNCATED_MARKER,
     PersistCache,
     enforce_row_size,
     sanitize_message,
 )
-from runtime.testing import ScriptedModel, pause, reply, tool_call
-from runtime.tools import tool
-from storage.types import SessionNotFoundError
+from thinkray.storage.types import SessionNotFoundError
 
 
 def texts(history):
@@ -332,7 +331,7 @@ async def test_regenerate_without_new_message(store):
 
 
 async def test_configuration_persists(tmp_path):
-    from storage.session_store import DuckDBSessionStore
+    from thinkray.storage.session_store import DuckDBSessionStore
 
     path = tmp_path / "c.duckdb"
     agent = Think(DuckDBSessionStore(path))

@@ -13,11 +13,10 @@ from typing import Any
 
 import pytest
 from conformance.session_store_suite import chain, ids, msg
-
-from runtime import SessionBusyError, Think
-from runtime.testing import ScriptedModel, reply
-from storage.session_store import DuckDBSessionStore
-from storage.types import (
+from thinkray.runtime import SessionBusyError, Think
+from thinkray.runtime.models.testing import ScriptedModel, reply
+from thinkray.storage.session_store import DuckDBSessionStore
+from thinkray.storage.types import (
     InvalidInputError,
     NotOnPathError,
     ThreadExistsError,

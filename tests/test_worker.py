@@ -9,13 +9,9 @@ from typing import Literal
 
 import pytest
 from pydantic import BaseModel, Field
-
-from runtime.abort import AbortController, AbortError
-from runtime.model import ModelRequest
-from runtime.testing import FunctionModel, ScriptedModel, last_user_text, pause, reply, tool_call
-from runtime.think import Think
-from runtime.tools import tool
-from runtime.worker import (
+from thinkray.runtime.abort import AbortController, AbortError
+from thinkray.runtime.agents.think import Think
+from thinkray.runtime.agents.worker import (
     FINAL_RESULT_TOOL,
     JobRegistry,
     WorkerAgent,
@@ -24,8 +20,18 @@ from runtime.worker import (
     WorkerTimeoutError,
     check_job_tool,
 )
-from storage.db import Database
-from storage.session_store import DuckDBSessionStore
+from thinkray.runtime.models.base import ModelRequest
+from thinkray.runtime.models.testing import (
+    FunctionModel,
+    ScriptedModel,
+    last_user_text,
+    pause,
+    reply,
+    tool_call,
+)
+from thinkray.runtime.tools.base import tool
+from thinkray.storage.db import Database
+from thinkray.storage.session_store import DuckDBSessionStore
 
 
 class Verdict(BaseModel):

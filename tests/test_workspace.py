@@ -6,10 +6,9 @@ import asyncio
 from typing import Any
 
 import pytest
-
-from runtime.abort import AbortSignal
-from runtime.tools import Tool, ToolContext, ToolInputError
-from runtime.workspace import (
+from thinkray.runtime.abort import AbortSignal
+from thinkray.runtime.tools.base import Tool, ToolContext, ToolInputError
+from thinkray.runtime.tools.workspace import (
     BinaryFileError,
     EditError,
     LocalWorkspace,
@@ -19,8 +18,8 @@ from runtime.workspace import (
     error_kind,
     workspace_tools,
 )
-from storage.db import Database
-from storage.workspace import (
+from thinkray.storage.db import Database
+from thinkray.storage.workspace import (
     WorkspaceExistsError,
     WorkspaceIsADirectoryError,
     WorkspaceLimitError,

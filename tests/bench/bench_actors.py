@@ -41,9 +41,8 @@ def main() -> int:
     quick = args.quick
 
     import ray
-
-    from actors.namespace import AgentNamespace
-    from runtime.demo import ScriptAgent
+    from thinkray.actors.demo import ScriptAgent
+    from thinkray.actors.namespace import AgentNamespace
 
     ray.init(
         num_cpus=2,
@@ -157,7 +156,7 @@ def main() -> int:
     ns_lat.shutdown()
 
     # -- turn overhead ------------------------------------------------------------------------
-    from storage.session_store import DuckDBSessionStore
+    from thinkray.storage.session_store import DuckDBSessionStore
 
     async def in_process(n: int) -> list[float]:
         local = ScriptAgent(DuckDBSessionStore(Path(root) / "inproc.duckdb"), chunks=200)

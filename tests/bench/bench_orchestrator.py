@@ -22,10 +22,9 @@ from _report import line, pct  # noqa: E402
 
 def main() -> int:
     import ray
-
-    from actors.bridge import BridgeClient, bridge_name
-    from actors.namespace import AgentNamespace
-    from actors.orchestrator import Orchestrator
+    from thinkray.actors.bridge import BridgeClient, bridge_name
+    from thinkray.actors.namespace import AgentNamespace
+    from thinkray.actors.orchestrator import Orchestrator
 
     ray.init(
         num_cpus=2,

@@ -32,9 +32,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy  # noqa: E402,F401  (loaded in every Ray worker; the store uses it when present)
-
-from storage.session_store import DuckDBSessionStore  # noqa: E402
-from storage.types import ChunkWrite, PartWrite, StreamFlush  # noqa: E402
+from thinkray.storage.session_store import DuckDBSessionStore  # noqa: E402
+from thinkray.storage.types import ChunkWrite, PartWrite, StreamFlush  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import RNG, WORDS, conversation, kib, light, line, ms, pct  # noqa: E402

@@ -1,4 +1,4 @@
-"""Conformance suite for :class:`storage.protocols.SessionStore`.
+"""Conformance suite for :class:`thinkray.storage.protocols.SessionStore`.
 
 Every store implementation runs these tests. The importing module provides:
 
@@ -22,9 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-
-from storage.protocols import HEAD, SessionStore, Thread
-from storage.types import (
+from thinkray.storage.protocols import HEAD, SessionStore, Thread
+from thinkray.storage.types import (
     DEFAULT_SETTINGS_KEY,
     DEFAULT_THREAD_KEY,
     ChunkWrite,

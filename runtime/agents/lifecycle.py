@@ -1,14 +1,14 @@
-"""Session lifecycle on a :class:`~runtime.think.Think` agent (seeds 001 and 002).
+"""Session lifecycle on a :class:`~thinkray.runtime.agents.think.Think` agent (seeds 001 and 002).
 
 ``Think`` keeps thin methods (``branch``, ``rewind``, ``unrewind``, ``resend``,
 ``resolve_model``, ``compact_for_model``) that call the functions here; the data work
-is in the store (:meth:`~storage.protocols.SessionStore.branch_session`,
-:meth:`~storage.protocols.SessionStore.rewind_session`, ...). What this module adds on
+is in the store (:meth:`~thinkray.storage.protocols.SessionStore.branch_session`,
+:meth:`~thinkray.storage.protocols.SessionStore.rewind_session`, ...). What this module adds on
 top of the store is what needs the runtime: the one-run-per-session rule, the
 ``message.user`` snapshot contract, and the per-turn model.
 
 Branch (seed 002 "Branching")
-    Rejected with :class:`~runtime.status.SessionBusyError` while the parent has a run
+    Rejected with :class:`~thinkray.runtime.status.SessionBusyError` while the parent has a run
     in flight (status ``busy`` or ``retrying``; an ``error`` status is a finished run,
     so branching a failed session is allowed). The branch is a new session and does not
     become the current one: a sidecar must not steal the main conversation.
@@ -39,12 +39,12 @@ import inspect
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from runtime.model import Model
-from runtime.status import SessionBusyError
-from storage.types import DEFAULT_SETTINGS_KEY, SessionInfo
+from thinkray.runtime.models.base import Model
+from thinkray.runtime.status import SessionBusyError
+from thinkray.storage.types import DEFAULT_SETTINGS_KEY, SessionInfo
 
 if TYPE_CHECKING:
-    from runtime.think import RunState, Think
+    from thinkray.runtime.agents.think import RunState, Think
 
 CONTEXT_SWITCH_ERROR = (
     "Switching to a model with a smaller context window would lose the conversation; "
@@ -112,7 +112,7 @@ class RewindResult:
 
 @dataclass
 class UnrewindResult:
-    """What ``Think.unrewind`` did (see :class:`~storage.types.UnrewindInfo`)."""
+    """What ``Think.unrewind`` did (see :class:`~thinkray.storage.types.UnrewindInfo`)."""
 
     session_id: str
     head_id: str | None
@@ -215,7 +215,7 @@ def resend_message(result: RewindResult, message: str | dict[str, Any] | None) -
     edited text or message, or a copy of the original under a new id (the original id
     is taken: appending it again would be an idempotent no-op). The target's metadata
     (model selection, snapshot id) carries over unless the new message has its own."""
-    from runtime.messages import new_id
+    from thinkray.runtime.messages import new_id
 
     original = result.target
     if message is None:

@@ -7,14 +7,14 @@ Three layers:
   implementation can live in another process: a Ray bridge actor that owns a shared
   workspace implements the same method names and returns awaitables (Ray
   ``ObjectRef``\\ s are awaitable), and every caller here awaits whatever is awaitable.
-- :class:`LocalWorkspace`: both protocols over a :class:`~storage.workspace.WorkspaceStore`
+- :class:`LocalWorkspace`: both protocols over a :class:`~thinkray.storage.workspace.WorkspaceStore`
   in this actor's database.
 - :func:`workspace_tools`: ``read_file``, ``write_file``, ``edit_file``,
-  ``list_directory``, ``find_files``, ``grep`` and ``delete`` as :class:`~runtime.tools.Tool`\\ s
+  ``list_directory``, ``find_files``, ``grep`` and ``delete`` as :class:`~thinkray.runtime.tools.base.Tool`\\ s
   over any implementation.
 
 Errors: operations raise exceptions whose ``str()`` is a message for the model
-(:mod:`storage.workspace` errors, :class:`~runtime.paths.UnsafePathError`,
+(:mod:`thinkray.storage.workspace` errors, :class:`~thinkray.runtime.tools.paths.UnsafePathError`,
 :class:`EditError`, :class:`BinaryFileError`). :func:`error_kind` maps any of them to a
 short stable code for transports that cannot carry exception types.
 """
@@ -29,10 +29,9 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, Protocol, TypedDict, runtime_checkable
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
-
-from runtime.paths import UnsafePathError, normalize_path
-from runtime.tools import Tool, tool_from_model
-from storage.workspace import (
+from thinkray.runtime.tools.base import Tool, tool_from_model
+from thinkray.runtime.tools.paths import UnsafePathError, normalize_path
+from thinkray.storage.workspace import (
     EntryInfo,
     WorkspaceError,
     WorkspaceExistsError,
@@ -116,7 +115,7 @@ class DeleteResult(TypedDict):
 class ReadOperations(Protocol):
     """Read access to a workspace. Methods may be sync or async (callers await
     awaitables). Paths are workspace-relative; implementations normalize them with
-    :func:`runtime.paths.normalize_path` and refuse unsafe ones (never touching
+    :func:`thinkray.runtime.tools.paths.normalize_path` and refuse unsafe ones (never touching
     anything). All arguments and results are JSON-able.
     """
 
@@ -222,7 +221,7 @@ def apply_edit(
 def compile_glob(pattern: str) -> re.Pattern[str]:
     """Translate a workspace glob to a regex matched against a relative path.
 
-    Raises :class:`~runtime.paths.UnsafePathError` (a ``ValueError``) for patterns
+    Raises :class:`~thinkray.runtime.tools.paths.UnsafePathError` (a ``ValueError``) for patterns
     that climb (``..``) or use backslashes.
     """
     if not isinstance(pattern, str) or not pattern.strip():
@@ -331,7 +330,7 @@ async def call_op(ops: Any, method: str, *args: Any, **kwargs: Any) -> Any:
 
 class LocalWorkspace:
     """:class:`ReadOperations` and :class:`WriteOperations` over a
-    :class:`~storage.workspace.WorkspaceStore` (synchronous: each call is one or a few
+    :class:`~thinkray.storage.workspace.WorkspaceStore` (synchronous: each call is one or a few
     DuckDB statements)."""
 
     def __init__(self, store: WorkspaceStore) -> None:

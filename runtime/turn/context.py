@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from runtime.model import (
+from thinkray.runtime.models.base import (
     FileContent,
     ModelMessage,
     ReasoningContent,

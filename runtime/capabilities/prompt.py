@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from runtime.paths import normalize_path
-from runtime.workspace import call_op
+from thinkray.runtime.tools.paths import normalize_path
+from thinkray.runtime.tools.workspace import call_op
 
 log = logging.getLogger("thinkray.prompt")
 
@@ -324,7 +324,7 @@ class PromptMixin:
 
     async def system_prompt_for(self, options: Any, tools: dict[str, Any]) -> str:
         if type(self).get_system_prompt is not PromptMixin.get_system_prompt:
-            # A subclass replaced the assembly altogether (see runtime.agent.Agent).
+            # A subclass replaced the assembly altogether (see thinkray.runtime.agents.agent.Agent).
             return await super().system_prompt_for(options, tools)  # type: ignore[misc]
         prompt = await self.assemble_prompt(tools)
         options.state[_STATE_KEY] = prompt

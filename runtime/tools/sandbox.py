@@ -24,7 +24,7 @@ What confines it (outermost first):
    hooks are a tripwire, not a hard boundary: (1)–(3) are what the kernel enforces.
 5. **Workspace only through a narrow channel.** The program gets a ``workspace`` object
    whose methods send JSON-RPC-style requests to the parent, which runs them against
-   the :class:`~runtime.workspace.ReadOperations`/:class:`~runtime.workspace.WriteOperations`
+   the :class:`~thinkray.runtime.tools.workspace.ReadOperations`/:class:`~thinkray.runtime.tools.workspace.WriteOperations`
    it was given, enforcing the access level, path normalization and a call budget.
 
 Channel protocol (one JSON object per line, UTF-8):
@@ -58,9 +58,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-
-from runtime.tools import ModelTool, ToolExecutionError, tool_from_model
-from runtime.workspace import READ_METHODS, WRITE_METHODS, call_op, error_kind
+from thinkray.runtime.tools.base import ModelTool, ToolExecutionError, tool_from_model
+from thinkray.runtime.tools.workspace import READ_METHODS, WRITE_METHODS, call_op, error_kind
 
 SandboxAccess = Literal["none", "read", "read-write"]
 """Workspace access of sandboxed code: none, read operations only, or all."""
@@ -832,7 +831,7 @@ def _describe(sandbox: CodeSandbox) -> str:
 def execute_tool(sandbox: CodeSandbox, *, name: str = "execute") -> ModelTool:
     """The ``execute`` tool: runs ``code`` in ``sandbox``. Returns ``{"result",
     "stdout"[, "stderr"]}``; failures (exceptions, timeouts, limits) raise
-    :class:`~runtime.tools.ToolExecutionError` so the model sees a tool error with the
+    :class:`~thinkray.runtime.tools.base.ToolExecutionError` so the model sees a tool error with the
     traceback and any output."""
 
     async def run(input: ExecuteInput) -> dict[str, Any]:

@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from runtime.builder import MessageBuilder
-from runtime.persistence import PersistCache, enforce_row_size, sanitize_message
-from storage.protocols import SessionStore
-from storage.types import ChunkWrite, PartWrite, StreamFlush
+from thinkray.runtime.turn.builder import MessageBuilder
+from thinkray.runtime.turn.persistence import PersistCache, enforce_row_size, sanitize_message
+from thinkray.storage.protocols import SessionStore
+from thinkray.storage.types import ChunkWrite, PartWrite, StreamFlush
 
 DEFAULT_FLUSH_INTERVAL = 0.03
 

@@ -11,12 +11,11 @@ import re
 from typing import Any
 
 from pydantic import BaseModel
-
-from runtime.agent import Agent
-from runtime.model import Model, ModelRequest
-from runtime.testing import FunctionModel, Reply, reply, tool_call
-from runtime.think import Think
-from runtime.tools import Tool, tool
+from thinkray.runtime.agents.agent import Agent
+from thinkray.runtime.agents.think import Think
+from thinkray.runtime.models.base import Model, ModelRequest
+from thinkray.runtime.models.testing import FunctionModel, Reply, reply, tool_call
+from thinkray.runtime.tools.base import Tool, tool
 
 _FORECASTS = {"paris": ("light rain", 14), "tokyo": ("clear skies", 22), "lima": ("fog", 17)}
 
@@ -57,7 +56,7 @@ def _timestamped_deltas(n: int, delay: float) -> Any:
     import asyncio
     import time
 
-    from runtime.model import StepFinish, TextDelta, TextEnd, TextStart
+    from thinkray.runtime.models.base import StepFinish, TextDelta, TextEnd, TextStart
 
     async def events(request: ModelRequest, step: int) -> Any:
         yield TextStart(id="ts")
@@ -79,7 +78,7 @@ class DemoAgent(Agent):
 
     def get_model(self) -> Model:
         if os.environ.get("ANTHROPIC_API_KEY"):
-            from runtime.anthropic_model import AnthropicModel
+            from thinkray.runtime.models.anthropic import AnthropicModel
 
             return AnthropicModel(os.environ.get("THINKRAY_MODEL", "claude-sonnet-4-6"))
         return FunctionModel(_offline_step, model_id="offline-demo", delay=0.01)
@@ -218,7 +217,7 @@ def _summarizer_step(request: ModelRequest, step: int) -> Reply:
 
 def summarizer() -> Any:
     """A worker agent: fresh context per call, typed ``Summary`` output."""
-    from runtime.worker import WorkerAgent
+    from thinkray.runtime.agents.worker import WorkerAgent
 
     return WorkerAgent(
         "summarize",

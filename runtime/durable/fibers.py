@@ -48,8 +48,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.abort import AbortController, AbortError, AbortSignal
-from storage.fibers import FiberNotFoundError, FiberRecord, FiberStore, pack
+from thinkray.runtime.abort import AbortController, AbortError, AbortSignal
+from thinkray.storage.fibers import FiberNotFoundError, FiberRecord, FiberStore, pack
 
 log = logging.getLogger("thinkray.fibers")
 

@@ -6,7 +6,7 @@ nothing but the input — no history, no session, no memory of earlier calls —
 can be called from a script (``asyncio.run(worker.run(...))``), an API handler, a
 cron job, or by another agent as a tool.
 
-Fresh context: ``run`` calls :func:`runtime.loop.run_loop` directly with a message
+Fresh context: ``run`` calls :func:`thinkray.runtime.turn.loop.run_loop` directly with a message
 list built from the input, rather than building a throw-away :class:`Think`. The loop
 is the one every agent uses (same tool validation, retries, abort), and what a
 ``Think`` would add — a session store, a turn lock, a recorder, fibers — is state a
@@ -42,18 +42,23 @@ from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from runtime.abort import AbortController, AbortError, AbortSignal
-from runtime.builder import MessageBuilder
-from runtime.context import to_model_messages
-from runtime.loop import LoopResult, RetryPolicy, run_loop
-from runtime.messages import new_id
-from runtime.model import Model, ModelMessage, TextContent
-from runtime.persistence import PersistCache, prepare_message
-from runtime.recorder import Recorder
-from runtime.tools import ModelTool, Tool, ToolContext, ToolExecutionError, ToolInputError
-from runtime.usage import Usage
-from storage.jobs import JOB_FINISHED, JobRecord, JobStore
+from thinkray.runtime.abort import AbortController, AbortError, AbortSignal
+from thinkray.runtime.messages import new_id
+from thinkray.runtime.models.base import Model, ModelMessage, TextContent
+from thinkray.runtime.tools.base import (
+    ModelTool,
+    Tool,
+    ToolContext,
+    ToolExecutionError,
+    ToolInputError,
+)
+from thinkray.runtime.turn.builder import MessageBuilder
+from thinkray.runtime.turn.context import to_model_messages
+from thinkray.runtime.turn.loop import LoopResult, RetryPolicy, run_loop
+from thinkray.runtime.turn.persistence import PersistCache, prepare_message
+from thinkray.runtime.turn.recorder import Recorder
+from thinkray.runtime.usage import Usage
+from thinkray.storage.jobs import JOB_FINISHED, JobRecord, JobStore
 
 log = logging.getLogger("thinkray.worker")
 
@@ -142,7 +147,7 @@ def _check_type(kind: str, value: Any) -> type:
 class WorkerAgent(Generic[T]):
     """A stateless one-shot agent. See the module docstring for the design.
 
-    ``model`` is a :class:`~runtime.model.Model` or a zero-argument factory of one.
+    ``model`` is a :class:`~thinkray.runtime.models.base.Model` or a zero-argument factory of one.
     ``tools`` may contain other ``WorkerAgent`` instances (used as blocking tools).
     ``persist=True`` records runs into the calling agent's store when the worker runs
     as a tool (a direct ``run`` records only into an explicit ``session_store``).
@@ -304,7 +309,7 @@ class WorkerAgent(Generic[T]):
         Raises :class:`WorkerInputError` before any model call, :class:`AbortError` when
         ``signal`` fires, :class:`WorkerTimeoutError` after ``timeout``,
         :class:`WorkerOutputError` without a valid output, and the model's
-        :class:`~runtime.model.ModelError` when it fails for good.
+        :class:`~thinkray.runtime.models.base.ModelError` when it fails for good.
         """
         value = self.validate_input(input)
         if depth > self.max_depth:
@@ -521,7 +526,7 @@ class WorkerAgent(Generic[T]):
 
 
 class WorkerTool:
-    """A :class:`WorkerAgent` behind the :class:`~runtime.tools.Tool` protocol."""
+    """A :class:`WorkerAgent` behind the :class:`~thinkray.runtime.tools.base.Tool` protocol."""
 
     def __init__(
         self,

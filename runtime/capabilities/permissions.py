@@ -36,7 +36,7 @@ The request goes out on the run's stream as the AI SDK chunk
 call as an ``output-error`` "aborted: ..." — a clear state on reload).
 
 Think hooks used: ``Think.check_tool_permission`` receives the turn's
-:class:`~runtime.think.ChatOptions`; the request goes out with ``options.emit`` (the
+:class:`~thinkray.runtime.agents.think.ChatOptions`; the request goes out with ``options.emit`` (the
 same ordered stream as the model's chunks), and a human's "no" (or no answer in time)
 is returned as ``ToolDenial(by_user=True)``, which the loop ends as
 ``tool-output-denied``.
@@ -55,9 +55,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-from runtime.loop import ToolDenial
-from runtime.messages import new_id
+from thinkray.runtime.messages import new_id
+from thinkray.runtime.turn.loop import ToolDenial
 
 log = logging.getLogger("thinkray.permissions")
 
@@ -336,7 +335,7 @@ class Approval:
 
 
 class PermissionMixin:
-    """Permission scopes and approvals for a :class:`~runtime.think.Think` subclass.
+    """Permission scopes and approvals for a :class:`~thinkray.runtime.agents.think.Think` subclass.
 
     Compose before ``Think``: ``class Agent(PermissionMixin, Think)``. Overrides
     ``check_tool_permission`` (the loop's hook; asks go out through ``options.emit``).

@@ -1,7 +1,7 @@
 """``Think``: the opinionated chat agent base class (seed 000), without Ray.
 
 Subclass and override ``get_model`` (and, as needed, the other override points). One
-instance owns one :class:`~storage.protocols.SessionStore`; it keeps several named
+instance owns one :class:`~thinkray.storage.protocols.SessionStore`; it keeps several named
 sessions and runs at most one turn per session at a time. A turn (seed 000 §1–9):
 
 1. validate and idempotently append the user message, reload the history;
@@ -26,23 +26,23 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from runtime import lifecycle
-from runtime.abort import AbortController, AbortError, AbortSignal, abortable
-from runtime.context import prune_tool_calls, to_model_messages
-from runtime.fibers import FiberManager
-from runtime.loop import LoopHooks, LoopResult, RetryPolicy, ToolDenial, run_loop
-from runtime.messages import Role, new_id, parse_message
-from runtime.model import Model, ModelError, ModelMessage
-from runtime.persistence import PersistCache, enforce_row_size, prepare_message
-from runtime.recorder import DEFAULT_FLUSH_INTERVAL, Recorder
-from runtime.schedules import Scheduler
-from runtime.status import SessionBusyError, SessionStatus, StatusBoard
-from runtime.stream import RunStream
-from runtime.tools import Tool
-from runtime.usage import Usage
-from storage.fibers import FiberStore
-from storage.protocols import HEAD, SessionStore
-from storage.types import PartWrite, SessionInfo, StreamFlush
+from thinkray.runtime.abort import AbortController, AbortError, AbortSignal, abortable
+from thinkray.runtime.agents import lifecycle
+from thinkray.runtime.durable.fibers import FiberManager
+from thinkray.runtime.durable.schedules import Scheduler
+from thinkray.runtime.messages import Role, new_id, parse_message
+from thinkray.runtime.models.base import Model, ModelError, ModelMessage
+from thinkray.runtime.status import SessionBusyError, SessionStatus, StatusBoard
+from thinkray.runtime.tools.base import Tool
+from thinkray.runtime.turn.context import prune_tool_calls, to_model_messages
+from thinkray.runtime.turn.loop import LoopHooks, LoopResult, RetryPolicy, ToolDenial, run_loop
+from thinkray.runtime.turn.persistence import PersistCache, enforce_row_size, prepare_message
+from thinkray.runtime.turn.recorder import DEFAULT_FLUSH_INTERVAL, Recorder
+from thinkray.runtime.turn.stream import RunStream
+from thinkray.runtime.usage import Usage
+from thinkray.storage.fibers import FiberStore
+from thinkray.storage.protocols import HEAD, SessionStore
+from thinkray.storage.types import PartWrite, SessionInfo, StreamFlush
 
 log = logging.getLogger("thinkray.think")
 
@@ -162,7 +162,7 @@ class Think:
     ``get_workspace``. Lifecycle hooks: ``on_start`` (the constructor path, run on
     every wake), ``on_user_message`` (before a user message lands).
 
-    Turn hooks for capabilities layered on top (``runtime.agent.Agent``'s mixins use
+    Turn hooks for capabilities layered on top (``thinkray.runtime.agents.agent.Agent``'s mixins use
     them; each default is a no-op, so a plain subclass behaves as without them):
     ``prepare_turn`` (before the stream; may emit and rewrite the history),
     ``context_view`` (which messages the model sees), ``system_prompt_for`` (the prompt
@@ -185,7 +185,7 @@ class Think:
         model: Model | None = None,
     ) -> None:
         if store is None or isinstance(store, (str, os.PathLike)):
-            from storage.session_store import DuckDBSessionStore
+            from thinkray.storage.session_store import DuckDBSessionStore
 
             store = DuckDBSessionStore(store if store is not None else ":memory:")
         self.store: SessionStore = store
@@ -463,7 +463,7 @@ class Think:
     def _sid(self, session_id: str | None) -> str:
         sid = session_id or self._current_session_id
         if sid is None:
-            from storage.types import SessionNotFoundError
+            from thinkray.storage.types import SessionNotFoundError
 
             raise SessionNotFoundError("no session selected: create or switch to one first")
         return sid
@@ -842,14 +842,14 @@ class Think:
             self.status.idle(run.session_id)
 
     def get_request_options(self) -> dict[str, Any]:
-        """Extra :class:`~runtime.model.ModelRequest` fields for this turn."""
+        """Extra :class:`~thinkray.runtime.models.base.ModelRequest` fields for this turn."""
         return {}
 
     async def check_tool_permission(
         self, tool_name: str, input: Any, call_id: str, options: ChatOptions | None = None
     ) -> str | ToolDenial | None:
         """Return ``None`` to allow a tool call; a reason (a ``tool-output-error`` the
-        model reads) or a :class:`~runtime.loop.ToolDenial` (``by_user=True``: the call
+        model reads) or a :class:`~thinkray.runtime.turn.loop.ToolDenial` (``by_user=True``: the call
         ends ``tool-output-denied``) to refuse it. ``options`` is the turn's: session,
         run, signal and ``emit`` (e.g. to ask a human with ``tool-approval-request``)."""
         return None
@@ -916,7 +916,7 @@ class Think:
         """True while fibers or scheduled tasks run here: do not hibernate."""
         fibers = self.fibers is not None and self.fibers.has_work
         scheduled = self.scheduler is not None and self.scheduler.busy
-        from runtime.worker import JobRegistry
+        from thinkray.runtime.agents.worker import JobRegistry
 
         jobs = JobRegistry.existing(self)
         return bool(fibers or scheduled or (jobs is not None and jobs.has_running()))
@@ -931,7 +931,7 @@ class Think:
             await self.fibers.close()
         if self.scheduler is not None:
             await self.scheduler.close()
-        from runtime.worker import JobRegistry
+        from thinkray.runtime.agents.worker import JobRegistry
 
         jobs = JobRegistry.existing(self)
         if jobs is not None:

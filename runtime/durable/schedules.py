@@ -1,6 +1,6 @@
 """Scheduled tasks: call ``host.<method>(payload)`` at a time, every N seconds, or on cron.
 
-Schedules are rows in the actor's database (:class:`~storage.fibers.FiberStore`), so
+Schedules are rows in the actor's database (:class:`~thinkray.storage.fibers.FiberStore`), so
 they outlive the process. Two ways to run them:
 
 - in process: :meth:`Scheduler.start` runs a timer loop that sleeps until the next due
@@ -26,8 +26,8 @@ import time
 from datetime import datetime, timedelta
 from typing import Any
 
-from storage.fibers import CronExpression, FiberStore, ScheduleRecord
-from storage.types import InvalidInputError
+from thinkray.storage.fibers import CronExpression, FiberStore, ScheduleRecord
+from thinkray.storage.types import InvalidInputError
 
 log = logging.getLogger("thinkray.schedules")
 

@@ -25,7 +25,7 @@ in path order, as a mapping because the store's rewind reads a *list* as the exa
 ids covered and a mapping as a range on the path. Exactly the messages on the path
 between them whose ``hidden_at`` equals ``data.hidden_at`` were hidden by this
 compaction (:func:`summarized_ids`): what a rewind past the compaction un-hides. No table of its own: the part is the
-record (``storage.session_store`` indexes ``parts.type``); :meth:`list_compactions`
+record (``thinkray.storage.session_store`` indexes ``parts.type``); :meth:`list_compactions`
 reads them back.
 
 **The model's view** is the summary followed by every visible message from
@@ -40,7 +40,7 @@ are estimated as ``ceil(chars / 4)`` of a plain-text rendering (:func:`estimate_
 budgets. If the tail is over ``tail_budget_pct * usable``, it drops to one message
 and a warning is logged (the seed's default).
 
-**Summarizer.** One no-tools call through the same loop (:func:`runtime.loop.run_loop`,
+**Summarizer.** One no-tools call through the same loop (:func:`thinkray.runtime.turn.loop.run_loop`,
 ``max_steps=1``, no loop retries), with ``temperature``, a hard ``max_output_tokens``
 cap, a ``timeout`` and :data:`SUMMARY_SYSTEM_PROMPT` (sections Goal / Progress /
 Decisions / Next Steps). Its input is a plain transcript of the summarized messages.
@@ -100,14 +100,13 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
-
-from runtime.abort import AbortController, AbortError, AbortSignal
-from runtime.context import render_output
-from runtime.loop import LoopResult, RetryPolicy, run_loop
-from runtime.messages import new_id
-from runtime.model import Model, ModelError, ModelMessage, TextContent
-from runtime.usage import Usage
-from storage.types import PartWrite, StreamFlush
+from thinkray.runtime.abort import AbortController, AbortError, AbortSignal
+from thinkray.runtime.messages import new_id
+from thinkray.runtime.models.base import Model, ModelError, ModelMessage, TextContent
+from thinkray.runtime.turn.context import render_output
+from thinkray.runtime.turn.loop import LoopResult, RetryPolicy, run_loop
+from thinkray.runtime.usage import Usage
+from thinkray.storage.types import PartWrite, StreamFlush
 
 log = logging.getLogger("thinkray.compaction")
 
@@ -300,7 +299,7 @@ class CompactionConfig(BaseModel):
 
     auto: bool = True
     summary_model: Any = Field(default=None, exclude=True)
-    """A :class:`~runtime.model.Model`, a zero-argument factory returning one, or None
+    """A :class:`~thinkray.runtime.models.base.Model`, a zero-argument factory returning one, or None
     (the agent's model). Pick the provider's cheapest tier. Not persisted."""
     temperature: float = Field(0.2, ge=0, le=2)
     max_output_tokens: int = Field(2_048, ge=16)

@@ -14,7 +14,7 @@ An extension is Python source that declares a manifest and registers tools::
 
 ``extension_tool(description=..., input_schema=...)`` is predefined in the extension's
 namespace (``input_schema`` defaults to one derived from annotated parameters), and so
-is ``workspace`` (see :mod:`runtime.sandbox`). A tool is called with its input as
+is ``workspace`` (see :mod:`thinkray.runtime.tools.sandbox`). A tool is called with its input as
 keyword arguments and returns a JSON-serializable value.
 
 Lifecycle (mirrors the seed's describe/execute RPC):
@@ -23,7 +23,7 @@ Lifecycle (mirrors the seed's describe/execute RPC):
   mode, always with no workspace and no network (discovery must not have side
   effects), validates the manifest and the discovered tools, and persists
   ``{manifest, source}`` in the actor's database (a reserved
-  :class:`~storage.workspace.WorkspaceStore` namespace, invisible to the workspace
+  :class:`~thinkray.storage.workspace.WorkspaceStore` namespace, invisible to the workspace
   tools). Loading a name that exists replaces it.
 - :meth:`ExtensionManager.get_tools` exposes each tool as ``<extension>__<tool>``.
   Every call runs the source and then the function in a **fresh** sandbox process
@@ -44,17 +44,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
-from runtime.sandbox import CodeSandbox, SandboxAccess
-from runtime.tools import (
+from thinkray.runtime.tools.base import (
     ModelTool,
     ToolContext,
     ToolExecutionError,
     ToolInputError,
     tool_from_model,
 )
-from storage.db import Database
-from storage.workspace import WorkspaceStore
+from thinkray.runtime.tools.sandbox import CodeSandbox, SandboxAccess
+from thinkray.storage.db import Database
+from thinkray.storage.workspace import WorkspaceStore
 
 log = logging.getLogger("thinkray.extensions")
 
@@ -133,8 +132,8 @@ class ExtensionManifest(BaseModel):
 class ExtensionManager:
     """Loads, persists, restores and exposes extensions for one actor.
 
-    ``store`` is the actor's :class:`~storage.db.Database` or any
-    :class:`~storage.workspace.WorkspaceStore` on it (only its database is used: records
+    ``store`` is the actor's :class:`~thinkray.storage.db.Database` or any
+    :class:`~thinkray.storage.workspace.WorkspaceStore` on it (only its database is used: records
     live in the reserved namespace :data:`EXTENSIONS_NAMESPACE`). ``ops`` are the
     workspace operations extensions may be granted (``None``: extensions asking for
     workspace access are refused at load). ``allow_network=False`` refuses extensions
@@ -323,7 +322,7 @@ def _file_name(name: str) -> str:
 
 
 class ExtensionTool:
-    """One extension tool (the :class:`~runtime.tools.Tool` protocol).
+    """One extension tool (the :class:`~thinkray.runtime.tools.base.Tool` protocol).
 
     ``validate`` checks the input against the declared JSON schema (types, required,
     properties, ``additionalProperties: false``, enums, items). ``execute`` runs the

@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.abort import AbortError, AbortSignal, abortable
-from runtime.model import (
+from thinkray.runtime.abort import AbortError, AbortSignal, abortable
+from thinkray.runtime.models.base import (
     Model,
     ModelError,
     ModelMessage,
@@ -26,8 +26,8 @@ from runtime.model import (
     ToolCallContent,
     ToolResultContent,
 )
-from runtime.tools import Tool, ToolContext, ToolInputError, run_tool, tool_spec
-from runtime.usage import Usage
+from thinkray.runtime.tools.base import Tool, ToolContext, ToolInputError, run_tool, tool_spec
+from thinkray.runtime.usage import Usage
 
 Chunk = dict[str, Any]
 

@@ -4,11 +4,11 @@
 rewind, threads, per-turn model switch, fibers). ``Agent`` composes the three
 capabilities that reshape every turn:
 
-- :class:`~runtime.compaction.CompactionMixin` — automatic compaction before a turn
+- :class:`~thinkray.runtime.capabilities.compaction.CompactionMixin` — automatic compaction before a turn
   would overflow the model's window, manual compaction and tool-output pruning;
-- :class:`~runtime.permissions.PermissionMixin` — manifest / session / project rules
+- :class:`~thinkray.runtime.capabilities.permissions.PermissionMixin` — manifest / session / project rules
   evaluated at tool-call time, with ``ask`` answered once / for the session / always;
-- :class:`~runtime.prompt.PromptMixin` — the system prompt assembled in the normative
+- :class:`~thinkray.runtime.capabilities.prompt.PromptMixin` — the system prompt assembled in the normative
   order (manifest, project instructions, skills, environment, tool catalog) with its
   SHA-256 digest on every assistant message.
 
@@ -19,10 +19,10 @@ either is reachable on a session actor through ``AgentHandle.invoke``.
 
 from __future__ import annotations
 
-from runtime.compaction import CompactionMixin
-from runtime.permissions import PermissionMixin
-from runtime.prompt import PromptMixin
-from runtime.think import Think
+from thinkray.runtime.agents.think import Think
+from thinkray.runtime.capabilities.compaction import CompactionMixin
+from thinkray.runtime.capabilities.permissions import PermissionMixin
+from thinkray.runtime.capabilities.prompt import PromptMixin
 
 
 class Agent(CompactionMixin, PermissionMixin, PromptMixin, Think):

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from runtime.model import (
+from thinkray.runtime.models.base import (
     FileContent,
     FinishReason,
     ModelError,
@@ -46,7 +46,7 @@ from runtime.model import (
     ToolInputStart,
     ToolResultContent,
 )
-from runtime.usage import Usage
+from thinkray.runtime.usage import Usage
 
 if TYPE_CHECKING:
     from anthropic import AsyncAnthropic
@@ -117,7 +117,7 @@ def finish_reason(stop_reason: str | None) -> FinishReason:
 
 
 class AnthropicModel:
-    """:class:`runtime.model.Model` over Anthropic's streaming Messages API.
+    """:class:`thinkray.runtime.models.base.Model` over Anthropic's streaming Messages API.
 
     ``client`` may be a ready ``anthropic.AsyncAnthropic`` (then ``api_key``,
     ``base_url``, ``max_retries`` and ``timeout`` are ignored and :meth:`aclose` leaves

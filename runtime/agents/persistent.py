@@ -1,8 +1,8 @@
 """Persistent agents (seed 003 §2.1): a named long-lived agent driven by its inbox.
 
-A :class:`PersistentAgent` is a :class:`~runtime.think.Think` whose turns are not
+A :class:`PersistentAgent` is a :class:`~thinkray.runtime.agents.think.Think` whose turns are not
 started by a caller but by its own reactive loop over the ``inbox`` table of its
-database (:mod:`storage.inbox`):
+database (:mod:`thinkray.storage.inbox`):
 
 - :meth:`~PersistentAgent.send` inserts a ``pending`` row (idempotent on the message
   id; the id is returned only after the commit) and kicks the loop.
@@ -53,18 +53,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
-
-from runtime.messages import message_text, parse_message
-from runtime.model import Model, ModelMessage, ModelRequest
-from runtime.persistence import prepare_message
-from runtime.status import SessionBusyError
-from runtime.testing import FunctionModel, Reply, reply, tool_call
-from runtime.think import ChatResult, Think
-from runtime.tools import ModelTool, Tool, ToolContext, ToolExecutionError
-from runtime.worker import JobRegistry
-from storage.db import DatabaseClosedError
-from storage.inbox import InboxMessageNotFoundError, InboxRow, InboxStore
-from storage.protocols import SessionStore
+from thinkray.runtime.agents.think import ChatResult, Think
+from thinkray.runtime.agents.worker import JobRegistry
+from thinkray.runtime.messages import message_text, parse_message
+from thinkray.runtime.models.base import Model, ModelMessage, ModelRequest
+from thinkray.runtime.models.testing import FunctionModel, Reply, reply, tool_call
+from thinkray.runtime.status import SessionBusyError
+from thinkray.runtime.tools.base import ModelTool, Tool, ToolContext, ToolExecutionError
+from thinkray.runtime.turn.persistence import prepare_message
+from thinkray.storage.db import DatabaseClosedError
+from thinkray.storage.inbox import InboxMessageNotFoundError, InboxRow, InboxStore
+from thinkray.storage.protocols import SessionStore
 
 log = logging.getLogger("thinkray.persistent")
 
@@ -87,7 +86,7 @@ class AgentClosedError(RuntimeError):
 
 def _open_store(store: SessionStore | str | os.PathLike[str] | None) -> SessionStore:
     if store is None or isinstance(store, (str, os.PathLike)):
-        from storage.session_store import DuckDBSessionStore
+        from thinkray.storage.session_store import DuckDBSessionStore
 
         return DuckDBSessionStore(store if store is not None else ":memory:")
     return store
@@ -640,7 +639,7 @@ def persistent_agent_tools(
 
 
 def inbox_notifier(target: Any, *, sender: str = "jobs") -> Any:
-    """A :class:`~runtime.worker.JobRegistry` listener that pushes each finished job
+    """A :class:`~thinkray.runtime.agents.worker.JobRegistry` listener that pushes each finished job
     into a persistent agent's inbox (seed 003 §1.5 "push": the status appears in the
     conversation and triggers the agent's loop). Idempotent per job."""
 

@@ -3,8 +3,8 @@
 A model turns one :class:`ModelRequest` (system prompt, provider-neutral messages,
 tool specs) into an async stream of :data:`ModelEvent` for ONE step. The loop owns
 steps, tools, retries and UI chunks; a model adapter owns only the wire of its
-provider. Adapters: :mod:`runtime.anthropic_model` and the test models in
-:mod:`runtime.testing`.
+provider. Adapters: :mod:`thinkray.runtime.models.anthropic` and the test models in
+:mod:`thinkray.runtime.models.testing`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
-
-from runtime.usage import Usage
+from thinkray.runtime.usage import Usage
 
 FinishReason = Literal["stop", "length", "content-filter", "tool-calls", "error", "other"]
 """The AI SDK's finish reasons, used on the wire in ``finish`` chunks."""

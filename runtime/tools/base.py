@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, get_type_hints, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
-
-from runtime.abort import AbortSignal
-from runtime.model import ToolSpec
+from thinkray.runtime.abort import AbortSignal
+from thinkray.runtime.models.base import ToolSpec
 
 
 class ToolInputError(ValueError):
@@ -197,7 +196,7 @@ def _format_validation(tool_name: str, exc: ValidationError) -> str:
 
 async def run_tool(t: Tool, input: Any, ctx: ToolContext) -> Any:
     """Execute with abort: when ``ctx.signal`` fires, stop waiting and raise."""
-    from runtime.abort import AbortError
+    from thinkray.runtime.abort import AbortError
 
     task = asyncio.ensure_future(t.execute(input, ctx))
     if ctx.signal.aborted:

@@ -4,7 +4,7 @@
   tool calls, a delay between events, a failure at event N, per-step usage.
 - :class:`FunctionModel` computes each step from the request with a function.
 
-Both record every :class:`~runtime.model.ModelRequest` in ``requests`` so tests can
+Both record every :class:`~thinkray.runtime.models.base.ModelRequest` in ``requests`` so tests can
 assert what the loop sent (context assembly, pruning, tools).
 """
 
@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.model import (
+from thinkray.runtime.models.base import (
     FinishReason,
     ModelError,
     ModelEvent,
@@ -34,7 +34,7 @@ from runtime.model import (
     ToolInputDelta,
     ToolInputStart,
 )
-from runtime.usage import Usage
+from thinkray.runtime.usage import Usage
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""Capabilities attached to an agent: compaction, permission scopes, system prompt assembly."""
