@@ -28,6 +28,7 @@ from thinkray.runtime.agents.agent import Agent
 from thinkray.runtime.agents.think import Think
 from thinkray.runtime.messages import new_id
 from thinkray.runtime.models.base import Model
+from thinkray.runtime.remote import remote
 from thinkray.runtime.tools.base import Tool, ToolContext, tool
 from thinkray.runtime.tools.workspace import LocalWorkspace, workspace_tools
 from thinkray.runtime.turn.stream import RunStream
@@ -202,6 +203,7 @@ class Orchestrator(Agent):
             await self._bridge.ready.remote()
         return self._bridge
 
+    @remote
     async def shared_workspace(self) -> BridgeClient:
         """The orchestrator's own (read-write) view of the shared workspace."""
         namespace, name, _ = self._identity()
@@ -216,6 +218,7 @@ class Orchestrator(Agent):
 
     # -- registry ------------------------------------------------------------------------
 
+    @remote
     async def create_subagent(
         self, name: str, config: dict[str, Any] | None = None, access: str = "read-write"
     ) -> dict[str, Any]:
@@ -234,12 +237,14 @@ class Orchestrator(Agent):
         self.registry.add(record)
         return _public(record)
 
+    @remote
     async def configure_subagent(self, name: str, config: dict[str, Any]) -> dict[str, Any]:
         record = self.registry.get(name)
         merged = {**record.config, **config, BRIDGE_KEY: record.config.get(BRIDGE_KEY)}
         await (await self._handle(name)).ainvoke("configure", merged)
         return _public(self.registry.update(name, config=merged))
 
+    @remote
     async def set_access(self, name: str, access: str) -> dict[str, Any]:
         """Change what a sub-agent may do in the shared workspace (new grant)."""
         record = self.registry.get(name)
@@ -250,12 +255,15 @@ class Orchestrator(Agent):
         await (await self._handle(name)).ainvoke("configure", config)
         return _public(self.registry.update(name, config=config, access=access))
 
+    @remote
     def list_subagents(self) -> list[dict[str, Any]]:
         return [_public(r) for r in self.registry.list()]
 
+    @remote
     def get_subagent(self, name: str) -> dict[str, Any]:
         return _public(self.registry.get(name))
 
+    @remote
     async def delete_subagent(self, name: str) -> None:
         self.registry.get(name)
         for delegation in list(self._delegations.values()):
@@ -273,6 +281,7 @@ class Orchestrator(Agent):
 
     # -- delegation ----------------------------------------------------------------------
 
+    @remote
     async def delegate(
         self,
         name: str,
@@ -360,18 +369,22 @@ class Orchestrator(Agent):
         )
         return result
 
+    @remote
     async def wait_task(self, task_id: str, timeout: float | None = None) -> dict[str, Any]:
         delegation = self._delegation(task_id)
         if delegation.consumer is not None:
             await asyncio.wait_for(asyncio.shield(delegation.consumer), timeout)
         return delegation.summary()
 
+    @remote
     def task_status(self, task_id: str) -> dict[str, Any]:
         return self._delegation(task_id).summary()
 
+    @remote
     def list_tasks(self) -> list[dict[str, Any]]:
         return [d.summary() for d in self._delegations.values()]
 
+    @remote
     async def abort_task(self, task_id: str, reason: str = "aborted by parent") -> bool:
         delegation = self._delegation(task_id)
         if delegation.status != "running" or delegation.receiver is None:
@@ -384,6 +397,7 @@ class Orchestrator(Agent):
         except KeyError:
             raise InvalidInputError(f"unknown task {task_id!r}") from None
 
+    @remote
     async def view_task(self, task_id: str) -> Any:
         """Async generator: the task's chunks from index 0 (the buffer), then the live
         tail. Leaving early detaches; the task goes on."""
@@ -391,6 +405,7 @@ class Orchestrator(Agent):
         async for batch in delegation.stream.follow(coalesce=0.002):
             yield batch
 
+    @remote
     async def view_subagent(self, name: str) -> Any:
         """Any caller can watch any sub-agent: its latest delegated task if this
         orchestrator holds one, else the sub-agent's own resume stream."""

@@ -58,6 +58,7 @@ from thinkray.runtime.agents.worker import JobRegistry
 from thinkray.runtime.messages import message_text, parse_message
 from thinkray.runtime.models.base import Model, ModelMessage, ModelRequest
 from thinkray.runtime.models.testing import FunctionModel, Reply, reply, tool_call
+from thinkray.runtime.remote import remote
 from thinkray.runtime.status import SessionBusyError
 from thinkray.runtime.tools.base import ModelTool, Tool, ToolContext, ToolExecutionError
 from thinkray.runtime.turn.persistence import prepare_message
@@ -175,6 +176,7 @@ class PersistentAgent(Think):
 
     # -- inbox API ---------------------------------------------------------------------
 
+    @remote
     async def send(
         self,
         content: str | dict[str, Any],
@@ -201,6 +203,7 @@ class PersistentAgent(Think):
             self._kick()
         return row.id
 
+    @remote
     async def wait_reply(self, message_id: str, timeout: float | None = None) -> str:
         """The reply to ``message_id`` once its row is done. Raises
         :class:`InboxMessageFailedError` if it failed, ``TimeoutError`` after
@@ -232,6 +235,7 @@ class PersistentAgent(Think):
                 if not waiters:
                     self._waiters.pop(message_id, None)
 
+    @remote
     def get_reply(self, message_id: str) -> dict[str, Any]:
         """The row's state without waiting: ``id``, ``status``, ``reply``, ``error``."""
         row = self.inbox.get(message_id)
@@ -245,9 +249,11 @@ class PersistentAgent(Think):
             "error": row.error,
         }
 
+    @remote
     def list_inbox(self, status: str | None = None) -> list[dict[str, Any]]:
         return [r.to_dict() for r in self.inbox.rows(status)]
 
+    @remote
     def inbox_session_id(self) -> str:
         """The session holding the agent's conversation (created on first use)."""
         sid = self.store.get_config(INBOX_SESSION_KEY)

@@ -32,6 +32,7 @@ from thinkray.runtime.durable.fibers import FiberManager
 from thinkray.runtime.durable.schedules import Scheduler
 from thinkray.runtime.messages import Role, new_id, parse_message
 from thinkray.runtime.models.base import Model, ModelError, ModelMessage
+from thinkray.runtime.remote import remote
 from thinkray.runtime.status import SessionBusyError, SessionStatus, StatusBoard
 from thinkray.runtime.tools.base import Tool
 from thinkray.runtime.turn.context import prune_tool_calls, to_model_messages
@@ -304,12 +305,14 @@ class Think:
 
     # -- configuration ----------------------------------------------------------------
 
+    @remote
     def configure(self, config: dict[str, Any]) -> None:
         if not isinstance(config, dict):
             raise TypeError("config must be a dict")
         self.store.set_config(CONFIG_KEY, config)
         self._config = dict(config)
 
+    @remote
     def get_config(self) -> dict[str, Any] | None:
         if self._config is None:
             self._config = self.store.get_config(CONFIG_KEY)
@@ -321,6 +324,7 @@ class Think:
     def current_session_id(self) -> str | None:
         return self._current_session_id
 
+    @remote
     def get_current_session_id(self) -> str | None:
         return self._current_session_id
 
@@ -332,27 +336,33 @@ class Think:
             else:
                 self.store.set_config(CURRENT_SESSION_KEY, session_id)
 
+    @remote
     def create_session(self, name: str = "New Chat", **kwargs: Any) -> SessionInfo:
         info = self.store.create_session(name, **kwargs)
         self._set_current(info.id)
         self.messages = []
         return info
 
+    @remote
     def switch_session(self, session_id: str) -> list[dict[str, Any]]:
         self.store.get_session(session_id)  # not found is an error, never a create
         self._set_current(session_id)
         self.messages = self.store.get_history(session_id)
         return self.messages
 
+    @remote
     def get_sessions(self, **kwargs: Any) -> list[SessionInfo]:
         return self.store.list_sessions(**kwargs)
 
+    @remote
     def get_session(self, session_id: str | None = None) -> SessionInfo:
         return self.store.get_session(self._sid(session_id))
 
+    @remote
     def rename_session(self, session_id: str, name: str) -> None:
         self.store.rename_session(session_id, name)
 
+    @remote
     def delete_session(self, session_id: str) -> None:
         self.store.get_session(session_id)
         self._invalidate(session_id, "session deleted")
@@ -362,6 +372,7 @@ class Think:
             self._set_current(None)
             self.messages = []
 
+    @remote
     def clear_messages(self, session_id: str | None = None) -> None:
         """Clear a session's messages. An in-flight run is aborted and its pending
         writes are discarded (the clear-during-stream guard)."""
@@ -379,22 +390,27 @@ class Think:
         if run_id is not None:
             self._runs[run_id].controller.abort(reason)
 
+    @remote
     def get_history(
         self, session_id: str | None = None, *, leaf_id: str | None = None
     ) -> list[dict[str, Any]]:
         return self.store.get_history(self._sid(session_id), leaf_id=leaf_id)
 
+    @remote
     def message_count(self, session_id: str | None = None) -> int:
         return self.store.message_count(self._sid(session_id))
 
+    @remote
     def get_message(self, message_id: str) -> dict[str, Any] | None:
         return self.store.get_message(message_id)
 
+    @remote
     def children(self, message_id: str) -> list[dict[str, Any]]:
         return self.store.children(message_id)
 
     # -- lifecycle: branch, rewind, per-turn model (seed 002; runtime/lifecycle.py) ----
 
+    @remote
     def branch(
         self,
         parent_session_id: str,
@@ -407,23 +423,28 @@ class Think:
         session (not made current). Refused while the parent has a run in flight."""
         return lifecycle.branch(self, parent_session_id, from_message_id, metadata, name=name)
 
+    @remote
     def thread(self, key: str | None = None) -> SessionInfo:
         """Create or get the thread ``key`` (seed 001; None: "default"). A thread is a
         session: chat in it with ``session_id=info.id``."""
         return lifecycle.thread(self, key)
 
+    @remote
     def list_threads(self) -> list[SessionInfo]:
         return self.store.list_threads()
 
+    @remote
     def clone_thread(
         self, src_key: str, dst_key: str, from_message_id: str | None = None
     ) -> SessionInfo:
         """Copy a thread's visible history (to ``from_message_id``) into a new thread."""
         return lifecycle.clone_thread(self, src_key, dst_key, from_message_id)
 
+    @remote
     def delete_thread(self, key: str) -> None:
         lifecycle.delete_thread(self, key)
 
+    @remote
     def rewind(
         self, session_id: str, user_message_id: str, *, include_target: bool = False
     ) -> lifecycle.RewindResult:
@@ -431,10 +452,12 @@ class Think:
         (``include_target``: hide the message too, to send an edited one instead)."""
         return lifecycle.rewind(self, session_id, user_message_id, include_target=include_target)
 
+    @remote
     def unrewind(self, session_id: str) -> lifecycle.UnrewindResult:
         """Undo the latest rewind; turns taken since stay on their own branch."""
         return lifecycle.unrewind(self, session_id)
 
+    @remote
     async def resend(
         self,
         session_id: str,
@@ -470,9 +493,11 @@ class Think:
 
     # -- status and abort -------------------------------------------------------------
 
+    @remote
     def get_status(self, session_id: str | None = None) -> SessionStatus:
         return self.status.get(self._sid(session_id))
 
+    @remote
     def abort(
         self,
         session_id: str | None = None,
@@ -521,6 +546,7 @@ class Think:
             return None
         return run
 
+    @remote
     def active_run(self, session_id: str | None = None) -> str | None:
         sid = session_id or self._current_session_id
         return self._session_runs.get(sid) if sid else None
@@ -544,6 +570,7 @@ class Think:
 
     # -- the turn ---------------------------------------------------------------------
 
+    @remote
     async def chat(
         self,
         message: str | dict[str, Any] | None = None,
@@ -866,6 +893,7 @@ class Think:
             raise RuntimeError("schedules need a store with a database (DuckDBSessionStore)")
         return self.scheduler
 
+    @remote
     def spawn_fiber(self, method: str, payload: Any = None, *, max_retries: int = 3) -> str:
         """Run ``await self.<method>(payload, ctx)`` durably; returns the fiber id."""
         return self._fiber_manager().spawn_fiber(method, payload, max_retries=max_retries)
@@ -874,18 +902,23 @@ class Think:
         """Checkpoint the running fiber; a recovered fiber gets it as ``ctx.checkpoint``."""
         self._fiber_manager().stash_fiber(data)
 
+    @remote
     def cancel_fiber(self, fiber_id: str) -> bool:
         return self._fiber_manager().cancel_fiber(fiber_id)
 
+    @remote
     def get_fiber(self, fiber_id: str) -> Any:
         return self._fiber_manager().get_fiber(fiber_id)
 
+    @remote
     def list_fibers(self, status: str | None = None) -> list[Any]:
         return self._fiber_manager().list_fibers(status)
 
+    @remote
     async def wait_fiber(self, fiber_id: str, timeout: float | None = None) -> Any:
         return await self._fiber_manager().wait(fiber_id, timeout)
 
+    @remote
     def schedule(self, when: Any, method: str, payload: Any = None) -> str:
         """Call ``self.<method>(payload)`` at ``when`` (seconds from now, a datetime, or a
         5-field cron string). Persisted; a hibernated agent is woken when it is due."""
@@ -893,14 +926,17 @@ class Think:
         self._scheduler().start()
         return schedule_id
 
+    @remote
     def schedule_every(self, seconds: float, method: str, payload: Any = None) -> str:
         schedule_id = self._scheduler().schedule_every(seconds, method, payload)
         self._scheduler().start()
         return schedule_id
 
+    @remote
     def cancel_schedule(self, schedule_id: str) -> bool:
         return self._scheduler().cancel_schedule(schedule_id)
 
+    @remote
     def list_schedules(self) -> list[Any]:
         return self._scheduler().list_schedules()
 

@@ -103,6 +103,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from thinkray.runtime.abort import AbortController, AbortError, AbortSignal
 from thinkray.runtime.messages import new_id
 from thinkray.runtime.models.base import Model, ModelError, ModelMessage, TextContent
+from thinkray.runtime.remote import remote
 from thinkray.runtime.turn.context import render_output
 from thinkray.runtime.turn.loop import LoopResult, RetryPolicy, run_loop
 from thinkray.runtime.usage import Usage
@@ -439,6 +440,7 @@ class CompactionMixin:
 
     # -- configuration --------------------------------------------------------------
 
+    @remote
     def get_compaction_config(self, session_id: str | None = None) -> CompactionConfig:
         config = self.compaction_config
         sid = session_id or getattr(self, "current_session_id", None)
@@ -450,6 +452,7 @@ class CompactionMixin:
         overrides = (settings or {}).get(self.COMPACTION_SETTINGS_KEY)
         return config.merged(overrides) if isinstance(overrides, dict) else config
 
+    @remote
     def set_compaction_config(
         self, session_id: str | None, overrides: dict[str, Any] | CompactionConfig | None
     ) -> CompactionConfig:
@@ -478,11 +481,13 @@ class CompactionMixin:
 
     # -- threshold ------------------------------------------------------------------
 
+    @remote
     def compaction_threshold(self, session_id: str | None = None, model: Any = None) -> int:
         """``usable = context_window - min(reserve_tokens, max_output_tokens)``."""
         model = model or self.get_model()  # type: ignore[attr-defined]
         return self.get_compaction_config(session_id).usable(model)
 
+    @remote
     def needs_compaction(self, session_id: str | None = None, model: Any = None) -> bool:
         """``context_window_used >= usable`` for ``model`` (default ``get_model()``)."""
         sid = self._sid(session_id)  # type: ignore[attr-defined]
@@ -491,6 +496,7 @@ class CompactionMixin:
 
     # -- pruning --------------------------------------------------------------------
 
+    @remote
     def prune_tool_outputs(
         self, session_id: str | None = None, *, target_tokens: int | None = None
     ) -> PruneResult:
@@ -549,6 +555,7 @@ class CompactionMixin:
 
     # -- compaction -----------------------------------------------------------------
 
+    @remote
     async def compact(
         self, session_id: str | None = None, *, auto: bool = False, model: Any = None
     ) -> CompactionResult | None:
@@ -581,6 +588,7 @@ class CompactionMixin:
             self.messages = self.store.get_history(sid)  # type: ignore[attr-defined]
         return result
 
+    @remote
     def list_compactions(self, session_id: str | None = None) -> list[dict[str, Any]]:
         """Every compaction on the session's current path, oldest first (hidden ones
         included), as ``{"message_id", "hidden", **data}``."""

@@ -56,6 +56,7 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from thinkray.runtime.messages import new_id
+from thinkray.runtime.remote import remote
 from thinkray.runtime.turn.loop import ToolDenial
 
 log = logging.getLogger("thinkray.permissions")
@@ -380,14 +381,17 @@ class PermissionMixin:
     def project_rules(self, value: ProjectRules) -> None:
         self._project_rules_override = value
 
+    @remote
     def add_project_rule(self, rule: RuleLike) -> PermissionRule:
         rule = _scoped(as_rule(rule), "project")
         self.project_rules.add(rule)
         return rule
 
+    @remote
     def remove_project_rule(self, rule: RuleLike) -> bool:
         return self.project_rules.remove(rule)
 
+    @remote
     def session_rules(self, session_id: str | None = None) -> list[PermissionRule]:
         sid = self._sid(session_id)  # type: ignore[attr-defined]
         info = self.store.get_session(sid)  # type: ignore[attr-defined]
@@ -399,6 +403,7 @@ class PermissionMixin:
         permissions["rules"] = [r.to_dict() for r in rules]
         self.store.update_session(sid, permissions=permissions)  # type: ignore[attr-defined]
 
+    @remote
     def add_session_rule(self, rule: RuleLike, session_id: str | None = None) -> PermissionRule:
         """Add (or move to newest) a rule in the session scope."""
         sid = self._sid(session_id)  # type: ignore[attr-defined]
@@ -407,6 +412,7 @@ class PermissionMixin:
         self._save_session_rules(sid, [*rules, rule])
         return rule
 
+    @remote
     def remove_session_rule(self, rule: RuleLike, session_id: str | None = None) -> bool:
         sid = self._sid(session_id)  # type: ignore[attr-defined]
         rule = as_rule(rule)
@@ -440,6 +446,7 @@ class PermissionMixin:
             store = self.__dict__["_approval_records"] = OrderedDict()
         return store
 
+    @remote
     def pending_approvals(self, session_id: str | None = None) -> list[dict[str, Any]]:
         """Asks waiting for an answer, oldest first (JSON-ready dicts)."""
         return [
@@ -448,11 +455,13 @@ class PermissionMixin:
             if a.status == "pending" and (session_id is None or a.session_id == session_id)
         ]
 
+    @remote
     def get_approval(self, approval_id: str) -> dict[str, Any] | None:
         """A pending or recently settled approval (the last ``approval_history_size``)."""
         approval = self._approvals.get(approval_id)
         return approval.to_dict() if approval else None
 
+    @remote
     def answer_approval(
         self, approval_id: str, decision: ApprovalDecision, answered_by: str | None = None
     ) -> dict[str, Any]:

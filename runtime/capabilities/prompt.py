@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from thinkray.runtime.remote import remote
 from thinkray.runtime.tools.paths import normalize_path
 from thinkray.runtime.tools.workspace import call_op
 
@@ -298,6 +299,7 @@ class PromptMixin:
             "variant": self.get_model_variant(model),
         }
 
+    @remote
     async def assemble_prompt(self, tools: Mapping[str, Any] | None = None) -> AssembledPrompt:
         ws = self.get_workspace()  # type: ignore[attr-defined]
         files = await find_project_instructions(ws, self.get_working_directory())

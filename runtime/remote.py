@@ -1,0 +1,175 @@
+"""Marking the methods an agent exposes through its actor: ``@remote``.
+
+Only methods decorated with :func:`remote` (on the agent's class or any base class) can
+be called through an actor handle; everything else on an agent — ``close``,
+``persist_message``, the store — stays local to the actor that hosts it. A subclass
+that overrides a remote method keeps it remote.
+
+Inside the actor a remote method is an ordinary method: ``agent.branch(...)`` calls it
+directly. Accessed on the *class*, it is the :class:`RemoteMethod` descriptor, whose
+``remote(...)`` carries the method's own signature — that is what lets a type checker
+check ``handle.branch.remote(session_id, message_id)`` (a handle is typed as
+``AgentHandle[A] | type[A]``, the pattern of Ray's ``ActorProxy``). The Ray layer
+provides the concrete :class:`Response` and :class:`ResponseStream`; this module
+imports no Ray.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator
+from typing import Any, Concatenate, Generic, Literal, ParamSpec, Protocol, TypeVar, overload
+
+__all__ = [
+    "RemoteKind",
+    "RemoteMethod",
+    "Response",
+    "ResponseStream",
+    "remote",
+    "remote_methods",
+]
+
+P = ParamSpec("P")
+S = TypeVar("S")
+T = TypeVar("T")
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+RemoteKind = Literal["call", "stream"]
+"""``call``: one result (sync or async method). ``stream``: an async generator, whose
+items a handle relays as they are produced."""
+
+
+class Response(Protocol[R_co]):
+    """What ``handle.method.remote(...)`` returns: one object for sync and async callers.
+
+    ``await response`` in async code; ``response.result(timeout_s=...)`` in sync code
+    (it refuses to block inside a running event loop and names ``await`` instead).
+    Errors the method raised are raised again from either, with their type intact."""
+
+    def result(self, timeout_s: float | None = None) -> R_co:
+        """Block until the call finished; return its value or raise its error."""
+        ...
+
+    def __await__(self) -> Generator[Any, None, R_co]: ...
+
+
+class ResponseStream(Protocol[R_co]):
+    """What ``handle.stream_method.remote(...)`` returns: the method's items, in order,
+    by ``for`` (sync) or ``async for``. Leaving early detaches; it never aborts."""
+
+    def __iter__(self) -> Iterator[R_co]: ...
+
+    def __aiter__(self) -> AsyncIterator[R_co]: ...
+
+
+class RemoteMethod(Generic[S, P, T, R]):
+    """A method marked remote-callable (see :func:`remote`).
+
+    ``T`` is what a direct call returns (a coroutine for an async method), ``R`` what a
+    remote caller gets once it resolves the :class:`Response`."""
+
+    def __init__(self, fn: Callable[Concatenate[S, P], T], kind: RemoteKind) -> None:
+        self.fn = fn
+        self.kind: RemoteKind = kind
+        self.name = fn.__name__
+        self.signature = inspect.signature(fn)
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+        self.__name__ = fn.__name__
+        self.__qualname__ = getattr(fn, "__qualname__", fn.__name__)
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> RemoteMethod[S, P, T, R]: ...
+
+    @overload
+    def __get__(self, obj: S, owner: type | None = None) -> Callable[P, T]: ...
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return types.MethodType(self.fn, obj)
+
+    def __call__(self, obj: S, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Unbound call (``Think.branch(agent, ...)``), as for a plain function."""
+        return self.fn(obj, *args, **kwargs)
+
+    def remote(self, *args: P.args, **kwargs: P.kwargs) -> Response[R]:
+        """Call through an actor handle. On the class itself this only types the call:
+        reach it as ``handle.<method>.remote(...)``."""
+        raise TypeError(
+            f"{self.name}.remote() is called on an agent handle "
+            f"(handle.{self.name}.remote(...)), not on the agent class"
+        )
+
+
+class RemoteStreamMethod(RemoteMethod[S, P, T, R]):
+    """A remote async-generator method: ``remote(...)`` returns a
+    :class:`ResponseStream` of its items."""
+
+    def remote(self, *args: P.args, **kwargs: P.kwargs) -> ResponseStream[R]:  # type: ignore[override]
+        raise TypeError(
+            f"{self.name}.remote() is called on an agent handle "
+            f"(handle.{self.name}.remote(...)), not on the agent class"
+        )
+
+
+@overload
+def remote(  # type: ignore[overload-overlap]
+    fn: Callable[Concatenate[S, P], Coroutine[Any, Any, R]],
+) -> RemoteMethod[S, P, Coroutine[Any, Any, R], R]: ...
+
+
+@overload
+def remote(  # type: ignore[overload-overlap]
+    fn: Callable[Concatenate[S, P], AsyncIterator[R]],
+) -> RemoteStreamMethod[S, P, AsyncIterator[R], R]: ...
+
+
+@overload
+def remote(fn: Callable[Concatenate[S, P], R]) -> RemoteMethod[S, P, R, R]: ...
+
+
+def remote(fn: Callable[..., Any]) -> Any:
+    """Mark an agent method as callable through an actor handle.
+
+    Works on sync methods, coroutine methods and async generators (streamed to the
+    caller item by item). Takes the function; returns a :class:`RemoteMethod`
+    descriptor. Raises ``TypeError`` on something that is not a function."""
+    if isinstance(fn, RemoteMethod):
+        return fn
+    if not inspect.isfunction(fn):
+        raise TypeError(f"@remote decorates a function defined in a class, not {fn!r}")
+    if inspect.isasyncgenfunction(fn):
+        return RemoteStreamMethod(fn, "stream")
+    return RemoteMethod(fn, "call")
+
+
+_REGISTRY_CACHE: dict[type, dict[str, RemoteMethod[Any, Any, Any, Any]]] = {}
+
+
+def remote_methods(cls: type) -> dict[str, RemoteMethod[Any, Any, Any, Any]]:
+    """Every remote-callable method of ``cls``: name -> the most derived
+    :class:`RemoteMethod` marking it (a plain override of a remote method stays remote
+    and is described by the base's marker). Cached per class."""
+    cached = _REGISTRY_CACHE.get(cls)
+    if cached is not None:
+        return cached
+    found: dict[str, RemoteMethod[Any, Any, Any, Any]] = {}
+    for klass in reversed(cls.__mro__):
+        for name, value in vars(klass).items():
+            if isinstance(value, RemoteMethod):
+                found[name] = value
+            elif name in found and callable(value):
+                # A plain override keeps the method remote; its own signature governs.
+                marker = RemoteMethod(value, found[name].kind)
+                marker.name = name
+                found[name] = marker
+            elif name in found:
+                del found[name]  # overridden by a non-callable: no longer a method
+    _REGISTRY_CACHE[cls] = found
+    return found
