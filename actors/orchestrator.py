@@ -177,10 +177,10 @@ class Orchestrator(Agent):
     # -- infrastructure ------------------------------------------------------------------
 
     def _identity(self) -> tuple[str, str, str]:
-        try:
-            return self.namespace, self.agent_name, self.storage_root  # type: ignore[attr-defined]
-        except AttributeError as exc:
-            raise RuntimeError("an Orchestrator must run in a session actor") from exc
+        root = self.storage_root
+        if root is None:
+            raise RuntimeError("an Orchestrator must run in a session actor (no storage root)")
+        return self.namespace, self.agent_name, root
 
     async def subagents_namespace(self) -> AgentNamespace:
         if self._subs is None:

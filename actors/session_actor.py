@@ -25,6 +25,7 @@ from typing import Any
 
 import ray
 from thinkray.actors.relay import AbortReceiver, NotBoundError, as_callback
+from thinkray.runtime.agents.context import AgentContext, constructing
 from thinkray.runtime.agents.think import Think
 from thinkray.storage.session_store import DuckDBSessionStore
 from thinkray.storage.types import SessionNotFoundError
@@ -94,14 +95,15 @@ class SessionActor:
                 f"agent {spec.name!r} does not exist in namespace {spec.namespace!r}"
             )
         store = DuckDBSessionStore(path)
+        context = AgentContext(
+            name=spec.name, namespace=spec.namespace, storage_root=str(path.parent.parent)
+        )
         try:
-            agent = spec.agent_cls(store, **spec.agent_kwargs)
+            with constructing(context):
+                agent = spec.agent_cls(store, **spec.agent_kwargs)
         except BaseException:
             store.close()
             raise
-        agent.agent_name = spec.name  # type: ignore[attr-defined]
-        agent.namespace = spec.namespace  # type: ignore[attr-defined]
-        agent.storage_root = str(path.parent.parent)  # type: ignore[attr-defined]
         self.agent, self.name, self.spec = agent, spec.name, spec
         self.bindings += 1
         self.last_activity = time.monotonic()
@@ -116,7 +118,7 @@ class SessionActor:
         agent = self.agent
         if agent is None:
             return False
-        return self.inflight > 0 or bool(agent._runs) or _has_pending_work(agent)
+        return self.inflight > 0 or bool(agent.turns.runs) or _has_pending_work(agent)
 
     async def hibernate(self, name: str, force: bool = False) -> dict[str, Any]:
         """Close the agent and become generic. Refused (``ok: False``) while busy."""
@@ -220,7 +222,7 @@ class SessionActor:
 
     async def wait_run(self, name: str, run_id: str) -> dict[str, Any] | None:
         with self._call(name) as agent:
-            run = agent._runs.get(run_id)
+            run = agent.turns.runs.get(run_id)
             if run is None or run.task is None:
                 return None
             return (await asyncio.shield(run.task)).to_dict()

@@ -166,7 +166,7 @@ def remote_methods(cls: type) -> dict[str, RemoteMethod[Any, Any, Any, Any]]:
                 found[name] = value
             elif name in found and callable(value):
                 # A plain override keeps the method remote; its own signature governs.
-                marker = RemoteMethod(value, found[name].kind)
+                marker: RemoteMethod[Any, Any, Any, Any] = RemoteMethod(value, found[name].kind)
                 marker.name = name
                 found[name] = marker
             elif name in found:

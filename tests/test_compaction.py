@@ -9,10 +9,10 @@ import logging
 import pytest
 from pydantic import ValidationError
 from thinkray.runtime import SessionBusyError, Think, tool
+from thinkray.runtime.agents.agent import Agent as _Agent
 from thinkray.runtime.capabilities.compaction import (
     SUMMARY_SYSTEM_PROMPT,
     CompactionConfig,
-    CompactionMixin,
     CompactionSpecLimitError,
     NothingToCompactError,
     SummarizerError,
@@ -36,7 +36,7 @@ from tests.conftest import Collector
 SUMMARY = "## Goal\nG\n\n## Progress\nP\n\n## Decisions\nD\n\n## Next Steps\nN"
 
 
-class Agent(CompactionMixin, Think):
+class Agent(_Agent):
     pass
 
 
@@ -582,7 +582,7 @@ async def test_prune_stubs_old_outputs_keeps_protected_tools_and_recent_turns(st
     assert result.pruned == 2 and result.reclaimed_tokens > 1_900
     assert agent.prune_tool_outputs(sid).pruned == 0  # idempotent
     # The model still sees that the call happened.
-    assert agent.messages[1]["parts"][1]["output"].startswith("<output pruned")
+    assert agent.get_history(sid)[1]["parts"][1]["output"].startswith("<output pruned")
 
 
 async def test_prune_stops_once_the_target_is_reclaimed(store):
@@ -734,15 +734,13 @@ def test_view_of_a_copied_history_keeps_every_visible_message():
 
 
 async def test_mixins_compose_with_permissions_and_prompt(store):
-    from thinkray.runtime.capabilities.permissions import PermissionMixin
-    from thinkray.runtime.capabilities.prompt import PromptMixin
 
     @tool
     def bash(command: str) -> str:
         """Run a command."""
         return f"ran {command}"
 
-    class Full(CompactionMixin, PermissionMixin, PromptMixin, Think):
+    class Full(_Agent):
         manifest_prompt = "You are Full."
         permission_rules = ({"tool": "bash", "action": "ask"},)
 

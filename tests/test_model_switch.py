@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from thinkray.runtime import Think, tool
-from thinkray.runtime.agents.lifecycle import (
+from thinkray.runtime.agents.model_switch import (
     CONTEXT_SWITCH_ERROR,
     UnknownModelError,
     fits_context,

@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from thinkray.runtime import Think, tool
+from thinkray.runtime import tool
+from thinkray.runtime.agents.agent import Agent as _Agent
 from thinkray.runtime.capabilities.permissions import (
     PROJECT_RULES_KEY,
     ApprovalNotFoundError,
     MemoryProjectRules,
-    PermissionMixin,
     PermissionRule,
     evaluate,
 )
@@ -42,7 +42,7 @@ def _reset_calls():
     CALLS.clear()
 
 
-class Agent(PermissionMixin, Think):
+class Agent(_Agent):
     permission_rules = ({"tool": "bash", "action": "ask"},)
     approval_timeout = 5.0
 
@@ -154,7 +154,7 @@ def test_bad_rules_are_rejected():
         MemoryProjectRules([{"tool": "bash", "action": "allow", "pin": True}])
     with pytest.raises(ValueError):
 
-        class Broken(PermissionMixin, Think):
+        class Broken(_Agent):
             permission_rules = ({"tool": "bash"},)
 
 

@@ -213,8 +213,8 @@ async def test_user_hooks_pending_work_build_context_write_output(path):
             # only messages from humans trigger generation
             return [r for r in self.inbox.pending() if r.sender != "bot"]
 
-        async def build_context(self, rows):
-            context = await super().build_context(rows)
+        async def build_context(self, rows, options):
+            context = await super().build_context(rows, options)
             self.contexts.append(len(rows))
             return context[-1:]  # a one-message window
 

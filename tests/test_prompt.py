@@ -7,10 +7,10 @@ import hashlib
 import re
 
 import pytest
-from thinkray.runtime import Think, tool
+from thinkray.runtime import tool
+from thinkray.runtime.agents.agent import Agent as _Agent
 from thinkray.runtime.capabilities.prompt import (
     SECTION_TITLES,
-    PromptMixin,
     assemble_system_prompt,
     digest_of,
     find_project_instructions,
@@ -33,7 +33,7 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
-class Agent(PromptMixin, Think):
+class Agent(_Agent):
     manifest_prompt = "You are Ray, a careful coding agent."
     working_directory = "pkg/app"
 

@@ -90,7 +90,7 @@ async def test_custom_on_chat_message(store):
         async def on_chat_message(self, options):
             yield {"type": "start"}
             yield {"type": "text-start", "id": "x"}
-            yield {"type": "text-delta", "id": "x", "delta": "echo: " + texts(self.messages)[-1]}
+            yield {"type": "text-delta", "id": "x", "delta": "echo: " + texts(options.history)[-1]}
             yield {"type": "text-end", "id": "x"}
             yield {"type": "finish", "finishReason": "stop"}
 
@@ -446,10 +446,10 @@ async def test_context_assembly_override(store):
     model = ScriptedModel([reply("ok")])
 
     class WithMemory(Think):
-        async def assemble_context(self):
+        async def assemble_context(self, options):
             from thinkray.runtime.models.base import ModelMessage, TextContent
 
-            base = await super().assemble_context()
+            base = await super().assemble_context(options)
             return [ModelMessage(role="user", content=[TextContent(text="MEMORY")]), *base]
 
     agent = WithMemory(store, model=model)

@@ -29,7 +29,8 @@ async def test_plain_think_hooks_are_no_ops(store):
     result = await agent.chat("hello")
     assert result.status == "completed" and result.text == "hi"
     assert set(result.message["metadata"]) >= {"usage", "status"}
-    assert agent.context_view(agent.messages) == agent.messages
+    history = agent.get_history()
+    assert agent.context_view(history) == history
 
 
 async def test_prepare_turn_emits_after_start_and_sees_the_landed_message(store):
@@ -37,7 +38,7 @@ async def test_prepare_turn_emits_after_start_and_sees_the_landed_message(store)
 
     class Preparing(Think):
         async def prepare_turn(self, options):
-            seen["last"] = self.messages[-1]["id"]
+            seen["last"] = options.history[-1]["id"]
             seen["user"] = options.user_message_id
             await options.emit(note(1))
             await options.emit(note(2))

@@ -183,7 +183,7 @@ async def test_stream_is_written_in_batches_not_per_chunk(store):
     assert len(flushes) < total / 20  # ...in far fewer transactions than chunks
     assert (
         store.get_chunks(
-            agent.get_status().run_id or agent._last_stream[agent.current_session_id].run_id
+            agent.get_status().run_id or agent.turns.last_stream[agent.current_session_id].run_id
         )[-1]["type"]
         == "finish"
     )

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import logging
 import os
@@ -53,7 +54,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
-from thinkray.runtime.agents.think import ChatResult, Think
+from thinkray.runtime.agents.context import AgentContext, context_being_constructed
+from thinkray.runtime.agents.think import ChatOptions, ChatResult, Think
 from thinkray.runtime.agents.worker import JobRegistry
 from thinkray.runtime.messages import message_text, parse_message
 from thinkray.runtime.models.base import Model, ModelMessage, ModelRequest
@@ -114,6 +116,7 @@ class PersistentAgent(Think):
         name: str | None = None,
         instructions: str | None = None,
         tools: Sequence[Tool] | Mapping[str, Tool] | None = None,
+        context: AgentContext | None = None,
     ) -> None:
         store = _open_store(store)
         db = getattr(store, "db", None)
@@ -123,7 +126,6 @@ class PersistentAgent(Think):
         # The constructor is the wake path: nobody else holds this file, so a row
         # still `processing` belongs to a dead incarnation.
         self.recovered, self.gave_up = self.inbox.requeue_processing(max_attempts=self.max_attempts)
-        self.agent_name: str = name or type(self).__name__
         self.instructions = instructions
         if isinstance(tools, Mapping):
             self._own_tools: dict[str, Tool] = dict(tools)
@@ -136,7 +138,11 @@ class PersistentAgent(Think):
         self.current_batch: list[InboxRow] = []
         self.cycles = 0  # generation cycles run by this instance
         self.idle_transitions = 0  # times the loop went idle (nothing pending)
-        super().__init__(store, model=model)
+        if context is None:
+            context = context_being_constructed() or AgentContext(name=name or type(self).__name__)
+        elif name is not None and name != context.name:
+            context = dataclasses.replace(context, name=name)
+        super().__init__(store, model=model, context=context)
 
     # -- the entity --------------------------------------------------------------------
 
@@ -157,11 +163,11 @@ class PersistentAgent(Think):
         :meth:`has_pending_inbox` too."""
         return self.inbox.pending(limit=self.max_batch)
 
-    async def build_context(self, rows: list[InboxRow]) -> list[ModelMessage]:
+    async def build_context(self, rows: list[InboxRow], options: ChatOptions) -> list[ModelMessage]:
         """The model's context for a cycle answering ``rows`` (already appended to the
         history). Default: ``Think.assemble_context`` — the full history, older tool
         calls pruned. Override for windowing or summaries."""
-        return await Think.assemble_context(self)
+        return await Think.assemble_context(self, options)
 
     async def write_output(self, rows: list[InboxRow], result: ChatResult) -> None:
         """Write a completed cycle's output back (may write elsewhere too). Default:
@@ -171,8 +177,8 @@ class PersistentAgent(Think):
             [r.id for r in rows], result.text, extra={"reply_message_id": result.message_id}
         )
 
-    async def assemble_context(self) -> list[ModelMessage]:
-        return await self.build_context(list(self.current_batch))
+    async def assemble_context(self, options: ChatOptions) -> list[ModelMessage]:
+        return await self.build_context(list(self.current_batch), options)
 
     # -- inbox API ---------------------------------------------------------------------
 
@@ -264,7 +270,7 @@ class PersistentAgent(Think):
         )
         self.store.set_config(INBOX_SESSION_KEY, info.id)
         if self.current_session_id is None:
-            self._set_current(info.id)
+            self.sessions.set_current(info.id)
         return info.id
 
     def get_history(
@@ -378,8 +384,8 @@ class PersistentAgent(Think):
                 return await self.chat(None, session_id=sid)
             except SessionBusyError:
                 # Someone is chatting on this session directly: queue behind that turn.
-                run_id = self._session_runs.get(sid)
-                run = self._runs.get(run_id) if run_id else None
+                run_id = self.turns.active_run(sid)
+                run = self.turns.runs.get(run_id) if run_id else None
                 if run is None or run.task is None:
                     await asyncio.sleep(0.01)
                     continue

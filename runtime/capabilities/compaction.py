@@ -97,17 +97,21 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from thinkray.runtime.abort import AbortController, AbortError, AbortSignal
 from thinkray.runtime.messages import new_id
-from thinkray.runtime.models.base import Model, ModelError, ModelMessage, TextContent
+from thinkray.runtime.models.base import ModelError, ModelMessage, TextContent
 from thinkray.runtime.remote import remote
 from thinkray.runtime.turn.context import render_output
 from thinkray.runtime.turn.loop import LoopResult, RetryPolicy, run_loop
 from thinkray.runtime.usage import Usage
 from thinkray.storage.types import PartWrite, StreamFlush
+
+if TYPE_CHECKING:
+    from thinkray.runtime.agents.runs import ChatOptions
+    from thinkray.runtime.capabilities.host import CompactionHost
 
 log = logging.getLogger("thinkray.compaction")
 
@@ -410,46 +414,47 @@ class _Plan:
 # -- the mixin ----------------------------------------------------------------------------
 
 
-class CompactionMixin:
-    """Auto and manual compaction and tool-output pruning for a ``Think`` subclass.
+COMPACTION_SETTINGS_KEY = "compaction"
+"""Where a session's (or the store-wide default) settings keep compaction overrides."""
 
-    Compose before ``Think``: ``class Agent(CompactionMixin, Think)``. Public surface:
 
-    - ``compaction_config`` (class or instance attribute): the agent default
-      :class:`CompactionConfig`; ``get_compaction_config(session_id)`` merges the
-      session's effective ``settings["compaction"]`` over it (the store-wide default
+class Compaction:
+    """Auto and manual compaction and tool-output pruning, attached to an agent by
+    composition (``agent.compaction``; :class:`~thinkray.runtime.agents.agent.Agent`
+    builds one). Works against :class:`~thinkray.runtime.capabilities.host.CompactionHost`:
+    the agent's store, status, sessions and turns, plus its ``compaction_config``,
+    ``get_summary_model(config)`` and ``model_for_turn(session_id, message)``.
+
+    - ``get_compaction_config(session_id)`` merges the session's effective
+      ``settings["compaction"]`` over the agent default (the store-wide default
       settings, then the session's or thread's own);
       ``set_compaction_config(session_id, overrides | None)``.
-    - ``get_summary_model(config)``: the summarizer model.
     - ``compaction_threshold(session_id, model)``, ``needs_compaction(session_id, model)``.
     - ``await compact(session_id, auto=False, model=None)`` → :class:`CompactionResult`
       (``auto=True``: best effort, ``None`` when it could not compact).
     - ``prune_tool_outputs(session_id, target_tokens=None)`` → :class:`PruneResult`.
     - ``list_compactions(session_id)``.
-    - ``model_for_turn(session_id, message)``: the model the threshold is checked
-      against (default ``get_model()``).
+    - ``await prepare_turn(options)``: the turn hook (auto-compaction with a progress
+      note through ``options.emit``); the view hook is :func:`compaction_view`.
 
-    Think hooks overridden (each calls ``super()``): ``prepare_turn`` (auto
-    compaction, with a progress note through ``options.emit``) and ``context_view``
-    (:func:`compaction_view`). A manual compaction holds the session with
-    ``reserve_session``.
+    A manual compaction holds the session with ``reserve_session``.
     """
 
-    compaction_config: CompactionConfig = CompactionConfig()
-    COMPACTION_SETTINGS_KEY: ClassVar[str] = "compaction"
+    def __init__(self, host: CompactionHost) -> None:
+        self.host = host
 
     # -- configuration --------------------------------------------------------------
 
     @remote
     def get_compaction_config(self, session_id: str | None = None) -> CompactionConfig:
-        config = self.compaction_config
-        sid = session_id or getattr(self, "current_session_id", None)
+        config = self.host.compaction_config
+        sid = session_id or self.host.current_session_id
         if sid is None:
             return config
-        store = self.store  # type: ignore[attr-defined]
+        store = self.host.store
         effective = getattr(store, "get_effective_settings", None)
         settings = effective(sid) if effective is not None else store.get_session(sid).settings
-        overrides = (settings or {}).get(self.COMPACTION_SETTINGS_KEY)
+        overrides = (settings or {}).get(COMPACTION_SETTINGS_KEY)
         return config.merged(overrides) if isinstance(overrides, dict) else config
 
     @remote
@@ -457,41 +462,33 @@ class CompactionMixin:
         self, session_id: str | None, overrides: dict[str, Any] | CompactionConfig | None
     ) -> CompactionConfig:
         """Store per-session overrides (validated first; None clears them)."""
-        sid = self._sid(session_id)  # type: ignore[attr-defined]
+        sid = self.host.sessions.resolve(session_id)
         if isinstance(overrides, CompactionConfig):
             overrides = overrides.model_dump()
         if overrides is not None:
-            self.compaction_config.merged(overrides)  # raises on a bad value, before any write
-        info = self.store.get_session(sid)  # type: ignore[attr-defined]
+            self.host.compaction_config.merged(overrides)  # raises on a bad value, before any write
+        info = self.host.store.get_session(sid)
         settings = dict(info.settings or {})
         if overrides:
-            settings[self.COMPACTION_SETTINGS_KEY] = dict(overrides)
+            settings[COMPACTION_SETTINGS_KEY] = dict(overrides)
         else:
-            settings.pop(self.COMPACTION_SETTINGS_KEY, None)
-        self.store.update_session(sid, settings=settings)  # type: ignore[attr-defined]
+            settings.pop(COMPACTION_SETTINGS_KEY, None)
+        self.host.store.update_session(sid, settings=settings)
         return self.get_compaction_config(sid)
-
-    def get_summary_model(self, config: CompactionConfig) -> Model:
-        candidate = config.summary_model
-        if candidate is None:
-            return self.get_model()  # type: ignore[attr-defined]
-        if callable(candidate) and not hasattr(candidate, "stream"):
-            return candidate()
-        return candidate
 
     # -- threshold ------------------------------------------------------------------
 
     @remote
     def compaction_threshold(self, session_id: str | None = None, model: Any = None) -> int:
         """``usable = context_window - min(reserve_tokens, max_output_tokens)``."""
-        model = model or self.get_model()  # type: ignore[attr-defined]
+        model = model or self.host.get_model()
         return self.get_compaction_config(session_id).usable(model)
 
     @remote
     def needs_compaction(self, session_id: str | None = None, model: Any = None) -> bool:
         """``context_window_used >= usable`` for ``model`` (default ``get_model()``)."""
-        sid = self._sid(session_id)  # type: ignore[attr-defined]
-        used = self.store.get_session(sid).context_window_used  # type: ignore[attr-defined]
+        sid = self.host.sessions.resolve(session_id)
+        used = self.host.store.get_session(sid).context_window_used
         return used >= self.compaction_threshold(sid, model)
 
     # -- pruning --------------------------------------------------------------------
@@ -502,9 +499,9 @@ class CompactionMixin:
     ) -> PruneResult:
         """Stub out old tool outputs (newest old turn first) until ``target_tokens``
         are reclaimed (None: everything eligible). Writes through ``flush_stream``."""
-        sid = self._sid(session_id)  # type: ignore[attr-defined]
+        sid = self.host.sessions.resolve(session_id)
         config = self.get_compaction_config(sid)
-        history = self.store.get_history(sid)  # type: ignore[attr-defined]
+        history = self.host.store.get_history(sid)
         groups = _turn_groups(history)
         protect = PROTECTED_RECENT_TURNS
         if self._run_in_flight(sid):
@@ -540,13 +537,9 @@ class CompactionMixin:
                     if message["id"] not in result.message_ids:
                         result.message_ids.append(message["id"])
         if writes:
-            self.store.flush_stream(StreamFlush(session_id=sid, parts=writes))  # type: ignore[attr-defined]
-            cache = getattr(self, "_persist_cache", None)
+            self.host.store.flush_stream(StreamFlush(session_id=sid, parts=writes))
             for mid in result.message_ids:
-                if cache is not None:
-                    cache.forget(mid)
-            if sid == getattr(self, "current_session_id", None) and not self._run_in_flight(sid):
-                self.messages = self.store.get_history(sid)  # type: ignore[attr-defined]
+                self.host.turns.persist_cache.forget(mid)
         return result
 
     @staticmethod
@@ -567,13 +560,13 @@ class CompactionMixin:
         logged and ``None`` returned. Refused with :class:`SessionBusyError` while a run
         is in flight, unless called from that run itself (a turn making room for
         itself, e.g. ``Think.compact_for_model``)."""
-        sid = self._sid(session_id)  # type: ignore[attr-defined]
-        self.store.get_session(sid)  # type: ignore[attr-defined]
+        sid = self.host.sessions.resolve(session_id)
+        self.host.store.get_session(sid)
         # The session's own turn (before its stream) already holds the session.
-        run = self.own_turn(sid)  # type: ignore[attr-defined]
+        run = self.host.own_turn(sid)
         hold: Any = contextlib.nullcontext()
         if run is None:
-            hold = self.reserve_session(sid, "compaction")  # type: ignore[attr-defined]
+            hold = self.host.reserve_session(sid, "compaction")
         with hold:
             if auto:
                 result = await self._try_compact(
@@ -584,24 +577,22 @@ class CompactionMixin:
                 )
             else:
                 result = await self._compact(sid, auto=False, signal=None, model=model)
-        if sid == getattr(self, "current_session_id", None) and run is None:
-            self.messages = self.store.get_history(sid)  # type: ignore[attr-defined]
         return result
 
     @remote
     def list_compactions(self, session_id: str | None = None) -> list[dict[str, Any]]:
         """Every compaction on the session's current path, oldest first (hidden ones
         included), as ``{"message_id", "hidden", **data}``."""
-        sid = self._sid(session_id)  # type: ignore[attr-defined]
+        sid = self.host.sessions.resolve(session_id)
         out = []
-        for row in self.store.get_path(sid):  # type: ignore[attr-defined]
+        for row in self.host.store.get_path(sid):
             part = compaction_part(row.message)
             if part is not None:
                 out.append({"message_id": row.id, "hidden": row.hidden, **(part.get("data") or {})})
         return out
 
     def _plan(self, sid: str, config: CompactionConfig, usable: int) -> _Plan:
-        history = self.store.get_history(sid)  # type: ignore[attr-defined]
+        history = self.host.store.get_history(sid)
         if not history:
             raise NothingToCompactError(f"nothing to compact: session {sid!r} has no messages")
         view = compaction_view(history)
@@ -653,10 +644,10 @@ class CompactionMixin:
         model: Any = None,
     ) -> CompactionResult:
         config = config or self.get_compaction_config(sid)
-        model = model or self.get_model()  # type: ignore[attr-defined]
+        model = model or self.host.get_model()
         usable = config.usable(model)
         plan = self._plan(sid, config, usable)
-        summarizer = self.get_summary_model(config)
+        summarizer = self.host.get_summary_model(config)
         cap = self._input_cap(summarizer, config)
         strategy = "one-shot"
         pruned: PruneResult | None = None
@@ -738,7 +729,7 @@ class CompactionMixin:
         pruned: PruneResult | None,
     ) -> CompactionResult:
         now = time.time()
-        before = self.store.get_session(sid)  # type: ignore[attr-defined]
+        before = self.host.store.get_session(sid)
         after = summary_tokens + plan.tail_tokens
         rollup = dict(before.usage)
         rollup.update(
@@ -774,17 +765,17 @@ class CompactionMixin:
                 "warnings": list(plan.warnings),
             },
         }
-        message = {
+        message: dict[str, Any] = {
             "id": new_id("msg"),
             "role": "assistant",
             "metadata": metadata,
             "parts": [{"type": "data-compaction", "data": data}],
         }
-        db = getattr(self.store, "db", None)  # type: ignore[attr-defined]
+        db = getattr(self.host.store, "db", None)
         with db.transaction() if db is not None else contextlib.nullcontext():
-            self.store.append_message(sid, message, parent_id=plan.leaf_id)  # type: ignore[attr-defined]
-            self.store.set_hidden(sid, plan.hide_ids, now)  # type: ignore[attr-defined]
-            self.store.set_usage(sid, rollup)  # type: ignore[attr-defined]
+            self.host.store.append_message(sid, message, parent_id=plan.leaf_id)
+            self.host.store.set_hidden(sid, plan.hide_ids, now)
+            self.host.store.set_usage(sid, rollup)
         log.info(
             "compacted %s: %d messages into ~%d tokens (%s, %s)",
             sid,
@@ -829,14 +820,14 @@ class CompactionMixin:
                     "summarizer for %s failed (%s); retry %d in %.2fs", sid, exc, attempt, delay
                 )
                 if self._run_in_flight(sid):
-                    self.status.retrying(  # type: ignore[attr-defined]
+                    self.host.status.retrying(
                         sid, attempt, f"summarizer: {exc} (retry {attempt} in {delay:.1f}s)"
                     )
                 await _sleep(delay, signal)
                 continue
-            if attempt > 1 and self._run_in_flight(sid):
-                run_id = self.active_run(sid)  # type: ignore[attr-defined]
-                self.status.busy(sid, run_id)  # type: ignore[attr-defined]
+            run_id = self.host.active_run(sid) if attempt > 1 else None
+            if run_id is not None:
+                self.host.status.busy(sid, run_id)
             return result
         raise AssertionError("unreachable")
 
@@ -882,28 +873,7 @@ class CompactionMixin:
     # -- Think hooks ----------------------------------------------------------------
 
     def _run_in_flight(self, sid: str) -> bool:
-        active = getattr(self, "active_run", None)
-        return bool(active and active(sid))
-
-    def model_for_turn(self, session_id: str, message: dict[str, Any] | None) -> Model:
-        """The model the coming turn will use (the threshold is per model, seed 002
-        "Per-turn model switch"): the message's ``metadata`` selection
-        ``{provider_id, model_id, variant}``, else the session row's ``model``, resolved
-        through ``resolve_model`` when the agent has it; else ``get_model()``."""
-        resolve = getattr(self, "resolve_model", None)
-        if resolve is not None:
-            meta = (message or {}).get("metadata") or {}
-            selection = meta if isinstance(meta, dict) and meta.get("model_id") else None
-            if selection is None:
-                row = self.store.get_session(session_id).model  # type: ignore[attr-defined]
-                selection = row if isinstance(row, dict) and row.get("model_id") else None
-            if selection is not None:
-                keys = ("provider_id", "model_id", "variant")
-                try:
-                    return resolve({k: selection[k] for k in keys if k in selection})
-                except Exception as exc:  # the turn itself reports a bad selection
-                    log.debug("model_for_turn: %s", exc)
-        return self.get_model()  # type: ignore[attr-defined]
+        return self.host.active_run(sid) is not None
 
     async def _try_compact(
         self,
@@ -940,13 +910,15 @@ class CompactionMixin:
             )
         return result
 
-    async def prepare_turn(self, options: Any) -> bool:
-        changed = await super().prepare_turn(options)  # type: ignore[misc]
+    async def prepare_turn(self, options: ChatOptions) -> bool:
+        """The turn hook: compact first when the coming turn would overflow its model's
+        window. Returns True when it rewrote the history."""
+        changed = False
         sid = options.session_id
         config = self.get_compaction_config(sid)
         if not config.auto:
             return changed
-        model = options.model if options.model is not None else self.model_for_turn(sid, None)
+        model = options.model if options.model is not None else self.host.model_for_turn(sid, None)
         if not self.needs_compaction(sid, model):
             return changed
         if options.user_message_id is None:
@@ -959,9 +931,6 @@ class CompactionMixin:
             sid, config=config, model=model, signal=options.signal, emit=options.emit
         )
         return changed or result is not None
-
-    def context_view(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return super().context_view(compaction_view(messages))  # type: ignore[misc]
 
 
 def _status_note(state: str, message: str, **extra: Any) -> dict[str, Any]:

@@ -52,12 +52,15 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from thinkray.runtime.messages import new_id
-from thinkray.runtime.remote import remote
 from thinkray.runtime.turn.loop import ToolDenial
+
+if TYPE_CHECKING:
+    from thinkray.runtime.agents.runs import ChatOptions
+    from thinkray.runtime.capabilities.host import PermissionHost
 
 log = logging.getLogger("thinkray.permissions")
 
@@ -335,86 +338,73 @@ class Approval:
 # -- the mixin --------------------------------------------------------------------------
 
 
-class PermissionMixin:
-    """Permission scopes and approvals for a :class:`~thinkray.runtime.agents.think.Think` subclass.
+class Permissions:
+    """Permission scopes and approvals, attached to an agent by composition
+    (``agent.permissions``; :class:`~thinkray.runtime.agents.agent.Agent` builds one).
+    Works against :class:`~thinkray.runtime.capabilities.host.PermissionHost`: the
+    agent's store and sessions, plus its ``permission_rules`` (the manifest scope),
+    ``permission_default`` (the action when no rule matches), ``approval_timeout``
+    (seconds an ask waits before the call is denied; None: no limit) and
+    ``approval_history_size``.
 
-    Compose before ``Think``: ``class Agent(PermissionMixin, Think)``. Overrides
-    ``check_tool_permission`` (the loop's hook; asks go out through ``options.emit``).
-    Public surface:
-
-    - ``permission_rules`` (class attribute): the manifest scope, immutable.
-    - ``permission_default``: the action when no rule matches (``"allow"``).
-    - ``approval_timeout``: seconds an ask waits before the call is denied (None: no limit).
     - ``evaluate_permission(tool_name, input, session_id=None)`` → :class:`PermissionDecision`.
     - ``session_rules / add_session_rule / remove_session_rule`` (session scope).
     - ``project_rules`` (a :class:`ProjectRules`; assign to inject the host's),
       ``add_project_rule / remove_project_rule``.
     - ``pending_approvals(session_id=None)``, ``get_approval(approval_id)``,
       ``answer_approval(approval_id, decision, answered_by=None)``.
+    - ``await check_tool_permission(...)``: the turn hook (asks go out through
+      ``options.emit``).
     """
 
-    permission_rules: ClassVar[tuple[RuleLike, ...]] = ()
-    permission_default: ClassVar[Action] = "allow"
-    approval_timeout: ClassVar[float | None] = 300.0
-    approval_history_size: ClassVar[int] = 256
-
-    _project_rules_override: ProjectRules | None = None
-
-    # -- scopes ---------------------------------------------------------------------
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        # Validate the manifest when the class is defined, and freeze it.
-        if "permission_rules" in cls.__dict__:
-            cls.permission_rules = tuple(as_rule(r) for r in cls.__dict__["permission_rules"])
+    def __init__(self, host: PermissionHost) -> None:
+        self.host = host
+        self._project_rules: ProjectRules | None = None
+        self._approvals: OrderedDict[str, Approval] = OrderedDict()
 
     def manifest_rules(self) -> tuple[PermissionRule, ...]:
-        return tuple(as_rule(r) for r in self.permission_rules)
+        return tuple(as_rule(r) for r in self.host.permission_rules)
 
     @property
     def project_rules(self) -> ProjectRules:
-        if self._project_rules_override is None:
-            self._project_rules_override = StoreProjectRules(self.store)  # type: ignore[attr-defined]
-        return self._project_rules_override
+        """The project scope (default: rules kept in the agent's store)."""
+        if self._project_rules is None:
+            self._project_rules = StoreProjectRules(self.host.store)
+        return self._project_rules
 
     @project_rules.setter
     def project_rules(self, value: ProjectRules) -> None:
-        self._project_rules_override = value
+        self._project_rules = value
 
-    @remote
     def add_project_rule(self, rule: RuleLike) -> PermissionRule:
         rule = _scoped(as_rule(rule), "project")
         self.project_rules.add(rule)
         return rule
 
-    @remote
     def remove_project_rule(self, rule: RuleLike) -> bool:
         return self.project_rules.remove(rule)
 
-    @remote
     def session_rules(self, session_id: str | None = None) -> list[PermissionRule]:
-        sid = self._sid(session_id)  # type: ignore[attr-defined]
-        info = self.store.get_session(sid)  # type: ignore[attr-defined]
+        sid = self.host.sessions.resolve(session_id)
+        info = self.host.store.get_session(sid)
         return [as_rule(r) for r in (info.permissions or {}).get("rules", ())]
 
     def _save_session_rules(self, sid: str, rules: list[PermissionRule]) -> None:
-        info = self.store.get_session(sid)  # type: ignore[attr-defined]
+        info = self.host.store.get_session(sid)
         permissions = dict(info.permissions or {})
         permissions["rules"] = [r.to_dict() for r in rules]
-        self.store.update_session(sid, permissions=permissions)  # type: ignore[attr-defined]
+        self.host.store.update_session(sid, permissions=permissions)
 
-    @remote
     def add_session_rule(self, rule: RuleLike, session_id: str | None = None) -> PermissionRule:
         """Add (or move to newest) a rule in the session scope."""
-        sid = self._sid(session_id)  # type: ignore[attr-defined]
+        sid = self.host.sessions.resolve(session_id)
         rule = _scoped(as_rule(rule), "session")
         rules = [r for r in self.session_rules(sid) if r != rule]
         self._save_session_rules(sid, [*rules, rule])
         return rule
 
-    @remote
     def remove_session_rule(self, rule: RuleLike, session_id: str | None = None) -> bool:
-        sid = self._sid(session_id)  # type: ignore[attr-defined]
+        sid = self.host.sessions.resolve(session_id)
         rule = as_rule(rule)
         rules = self.session_rules(sid)
         if rule not in rules:
@@ -426,7 +416,7 @@ class PermissionMixin:
     def evaluate_permission(
         self, tool_name: str, input: Any = None, session_id: str | None = None
     ) -> PermissionDecision:
-        sid = session_id or getattr(self, "current_session_id", None)
+        sid = session_id or self.host.current_session_id
         session = self.session_rules(sid) if sid else []
         return evaluate(
             tool_name,
@@ -434,19 +424,11 @@ class PermissionMixin:
             manifest=self.manifest_rules(),
             project=self.project_rules.rules(),
             session=session,
-            default=self.permission_default,
+            default=self.host.permission_default,
         )
 
     # -- approvals ------------------------------------------------------------------
 
-    @property
-    def _approvals(self) -> OrderedDict[str, Approval]:
-        store = self.__dict__.get("_approval_records")
-        if store is None:
-            store = self.__dict__["_approval_records"] = OrderedDict()
-        return store
-
-    @remote
     def pending_approvals(self, session_id: str | None = None) -> list[dict[str, Any]]:
         """Asks waiting for an answer, oldest first (JSON-ready dicts)."""
         return [
@@ -455,13 +437,11 @@ class PermissionMixin:
             if a.status == "pending" and (session_id is None or a.session_id == session_id)
         ]
 
-    @remote
     def get_approval(self, approval_id: str) -> dict[str, Any] | None:
         """A pending or recently settled approval (the last ``approval_history_size``)."""
         approval = self._approvals.get(approval_id)
         return approval.to_dict() if approval else None
 
-    @remote
     def answer_approval(
         self, approval_id: str, decision: ApprovalDecision, answered_by: str | None = None
     ) -> dict[str, Any]:
@@ -502,7 +482,7 @@ class PermissionMixin:
     def _remember(self, approval: Approval) -> None:
         records = self._approvals
         records[approval.approval_id] = approval
-        while len(records) > self.approval_history_size:
+        while len(records) > self.host.approval_history_size:
             oldest = next(iter(records))
             if records[oldest].status == "pending":
                 break
@@ -514,7 +494,7 @@ class PermissionMixin:
         """Emit the request on the turn's stream and wait. Returns the decision, or
         None on timeout."""
         now = time.time()
-        timeout = self.approval_timeout
+        timeout = self.host.approval_timeout
         approval = Approval(
             approval_id=new_id("apr"),
             session_id=options.session_id,
@@ -559,9 +539,11 @@ class PermissionMixin:
     # -- Think hooks ----------------------------------------------------------------
 
     async def check_tool_permission(
-        self, tool_name: str, input: Any, call_id: str, options: Any = None
+        self, tool_name: str, input: Any, call_id: str, options: ChatOptions | None = None
     ) -> str | ToolDenial | None:
-        sid = options.session_id if options else getattr(self, "current_session_id", None)
+        """The turn hook: None allows the call; a reason or a ToolDenial refuses it.
+        An ``ask`` goes out on the turn's stream and waits for ``answer_approval``."""
+        sid = options.session_id if options else self.host.current_session_id
         verdict = self.evaluate_permission(tool_name, input, sid)
         if verdict.action == "deny":
             return f"permission denied: {tool_name!r} is denied by {verdict.describe()}"
@@ -575,11 +557,11 @@ class PermissionMixin:
             if decision is None:  # nobody answered: the AI SDK's denied state
                 return ToolDenial(
                     f"permission denied: the approval for {tool_name!r} timed out after "
-                    f"{self.approval_timeout:g}s",
+                    f"{self.host.approval_timeout:g}s",
                     by_user=True,
                 )
             if decision == "deny":
                 return ToolDenial(
                     f"permission denied: the user denied this {tool_name!r} call", by_user=True
                 )
-        return await super().check_tool_permission(tool_name, input, call_id, options)  # type: ignore[misc]
+        return None

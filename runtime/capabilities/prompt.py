@@ -34,15 +34,16 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from thinkray.runtime.remote import remote
 from thinkray.runtime.tools.paths import normalize_path
 from thinkray.runtime.tools.workspace import call_op
+
+if TYPE_CHECKING:
+    from thinkray.runtime.agents.runs import ChatOptions
+    from thinkray.runtime.capabilities.host import PromptHost
 
 log = logging.getLogger("thinkray.prompt")
 
@@ -238,106 +239,59 @@ def assemble_system_prompt(
 _STATE_KEY = "prompt.assembled"  # ChatOptions.state: this turn's AssembledPrompt
 
 
-class PromptMixin:
-    """Assembles ``get_system_prompt`` from the five sections and records the digest.
+class PromptAssembly:
+    """Assembles the system prompt from the five sections and records its digest,
+    attached to an agent by composition (``agent.prompts``;
+    :class:`~thinkray.runtime.agents.agent.Agent` builds one). Works against
+    :class:`~thinkray.runtime.capabilities.host.PromptHost`: the agent's workspace,
+    model and tools, plus its ``get_manifest_prompt()`` (section 1),
+    ``global_instructions`` (host-level instruction text before the workspace's files),
+    ``get_working_directory()`` (where the instructions walk ends), ``skills_dir`` and
+    ``get_environment(model)`` (the environment section's key/values).
 
-    Compose before ``Think``: ``class Agent(PromptMixin, Think)``. Overridable:
-
-    - ``manifest_prompt`` / ``get_manifest_prompt()`` — section 1.
-    - ``global_instructions`` — host-level instruction text placed before the
-      workspace's files (outermost).
-    - ``working_directory`` / ``get_working_directory()`` — where the instructions
-      walk ends (workspace path, ``""`` is the root).
-    - ``workspace_root`` — how the root is named in the environment section.
-    - ``skills_dir`` — where skills are discovered.
-    - ``get_environment(model)`` — the environment section's key/values;
-      ``get_git_status()`` (None: omitted), ``get_current_date()``,
-      ``get_model_variant(model)``.
-
-    ``get_system_prompt()`` returns the text; ``assemble_prompt(tools)`` the
-    :class:`AssembledPrompt`. Think hooks used: ``system_prompt_for`` assembles the
-    turn's prompt with its resolved tools (``get_tools()`` plus ``chat(tools=...)``),
-    and ``message_metadata`` stores ``metadata.system_prompt_digest`` on each assistant
-    message. A subclass that overrides ``get_system_prompt`` replaces the assembly (and
-    its messages get no digest).
+    ``await assemble_prompt(tools)`` returns the :class:`AssembledPrompt`;
+    ``system_prompt_for(options, tools)`` and ``message_metadata(options)`` are the turn
+    hooks (the digest lands in ``metadata.system_prompt_digest``).
     """
 
-    manifest_prompt: str = "You are a helpful assistant."
-    global_instructions: str = ""
-    working_directory: str = ""
-    workspace_root: str = "/"
-    skills_dir: str = SKILLS_DIR
+    def __init__(self, host: PromptHost) -> None:
+        self.host = host
+        self.last_prompt: AssembledPrompt | None = None
 
-    last_prompt: AssembledPrompt | None = None
-
-    def get_manifest_prompt(self) -> str:
-        return self.manifest_prompt
-
-    def get_working_directory(self) -> str:
-        return self.working_directory
-
-    def get_git_status(self) -> str | None:
-        return None
-
-    def get_current_date(self) -> str:
-        return datetime.now(UTC).date().isoformat()
-
-    def get_model_variant(self, model: Any) -> str | None:
-        return getattr(model, "variant", None)
-
-    def get_environment(self, model: Any) -> dict[str, Any]:
-        provider = getattr(model, "provider_id", None)
-        model_id = getattr(model, "model_id", None)
-        resolved = "/".join(str(x) for x in (provider, model_id) if x) or None
-        return {
-            "platform": sys.platform,
-            "workspace root": self.workspace_root,
-            "working directory": self.get_working_directory() or ".",
-            "git status": self.get_git_status(),
-            "date": self.get_current_date(),
-            "model": resolved,
-            "variant": self.get_model_variant(model),
-        }
-
-    @remote
     async def assemble_prompt(self, tools: Mapping[str, Any] | None = None) -> AssembledPrompt:
-        ws = self.get_workspace()  # type: ignore[attr-defined]
-        files = await find_project_instructions(ws, self.get_working_directory())
-        if self.global_instructions.strip():
-            files = [InstructionFile("(host)", self.global_instructions.strip()), *files]
+        """Assemble the prompt for ``tools`` (None: the agent's ``get_tools()``)."""
+        ws = self.host.get_workspace()
+        files = await find_project_instructions(ws, self.host.get_working_directory())
+        if self.host.global_instructions.strip():
+            files = [InstructionFile("(host)", self.host.global_instructions.strip()), *files]
         try:
-            model = self.get_model()  # type: ignore[attr-defined]
+            model = self.host.get_model()
         except Exception:
             model = None
         if tools is None:
-            tools = dict(await _maybe_await(self.get_tools()))  # type: ignore[attr-defined]
+            tools = dict(await _maybe_await(self.host.get_tools()))
         prompt = assemble_system_prompt(
-            manifest=await _maybe_await(self.get_manifest_prompt()),
+            manifest=await _maybe_await(self.host.get_manifest_prompt()),
             instructions=files,
-            skills=await discover_skills(ws, self.skills_dir),
-            environment=self.get_environment(model),
+            skills=await discover_skills(ws, self.host.skills_dir),
+            environment=self.host.get_environment(model),
             tools=tools,
         )
         self.last_prompt = prompt
         return prompt
 
-    async def get_system_prompt(self) -> str:  # type: ignore[override]
-        return (await self.assemble_prompt()).text
-
-    async def system_prompt_for(self, options: Any, tools: dict[str, Any]) -> str:
-        if type(self).get_system_prompt is not PromptMixin.get_system_prompt:
-            # A subclass replaced the assembly altogether (see thinkray.runtime.agents.agent.Agent).
-            return await super().system_prompt_for(options, tools)  # type: ignore[misc]
+    async def system_prompt_for(self, options: ChatOptions, tools: dict[str, Any]) -> str:
+        """The turn hook: the assembled prompt for the turn's resolved tools (kept in
+        ``options.state`` for :meth:`message_metadata`)."""
         prompt = await self.assemble_prompt(tools)
         options.state[_STATE_KEY] = prompt
         return prompt.text
 
-    def message_metadata(self, options: Any) -> dict[str, Any]:
-        metadata = super().message_metadata(options)  # type: ignore[misc]
+    def message_metadata(self, options: ChatOptions) -> dict[str, Any]:
+        """The turn hook: ``{"system_prompt_digest": ...}`` when this turn's prompt was
+        assembled here, else nothing."""
         prompt = options.state.get(_STATE_KEY)
-        if prompt is not None:
-            metadata = {**metadata, "system_prompt_digest": prompt.digest}
-        return metadata
+        return {"system_prompt_digest": prompt.digest} if prompt is not None else {}
 
 
 async def _maybe_await(value: Any) -> Any:

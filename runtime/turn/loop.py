@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ from thinkray.runtime.models.base import (
 )
 from thinkray.runtime.tools.base import Tool, ToolContext, ToolInputError, run_tool, tool_spec
 from thinkray.runtime.usage import Usage
+
+log = logging.getLogger("thinkray.loop")
 
 Chunk = dict[str, Any]
 
@@ -304,7 +307,16 @@ async def _execute_calls(
             await queue.put(_tool_output_error(call_id, input_error))
             return
         if hooks.check_permission is not None:
-            denied = await hooks.check_permission(name, value, call_id)
+            try:
+                denied = await hooks.check_permission(name, value, call_id)
+            except AbortError:
+                await queue.put(
+                    _tool_output_error(call_id, f"aborted: {signal.reason or 'aborted'}")
+                )
+                return
+            except Exception as exc:  # a broken hook must not hang the turn: refuse the call
+                log.exception("permission check for %s failed", name)
+                denied = f"permission check failed: {type(exc).__name__}: {exc}"
             if isinstance(denied, ToolDenial) and denied.by_user:
                 denials[call_id] = denied.reason
                 await queue.put({"type": "tool-output-denied", "toolCallId": call_id})

@@ -1,50 +1,25 @@
-"""Session lifecycle on a :class:`~thinkray.runtime.agents.think.Think` agent (seeds 001 and 002).
+"""The per-turn model switch (seed 002 "Per-turn model switch").
 
-``Think`` keeps thin methods (``branch``, ``rewind``, ``unrewind``, ``resend``,
-``resolve_model``, ``compact_for_model``) that call the functions here; the data work
-is in the store (:meth:`~thinkray.storage.protocols.SessionStore.branch_session`,
-:meth:`~thinkray.storage.protocols.SessionStore.rewind_session`, ...). What this module adds on
-top of the store is what needs the runtime: the one-run-per-session rule, the
-``message.user`` snapshot contract, and the per-turn model.
-
-Branch (seed 002 "Branching")
-    Rejected with :class:`~thinkray.runtime.status.SessionBusyError` while the parent has a run
-    in flight (status ``busy`` or ``retrying``; an ``error`` status is a finished run,
-    so branching a failed session is allowed). The branch is a new session and does not
-    become the current one: a sidecar must not steal the main conversation.
-
-Rewind and un-rewind (seed 002 "Rewinding")
-    ``rewind(session, user_message_id)`` soft-hides everything after the user message
-    on the current path; the next turn appends after it (``chat(None)`` regenerates the
-    answer). ``include_target=True`` also hides the message itself, so an edited
-    message is sent in its place (``resend``). ``RewindResult.snapshot_id`` is what a
-    host's ``on_user_message`` hook tagged onto the target (world rewind is the host's).
-    ``unrewind`` undoes the latest rewind; turns taken since stay, intact, on their own
-    branch of the tree (``UnrewindResult.detached_ids``); it is refused only when a
-    compaction since hid part of the conversation it would restore.
-
-Per-turn model switch (seed 002 "Per-turn model switch")
-    A user message's ``metadata`` may carry ``{provider_id, model_id, variant}``. The
-    selection (else the session row's ``model``, else the agent default) is resolved by
-    ``Think.resolve_model``; a new selection is written to the row and carries forward.
-    Before a switched turn, if the new model cannot hold ``context_window_used`` plus
-    its reserve, ``Think.compact_for_model`` runs; if it still does not fit, the turn
-    fails before the model is called and before anything is written, with
-    :data:`CONTEXT_SWITCH_ERROR`.
+A user message's ``metadata`` may carry ``{provider_id, model_id, variant}``. The
+selection (else the session row's ``model``, else the agent default) is resolved by
+``Think.resolve_model``; a new selection is written to the row and carries forward.
+Before a switched turn, if the new model cannot hold ``context_window_used`` plus
+its reserve, ``Think.compact_for_model`` runs; if it still does not fit, the turn
+fails before the model is called and before anything is written, with
+:data:`CONTEXT_SWITCH_ERROR`.
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from thinkray.runtime.models.base import Model
-from thinkray.runtime.status import SessionBusyError
-from thinkray.storage.types import DEFAULT_SETTINGS_KEY, SessionInfo
+from thinkray.storage.types import DEFAULT_SETTINGS_KEY
 
 if TYPE_CHECKING:
-    from thinkray.runtime.agents.think import RunState, Think
+    from thinkray.runtime.agents.runs import RunState
+    from thinkray.runtime.agents.think import Think
 
 CONTEXT_SWITCH_ERROR = (
     "Switching to a model with a smaller context window would lose the conversation; "
@@ -62,21 +37,14 @@ __all__ = [
     "DEFAULT_RESERVE_TOKENS",
     "DEFAULT_SETTINGS_KEY",
     "ModelSwitchError",
-    "RewindResult",
     "UnknownModelError",
-    "UnrewindResult",
-    "branch",
-    "clone_thread",
-    "delete_thread",
-    "ensure_idle",
     "fits_context",
     "model_selection",
     "prepare_turn_model",
     "reserve_tokens",
     "resolve_model",
-    "rewind",
-    "thread",
-    "unrewind",
+    "model_info",
+    "compact_for_model",
 ]
 
 
@@ -90,147 +58,6 @@ class ModelSwitchError(RuntimeError):
 
 class UnknownModelError(ValueError):
     """A model selection that ``resolve_model`` cannot map to a model."""
-
-
-@dataclass
-class RewindResult:
-    """What ``Think.rewind`` did. ``target`` is the user message (its body goes back
-    into the editor); ``snapshot_id`` is the host's world snapshot tagged on it."""
-
-    session_id: str
-    target: dict[str, Any]
-    hidden_ids: list[str]
-    snapshot_id: str | None
-    head_id: str | None
-    previous_head_id: str | None
-    unhidden_ids: list[str] = field(default_factory=list)
-    include_target: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class UnrewindResult:
-    """What ``Think.unrewind`` did (see :class:`~thinkray.storage.types.UnrewindInfo`)."""
-
-    session_id: str
-    head_id: str | None
-    unhidden_ids: list[str]
-    rehidden_ids: list[str]
-    detached_ids: list[str]
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-# -- one run per session ---------------------------------------------------------------
-
-
-def ensure_idle(agent: Think, session_id: str) -> None:
-    """Raise :class:`SessionBusyError` while ``session_id`` has a run in flight."""
-    run_id = agent._session_runs.get(session_id)
-    if run_id is not None or agent.status.get(session_id).state in ("busy", "retrying"):
-        raise SessionBusyError(session_id, run_id)
-
-
-def _refresh(agent: Think, session_id: str) -> None:
-    if agent.current_session_id == session_id:
-        agent.messages = agent.store.get_history(session_id)
-
-
-# -- branch, rewind, un-rewind ---------------------------------------------------------
-
-
-def branch(
-    agent: Think,
-    parent_session_id: str,
-    from_message_id: str,
-    metadata: dict[str, Any] | None = None,
-    *,
-    name: str | None = None,
-) -> SessionInfo:
-    agent.store.get_session(parent_session_id)  # unknown: not found, before busy
-    ensure_idle(agent, parent_session_id)
-    return agent.store.branch_session(
-        parent_session_id, from_message_id, metadata=metadata, name=name
-    )
-
-
-def thread(agent: Think, key: str | None) -> SessionInfo:
-    return agent.store.get_session(agent.store.thread(key).id)
-
-
-def clone_thread(
-    agent: Think, src_key: str, dst_key: str, from_message_id: str | None = None
-) -> SessionInfo:
-    """A clone is a branch: it cannot fork a running turn either."""
-    ensure_idle(agent, agent.store.get_thread(src_key).id)
-    return agent.store.get_session(agent.store.clone_thread(src_key, dst_key, from_message_id).id)
-
-
-def delete_thread(agent: Think, key: str) -> None:
-    # Through Think.delete_session: a run in flight is aborted, the current session reset.
-    agent.delete_session(agent.store.get_thread(key).id)
-
-
-def rewind(
-    agent: Think, session_id: str, user_message_id: str, *, include_target: bool = False
-) -> RewindResult:
-    agent.store.get_session(session_id)
-    ensure_idle(agent, session_id)
-    info = agent.store.rewind_session(session_id, user_message_id, include_target=include_target)
-    _refresh(agent, session_id)
-    target = info.target.message
-    metadata = target.get("metadata") or {}
-    snapshot = metadata.get("snapshot_id") if isinstance(metadata, dict) else None
-    return RewindResult(
-        session_id=session_id,
-        target=target,
-        hidden_ids=info.hidden_ids,
-        snapshot_id=snapshot if isinstance(snapshot, str) else None,
-        head_id=info.head_id,
-        previous_head_id=info.head_before,
-        unhidden_ids=info.unhidden_ids,
-        include_target=info.include_target,
-    )
-
-
-def unrewind(agent: Think, session_id: str) -> UnrewindResult:
-    agent.store.get_session(session_id)
-    ensure_idle(agent, session_id)
-    info = agent.store.unrewind_session(session_id)
-    _refresh(agent, session_id)
-    return UnrewindResult(
-        session_id=session_id,
-        head_id=info.head_id,
-        unhidden_ids=info.unhidden_ids,
-        rehidden_ids=info.rehidden_ids,
-        detached_ids=info.detached_ids,
-    )
-
-
-def resend_message(result: RewindResult, message: str | dict[str, Any] | None) -> Any:
-    """The message ``Think.resend`` sends after rewinding with ``include_target``: the
-    edited text or message, or a copy of the original under a new id (the original id
-    is taken: appending it again would be an idempotent no-op). The target's metadata
-    (model selection, snapshot id) carries over unless the new message has its own."""
-    from thinkray.runtime.messages import new_id
-
-    original = result.target
-    if message is None:
-        return {
-            **{k: v for k, v in original.items() if k != "id"},
-            "id": new_id("msg"),
-        }
-    if isinstance(message, str):
-        return {
-            "id": new_id("msg"),
-            "role": "user",
-            "metadata": original.get("metadata"),
-            "parts": [{"type": "text", "text": message}],
-        }
-    return message
 
 
 # -- per-turn model --------------------------------------------------------------------

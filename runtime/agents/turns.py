@@ -1,0 +1,507 @@
+"""The turn runner: one run per session, each with its own state (seed 000 §1–9).
+
+A turn:
+
+1. validate and idempotently append the user message, load the history into the
+   run's own :class:`~thinkray.runtime.agents.runs.ChatOptions` (``options.history``);
+2. give the run its own abort controller (chained to the caller's signal);
+3. run the agent's ``prepare_turn`` hook (compaction, say), then ``on_chat_message`` —
+   by default the agentic loop over ``assemble_context(options)``;
+4. fold every chunk into the assistant message, write it in batches (recorder),
+   append it to the run's replayable stream and deliver it to the callback;
+5. on completion, abort or error persist what was produced (sanitized, row-capped,
+   unchanged parts skipped), enforce ``max_persisted_messages``, and report.
+
+Nothing of a turn is kept on the agent: the runner's maps only index runs in flight
+by id and by session, so turns of different sessions on one agent run side by side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from thinkray.runtime.abort import AbortController, AbortError, AbortSignal, abortable
+from thinkray.runtime.agents import model_switch
+from thinkray.runtime.agents.runs import ChatOptions, ChatResult, RunState, RunStatus
+from thinkray.runtime.agents.runs import StreamCallback as StreamCallback
+from thinkray.runtime.errors import UserError
+from thinkray.runtime.messages import Role, new_id, parse_message
+from thinkray.runtime.models.base import ModelError
+from thinkray.runtime.status import SessionBusyError, SessionStatus, StatusBoard
+from thinkray.runtime.tools.base import Tool
+from thinkray.runtime.turn.loop import LoopHooks, LoopResult
+from thinkray.runtime.turn.persistence import PersistCache, enforce_row_size, prepare_message
+from thinkray.runtime.turn.recorder import Recorder
+from thinkray.runtime.turn.stream import RunStream
+from thinkray.runtime.usage import Usage
+from thinkray.storage.types import PartWrite, StreamFlush
+
+if TYPE_CHECKING:
+    from thinkray.runtime.agents.think import Think
+
+log = logging.getLogger("thinkray.think")
+
+ORPHAN_ERROR = "aborted by restart: the tool call did not complete before the agent restarted"
+
+__all__ = ["ORPHAN_ERROR", "DuplicateRunError", "NothingToAnswerError", "TurnRunner"]
+
+
+class NothingToAnswerError(UserError, ValueError):
+    """A turn without a message was asked of an empty session."""
+
+
+class DuplicateRunError(UserError, ValueError):
+    """A run id that is already in flight was given to a new turn."""
+
+
+class TurnRunner:
+    """Runs the turns of one agent and keeps the index of runs in flight.
+
+    Takes the agent (its override points and hooks are called here) and the status
+    board. Guarantees: at most one run per session (a second raises
+    :class:`SessionBusyError`, never interleaves); a session held by
+    :meth:`reserve` refuses turns; clearing or deleting a session aborts its run and
+    discards the run's pending writes."""
+
+    def __init__(self, agent: Think, status: StatusBoard) -> None:
+        self.agent = agent
+        self.status = status
+        self.persist_cache = PersistCache()
+        self.runs: dict[str, RunState] = {}
+        self.session_runs: dict[str, str] = {}  # session id -> run id in flight
+        self.reserved: dict[str, str] = {}  # session id -> operation (reserve)
+        self.last_stream: dict[str, RunStream] = {}
+        self.clear_generation: dict[str, int] = {}
+
+    # -- the index of runs ------------------------------------------------------------
+
+    def active_run(self, session_id: str | None) -> str | None:
+        """The run id in flight on ``session_id``, or None."""
+        return self.session_runs.get(session_id) if session_id else None
+
+    def ensure_idle(self, session_id: str) -> None:
+        """Raise :class:`SessionBusyError` while ``session_id`` has a run in flight
+        (status ``busy`` or ``retrying``; an ``error`` status is a finished run)."""
+        run_id = self.session_runs.get(session_id)
+        if run_id is not None or self.status.get(session_id).state in ("busy", "retrying"):
+            raise SessionBusyError(session_id, run_id)
+
+    def invalidate(self, session_id: str, reason: str) -> None:
+        """The session was cleared or deleted: abort its run and make the run's
+        pending writes stale (they are discarded, never land in the new state)."""
+        self.clear_generation[session_id] = self.clear_generation.get(session_id, 0) + 1
+        run_id = self.session_runs.get(session_id)
+        if run_id is not None:
+            self.runs[run_id].controller.abort(reason)
+
+    def abort(self, session_id: str | None, run_id: str | None, reason: str) -> bool:
+        """Abort the run in flight (by run id, else the session's). False if none."""
+        if run_id is None:
+            run_id = self.session_runs.get(session_id) if session_id else None
+        run = self.runs.get(run_id) if run_id else None
+        if run is None:
+            return False
+        return run.controller.abort(reason)
+
+    def abort_all(self, reason: str) -> None:
+        """Abort every run in flight (the agent is closing)."""
+        for run in list(self.runs.values()):
+            run.controller.abort(reason)
+
+    @contextlib.contextmanager
+    def reserve(self, session_id: str, operation: str = "reserved") -> Iterator[None]:
+        """See :meth:`Think.reserve_session`."""
+        holder = self.session_runs.get(session_id) or self.reserved.get(session_id)
+        if holder is not None:
+            raise SessionBusyError(session_id, holder)
+        previous = self.status.get(session_id)
+        self.reserved[session_id] = operation
+        self.status.set(
+            session_id,
+            SessionStatus(state="busy", started_at=int(time.time() * 1000), message=operation),
+        )
+        try:
+            yield
+        finally:
+            del self.reserved[session_id]
+            self.status.set(session_id, previous)
+
+    def own_turn(self, session_id: str) -> RunState | None:
+        """See :meth:`Think.own_turn`."""
+        run = self.runs.get(self.session_runs.get(session_id, ""))
+        if run is None or run.prepared or run.task is not asyncio.current_task():
+            return None
+        return run
+
+    def run_stream(self, session_id: str) -> RunStream | None:
+        """The session's current run's stream, else its last finished run's."""
+        run_id = self.session_runs.get(session_id)
+        if run_id is not None:
+            return self.runs[run_id].stream
+        return self.last_stream.get(session_id)
+
+    def stream_of(self, run_id: str) -> RunStream | None:
+        """The stream of a run in flight or of a session's last finished run."""
+        run = self.runs.get(run_id)
+        if run is not None:
+            return run.stream
+        for stream in self.last_stream.values():
+            if stream.run_id == run_id:
+                return stream
+        return None
+
+    # -- starting a turn --------------------------------------------------------------
+
+    def start(
+        self,
+        message: str | dict[str, Any] | None,
+        callback: StreamCallback | None,
+        *,
+        session_id: str | None,
+        signal: AbortSignal | None,
+        tools: dict[str, Tool] | None,
+        run_id: str | None,
+        role: Role,
+    ) -> RunState:
+        """Validate, register and start a turn as a task; returns its RunState at once.
+
+        Raises before anything is written: an invalid message, an unknown session, a
+        busy or reserved session, an empty session with no message, a run id in use."""
+        agent = self.agent
+        user_msg = parse_message(message, role=role) if message is not None else None
+        if session_id is None and agent.sessions.current_id is None:
+            session_id = agent.sessions.create().id
+        sid = agent.sessions.resolve(session_id)
+        agent.store.get_session(sid)  # unknown id: a clear error, never a silent create
+        if sid in self.session_runs:
+            raise SessionBusyError(sid, self.session_runs[sid])
+        if sid in self.reserved:
+            raise SessionBusyError(sid, self.reserved[sid])
+        if user_msg is None and not agent.store.message_count(sid):
+            raise NothingToAnswerError(
+                "nothing to answer: the session is empty and no message was given"
+            )
+        run_id = run_id or new_id("run")
+        if run_id in self.runs:
+            raise DuplicateRunError(f"run id {run_id!r} is already in flight")
+        controller = AbortController(parent=signal)
+        run = RunState(run_id, sid, controller, RunStream(run_id, sid, new_id("msg")))
+        self.runs[run_id] = run
+        self.session_runs[sid] = run_id
+        self.status.busy(sid, run_id)
+        run.task = asyncio.ensure_future(self._turn(run, user_msg, callback, tools or {}))
+        return run
+
+    # -- the turn ---------------------------------------------------------------------
+
+    async def _turn(
+        self,
+        run: RunState,
+        user_msg: dict[str, Any] | None,
+        callback: StreamCallback | None,
+        tools: dict[str, Tool],
+    ) -> ChatResult:
+        agent, store = self.agent, self.agent.store
+        sid = run.session_id
+        signal = run.controller.signal
+        generation = self.clear_generation.get(sid, 0)
+
+        def stale() -> bool:
+            return self.clear_generation.get(sid, 0) != generation
+
+        recorder: Recorder | None = None
+        options: ChatOptions | None = None
+        status: RunStatus = "completed"
+        error_text: str | None = None
+        finish_reason: str | None = None
+        result = LoopResult()
+        step_usage = Usage()
+        user_id = None
+
+        async def open_stream() -> None:
+            # Chunks emitted before the stream started (prepare_turn's, say) wait in
+            # run.pending and go out right after the first chunk ("start"); from then on
+            # ChatOptions.emit writes through ``sink``, the path the model's chunks take.
+            run.sink = sink
+            for held in run.pending:
+                await sink(held)
+            run.pending.clear()
+
+        async def sink(chunk: dict[str, Any]) -> None:  # ChatOptions.emit, once started
+            nonlocal callback
+            assert recorder is not None
+            callback = await self._emit(run, recorder, callback, chunk)
+
+        try:
+            if user_msg is not None:
+                user_msg = await agent.on_user_message(sid, user_msg)
+                user_msg = prepare_message(user_msg)
+                user_id = user_msg["id"]
+            # This turn's model (seed 002 per-turn switch): resolved and fitted to its
+            # context window before the message lands, so a refused switch writes nothing.
+            run.model, run.model_selection = await model_switch.prepare_turn_model(
+                agent, sid, user_msg
+            )
+            if user_msg is not None:
+                store.append_message(sid, user_msg)  # a repeated id is a no-op
+            history = store.get_history(sid)
+            if self.finalize_orphaned_tool_calls(sid, history):
+                history = store.get_history(sid)
+
+            def on_step_finish(step: int, usage: Usage, reason: str) -> None:
+                nonlocal step_usage
+                step_usage = step_usage + usage
+                if not stale():
+                    store.add_usage(sid, usage.to_dict())
+                    agent.on_step_usage(sid, usage)
+
+            def on_retry(attempt: int, exc: ModelError, delay: float) -> None:
+                self.status.retrying(sid, attempt, f"{exc} (retry {attempt} in {delay:.1f}s)")
+
+            async def check_permission(name: str, value: Any, call_id: str) -> Any:
+                return await agent.check_tool_permission(name, value, call_id, options)
+
+            options = ChatOptions(
+                session_id=sid,
+                run_id=run.run_id,
+                message_id=run.stream.message_id or new_id("msg"),
+                signal=signal,
+                tools=tools,
+                hooks=LoopHooks(
+                    on_step_finish=on_step_finish,
+                    on_retry=on_retry,
+                    check_permission=check_permission,
+                ),
+                result=result,
+                request_options=agent.get_request_options(),
+                model=run.model,
+                model_selection=run.model_selection,
+                user_message_id=user_id,
+                history=history,
+                emitter=run.emit,
+            )
+            run.options = options
+            if await agent.prepare_turn(options):
+                options.history = store.get_history(sid)
+            recorder = Recorder(
+                store,
+                sid,
+                run.run_id,
+                options.message_id,
+                parent_id=options.history[-1]["id"] if options.history else None,
+                cache=self.persist_cache,
+                flush_interval=agent.flush_interval,
+                is_stale=stale,
+            )
+            run.prepared = True
+            async for chunk in abortable(agent.on_chat_message(options), signal):
+                if self.status.get(sid).state == "retrying":
+                    self.status.busy(sid, run.run_id)
+                callback = await self._emit(run, recorder, callback, chunk)
+                if run.sink is None:
+                    await open_stream()
+            if run.sink is None:
+                await open_stream()
+            finish_reason = result.finish_reason
+        except AbortError as exc:
+            status = "aborted"
+            if recorder is not None:
+                if run.sink is None:
+                    await open_stream()
+                # In-flight tool calls are finalized, so the stored turn is truthful and
+                # the next prompt carries no unresolved call.
+                for call_id in recorder.builder.unfinished_tool_calls():
+                    callback = await self._emit(
+                        run,
+                        recorder,
+                        callback,
+                        {
+                            "type": "tool-output-error",
+                            "toolCallId": call_id,
+                            "errorText": f"aborted: {exc.reason}",
+                        },
+                    )
+                callback = await self._emit(
+                    run, recorder, callback, {"type": "abort", "reason": exc.reason}
+                )
+        except asyncio.CancelledError:
+            # The hosting task was cancelled (actor shutdown): persist what we have.
+            if recorder is not None:
+                self._finish_recorder(recorder, run, options, "aborted", step_usage, None, stale)
+                recorder = None
+            self._end_run(run, "aborted")
+            raise
+        except Exception as exc:
+            status = "error"
+            replaced = await agent.on_chat_error(exc)
+            error_text = str(replaced) or type(exc).__name__
+            log.warning("run %s failed: %s", run.run_id, error_text)
+            if recorder is not None:
+                if run.sink is None:
+                    await open_stream()
+                callback = await self._emit(
+                    run, recorder, callback, {"type": "error", "errorText": error_text}
+                )
+        message = None
+        if recorder is not None:
+            message = self._finish_recorder(
+                recorder, run, options, status, step_usage, finish_reason, stale
+            )
+        self._end_run(run, status, error_text)
+        if callback is not None:
+            if status == "error":
+                await _call(callback, "on_error", error_text)
+            else:
+                await _call(callback, "on_done")
+        return ChatResult(
+            run_id=run.run_id,
+            session_id=sid,
+            message_id=run.stream.message_id or "",
+            status=status,
+            message=message,
+            error=error_text,
+            finish_reason=finish_reason,
+            usage=step_usage.to_dict(),
+            steps=result.steps,
+            user_message_id=user_id,
+        )
+
+    def _finish_recorder(
+        self,
+        recorder: Recorder,
+        run: RunState,
+        options: ChatOptions | None,
+        status: RunStatus,
+        usage: Usage,
+        finish_reason: str | None,
+        stale: Callable[[], bool],
+    ) -> dict[str, Any] | None:
+        metadata: dict[str, Any] = {}
+        if options is not None:
+            try:
+                metadata.update(self.agent.message_metadata(options))
+            except Exception:  # a hook's failure must not lose the turn's message
+                log.exception("message_metadata of run %s failed", run.run_id)
+        metadata.update(usage=usage.to_dict(), status=status)
+        if finish_reason:
+            metadata["finishReason"] = finish_reason
+        model = model_switch.model_info(self.agent, run)
+        if model:
+            metadata["model"] = model
+        try:
+            message = recorder.finish(metadata)
+        except Exception:
+            log.exception("final persist of run %s failed", run.run_id)
+            raise
+        if stale():
+            return None
+        self._enforce_max_persisted(run.session_id)
+        self._prune_chunk_logs()
+        return message
+
+    async def _emit(
+        self,
+        run: RunState,
+        recorder: Recorder,
+        callback: StreamCallback | None,
+        chunk: dict[str, Any],
+    ) -> StreamCallback | None:
+        recorder.record(chunk)
+        run.stream.push(chunk)
+        if callback is None:
+            return None
+        try:
+            result = callback.on_event(chunk)
+            if inspect.isawaitable(result):
+                await result
+            return callback
+        except Exception as exc:  # the consumer went away: detach, never cancel
+            log.info("run %s: callback detached (%s)", run.run_id, exc)
+            return None
+
+    def _end_run(self, run: RunState, status: RunStatus, error: str | None = None) -> None:
+        run.sink = _discard  # a straggler's late emit goes nowhere (the message is final)
+        if self.runs.pop(run.run_id, None) is None:
+            return
+        self.session_runs.pop(run.session_id, None)
+        run.stream.close(error)
+        self.last_stream[run.session_id] = run.stream
+        if status == "error":
+            self.status.error(run.session_id, error or "error")
+        else:
+            self.status.idle(run.session_id)
+
+    # -- storage upkeep ---------------------------------------------------------------
+
+    def finalize_orphaned_tool_calls(
+        self, session_id: str, history: list[dict[str, Any]] | None = None
+    ) -> int:
+        """A tool call left without output (a run that died with the process) becomes a
+        tool error, so the next prompt never carries an unresolved call. Returns the
+        number finalized. Calls belonging to a run in flight are left alone."""
+        store = self.agent.store
+        run = self.runs.get(self.session_runs.get(session_id, ""))
+        active = run.stream.message_id if run is not None else None
+        writes: list[PartWrite] = []
+        if history is None:
+            history = store.get_history(session_id)
+        for message in history[-8:]:
+            if message.get("role") != "assistant" or message["id"] == active:
+                continue
+            for idx, part in enumerate(message.get("parts", ())):
+                if part.get("type") == "dynamic-tool" and part.get("state") in (
+                    "input-streaming",
+                    "input-available",
+                    "approval-requested",  # the approval died with the process
+                ):
+                    fixed = dict(part, state="output-error", errorText=ORPHAN_ERROR)
+                    writes.append(PartWrite(message["id"], idx, enforce_row_size(fixed)))
+        if writes:
+            store.flush_stream(StreamFlush(session_id=session_id, parts=writes))
+            for w in writes:
+                self.persist_cache.forget(w.message_id)
+        return len(writes)
+
+    def _enforce_max_persisted(self, session_id: str) -> None:
+        limit = self.agent.max_persisted_messages
+        if limit is None:
+            return
+        store = self.agent.store
+        visible = [row for row in store.get_path(session_id) if not row.hidden]
+        excess = len(visible) - limit
+        if excess > 0:
+            doomed = [row.id for row in visible[:excess]]
+            store.delete_messages(session_id, doomed)
+            for mid in doomed:
+                self.persist_cache.forget(mid)
+
+    def _prune_chunk_logs(self) -> None:
+        store = self.agent.store
+        keep = max(self.agent.keep_chunk_logs, 1)
+        generations = store.chunk_generations()
+        active = set(self.runs)
+        doomed = [g for g in generations[:-keep] if g not in active]
+        if doomed:
+            store.delete_chunks(doomed)
+
+
+async def _discard(chunk: dict[str, Any]) -> None:
+    """The emit sink of a finished run."""
+
+
+async def _call(callback: Any, name: str, *args: Any) -> None:
+    fn: Callable[..., Any] | None = getattr(callback, name, None)
+    if fn is None:
+        return
+    try:
+        result = fn(*args)
+        if isinstance(result, Awaitable) or inspect.isawaitable(result):
+            await result
+    except Exception as exc:
+        log.info("callback %s failed: %s", name, exc)

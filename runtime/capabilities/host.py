@@ -1,0 +1,106 @@
+"""What a capability needs from the agent it is attached to: small typed Protocols.
+
+Capabilities (compaction, permissions, prompt assembly) are objects an agent composes,
+not mixins: each gets its host at construction and reaches it only through these
+Protocols. :class:`~thinkray.runtime.agents.agent.Agent` satisfies all three.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from thinkray.runtime.agents.runs import RunState
+    from thinkray.runtime.agents.sessions import SessionManager
+    from thinkray.runtime.agents.turns import TurnRunner
+    from thinkray.runtime.capabilities.compaction import CompactionConfig
+    from thinkray.runtime.capabilities.permissions import Action, PermissionRule
+    from thinkray.runtime.models.base import Model
+    from thinkray.runtime.status import StatusBoard
+    from thinkray.storage.protocols import SessionStore
+
+__all__ = ["AgentHost", "CompactionHost", "PermissionHost", "PromptHost"]
+
+
+class AgentHost(Protocol):
+    """The part of an agent every capability may use.
+
+    ``store`` is the agent's session store; ``sessions.resolve(None)`` names the
+    current session; ``turns.persist_cache`` must be told about messages a capability
+    rewrites outside a turn. ``reserve_session`` holds a session busy (raises
+    SessionBusyError if a run holds it); ``own_turn`` is the caller's own turn before its
+    history is fixed, else None."""
+
+    @property
+    def store(self) -> SessionStore: ...
+
+    @property
+    def status(self) -> StatusBoard: ...
+
+    @property
+    def sessions(self) -> SessionManager: ...
+
+    @property
+    def turns(self) -> TurnRunner: ...
+
+    @property
+    def current_session_id(self) -> str | None: ...
+
+    def get_model(self) -> Model: ...
+
+    def reserve_session(
+        self, session_id: str, operation: str = ...
+    ) -> AbstractContextManager[None]: ...
+
+    def own_turn(self, session_id: str) -> RunState | None: ...
+
+    def active_run(self, session_id: str | None = ...) -> str | None: ...
+
+
+class CompactionHost(AgentHost, Protocol):
+    """An agent that compacts: its default config, summarizer and per-turn model."""
+
+    @property
+    def compaction_config(self) -> CompactionConfig: ...
+
+    def get_summary_model(self, config: CompactionConfig) -> Model: ...
+
+    def model_for_turn(self, session_id: str, message: dict[str, Any] | None) -> Model: ...
+
+
+class PermissionHost(AgentHost, Protocol):
+    """An agent with permission scopes: its manifest rules and ask settings."""
+
+    @property
+    def permission_rules(self) -> Sequence[PermissionRule | dict[str, Any]]: ...
+
+    @property
+    def permission_default(self) -> Action: ...
+
+    @property
+    def approval_timeout(self) -> float | None: ...
+
+    @property
+    def approval_history_size(self) -> int: ...
+
+
+class PromptHost(AgentHost, Protocol):
+    """An agent whose system prompt is assembled: the sections' sources."""
+
+    @property
+    def global_instructions(self) -> str: ...
+
+    @property
+    def skills_dir(self) -> str: ...
+
+    def get_workspace(self) -> Any: ...
+
+    def get_tools(self) -> Any: ...
+
+    def get_manifest_prompt(self) -> Any: ...
+
+    def get_working_directory(self) -> str: ...
+
+    def get_environment(self, model: Any) -> dict[str, Any]: ...
