@@ -111,7 +111,7 @@ class RemoteStreamMethod(RemoteMethod[S, P, T, R]):
     """A remote async-generator method: ``remote(...)`` returns a
     :class:`ResponseStream` of its items."""
 
-    def remote(self, *args: P.args, **kwargs: P.kwargs) -> ResponseStream[R]:  # type: ignore[override]
+    def remote(self, *args: P.args, **kwargs: P.kwargs) -> ResponseStream[R]:  # type: ignore[override]  # a stream, not one Response
         raise TypeError(
             f"{self.name}.remote() is called on an agent handle "
             f"(handle.{self.name}.remote(...)), not on the agent class"
