@@ -112,6 +112,7 @@ class RemoteStreamMethod(RemoteMethod[S, P, T, R]):
     :class:`ResponseStream` of its items."""
 
     def remote(self, *args: P.args, **kwargs: P.kwargs) -> ResponseStream[R]:  # type: ignore[override]  # a stream, not one Response
+        """Call through an actor handle; returns the stream of items."""
         raise TypeError(
             f"{self.name}.remote() is called on an agent handle "
             f"(handle.{self.name}.remote(...)), not on the agent class"

@@ -36,11 +36,17 @@ class StreamCallback(Protocol):
     that raises is detached for the rest of the run; the run goes on (a consumer
     going away is not an abort). ``on_done`` or ``on_error`` is called once, last."""
 
-    def on_event(self, chunk: dict[str, Any]) -> Any: ...
+    def on_event(self, chunk: dict[str, Any]) -> Any:
+        """One UI chunk, in order."""
+        ...
 
-    def on_done(self) -> Any: ...
+    def on_done(self) -> Any:
+        """The run ended (completed or aborted)."""
+        ...
 
-    def on_error(self, error: str) -> Any: ...
+    def on_error(self, error: str) -> Any:
+        """The run failed with ``error``."""
+        ...
 
 
 @dataclass

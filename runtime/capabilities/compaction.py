@@ -204,10 +204,12 @@ def render_message(message: dict[str, Any]) -> str:
 
 
 def message_tokens(message: dict[str, Any]) -> int:
+    """Estimated tokens of one stored message (its rendered parts)."""
     return estimate_tokens(render_message(message))
 
 
 def is_pruned(output: Any) -> bool:
+    """True if a tool output is already the pruned stub."""
     return isinstance(output, str) and bool(_STUB_RE.match(output))
 
 
@@ -321,9 +323,11 @@ class CompactionConfig(BaseModel):
         return min(self.reserve_tokens, max_output) if max_output else self.reserve_tokens
 
     def usable(self, model: Any) -> int:
+        """Tokens usable before compaction fires for ``model``: window minus reserve."""
         return int(getattr(model, "context_window", 0)) - self.reserve_for(model)
 
     def merged(self, overrides: dict[str, Any] | None) -> CompactionConfig:
+        """A copy with ``overrides`` applied (validated: a bad value raises)."""
         if not overrides:
             return self
         data = self.model_dump()
@@ -350,6 +354,8 @@ class CompactionSpecLimitError(CompactionError):
 
 
 class SummarizerError(CompactionError):
+    """The summarizer failed (``transient``: worth a retry)."""
+
     def __init__(self, message: str, *, transient: bool = False) -> None:
         super().__init__(message)
         self.transient = transient
@@ -362,6 +368,7 @@ class PruneResult:
     message_ids: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field, as a dict."""
         return {
             "pruned": self.pruned,
             "reclaimed_tokens": self.reclaimed_tokens,
@@ -385,6 +392,7 @@ class CompactionResult:
     pruned: PruneResult | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field, as a JSON-ready dict."""
         return {
             "session_id": self.session_id,
             "message_id": self.message_id,
@@ -447,6 +455,7 @@ class Compaction:
 
     @remote
     def get_compaction_config(self, session_id: str | None = None) -> CompactionConfig:
+        """The session's effective config: agent default, store-wide then session overrides."""
         config = self.host.compaction_config
         sid = session_id or self.host.current_session_id
         if sid is None:

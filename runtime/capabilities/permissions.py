@@ -102,13 +102,16 @@ class PermissionRule(BaseModel):
 
     @property
     def is_glob(self) -> bool:
+        """True if the rule's tool or match pattern is a glob."""
         return any(c in _GLOB_CHARS for c in self.tool)
 
     def specificity(self) -> tuple[int, int, int]:
+        """How specific the rule is (more specific rules win)."""
         literal = sum(1 for c in self.tool if c not in _GLOB_CHARS)
         return (0 if self.is_glob else 1, len(self.match or ()), literal)
 
     def matches(self, tool_name: str, input: Any) -> bool:
+        """True if the rule applies to a call of ``tool_name`` with ``input``."""
         if self.is_glob:
             if not fnmatch.fnmatchcase(tool_name, self.tool):
                 return False
@@ -124,6 +127,7 @@ class PermissionRule(BaseModel):
         return True
 
     def to_dict(self) -> dict[str, Any]:
+        """The rule as a JSON-ready dict."""
         return self.model_dump(exclude_defaults=True) | {"action": self.action}
 
 
@@ -131,6 +135,7 @@ RuleLike = PermissionRule | dict[str, Any]
 
 
 def as_rule(rule: RuleLike) -> PermissionRule:
+    """A :class:`PermissionRule` from a rule or a dict; raises on an invalid rule."""
     return rule if isinstance(rule, PermissionRule) else PermissionRule.model_validate(rule)
 
 
@@ -175,6 +180,7 @@ class PermissionDecision:
     scope: Scope | None = None
 
     def describe(self) -> str:
+        """Which rule (scope, tool, pin) decided, for messages."""
         if self.rule is None:
             return "the default policy"
         pin = "pinned " if self.rule.pin and self.scope == "manifest" else ""
@@ -226,11 +232,17 @@ class ProjectRules(Protocol):
     ``add`` is idempotent (an identical rule already present is not added again, and
     re-adding moves nothing)."""
 
-    def rules(self) -> list[PermissionRule]: ...
+    def rules(self) -> list[PermissionRule]:
+        """Every project rule, oldest first."""
+        ...
 
-    def add(self, rule: RuleLike) -> None: ...
+    def add(self, rule: RuleLike) -> None:
+        """Add a rule (a no-op if present)."""
+        ...
 
-    def remove(self, rule: RuleLike) -> bool: ...
+    def remove(self, rule: RuleLike) -> bool:
+        """Remove a rule; False if absent."""
+        ...
 
 
 class MemoryProjectRules:
@@ -240,14 +252,17 @@ class MemoryProjectRules:
         self._rules = [_scoped(as_rule(r), "project") for r in rules]
 
     def rules(self) -> list[PermissionRule]:
+        """Every project rule, oldest first."""
         return list(self._rules)
 
     def add(self, rule: RuleLike) -> None:
+        """Add a rule (a no-op if present)."""
         rule = _scoped(as_rule(rule), "project")
         if rule not in self._rules:
             self._rules.append(rule)
 
     def remove(self, rule: RuleLike) -> bool:
+        """Remove a rule; False if absent."""
         rule = as_rule(rule)
         if rule in self._rules:
             self._rules.remove(rule)
@@ -264,6 +279,7 @@ class StoreProjectRules:
         self.key = key
 
     def rules(self) -> list[PermissionRule]:
+        """Every project rule, oldest first (read from the store's config)."""
         raw = self.store.get_config(self.key) or []
         return [as_rule(r) for r in raw]
 
@@ -271,12 +287,14 @@ class StoreProjectRules:
         self.store.set_config(self.key, [r.to_dict() for r in rules])
 
     def add(self, rule: RuleLike) -> None:
+        """Add a rule (a no-op if present); persisted."""
         rule = _scoped(as_rule(rule), "project")
         rules = self.rules()
         if rule not in rules:
             self._save([*rules, rule])
 
     def remove(self, rule: RuleLike) -> bool:
+        """Remove a rule; False if absent; persisted."""
         rule = as_rule(rule)
         rules = self.rules()
         if rule not in rules:
@@ -320,6 +338,7 @@ class Approval:
     future: asyncio.Future[str] | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
+        """The approval as a JSON-ready dict (no future)."""
         return {
             "approval_id": self.approval_id,
             "session_id": self.session_id,
@@ -363,6 +382,7 @@ class Permissions:
         self._approvals: OrderedDict[str, Approval] = OrderedDict()
 
     def manifest_rules(self) -> tuple[PermissionRule, ...]:
+        """The manifest scope, validated."""
         return tuple(as_rule(r) for r in self.host.permission_rules)
 
     @property
@@ -377,14 +397,17 @@ class Permissions:
         self._project_rules = value
 
     def add_project_rule(self, rule: RuleLike) -> PermissionRule:
+        """Add a rule to the project scope; returns it, scoped."""
         rule = _scoped(as_rule(rule), "project")
         self.project_rules.add(rule)
         return rule
 
     def remove_project_rule(self, rule: RuleLike) -> bool:
+        """Remove a rule from the project scope; False if absent."""
         return self.project_rules.remove(rule)
 
     def session_rules(self, session_id: str | None = None) -> list[PermissionRule]:
+        """The session scope's rules (default: the current session)."""
         sid = self.host.sessions.resolve(session_id)
         info = self.host.store.get_session(sid)
         return [as_rule(r) for r in (info.permissions or {}).get("rules", ())]
@@ -404,6 +427,7 @@ class Permissions:
         return rule
 
     def remove_session_rule(self, rule: RuleLike, session_id: str | None = None) -> bool:
+        """Remove a rule from the session scope; False if absent."""
         sid = self.host.sessions.resolve(session_id)
         rule = as_rule(rule)
         rules = self.session_rules(sid)
@@ -416,6 +440,7 @@ class Permissions:
     def evaluate_permission(
         self, tool_name: str, input: Any = None, session_id: str | None = None
     ) -> PermissionDecision:
+        """The verdict for a call: manifest pins first, then the most specific rule."""
         sid = session_id or self.host.current_session_id
         session = self.session_rules(sid) if sid else []
         return evaluate(

@@ -82,6 +82,7 @@ class AssembledPrompt:
 
 
 def digest_of(text: str) -> str:
+    """The SHA-256 hex digest of a prompt's text."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -174,10 +175,12 @@ async def discover_skills(ws: Any, skills_dir: str = SKILLS_DIR) -> list[Skill]:
 
 
 def render_instructions(files: Iterable[InstructionFile]) -> str:
+    """Section 2: the project instruction files, outermost first."""
     return "\n\n".join(f"## {f.path}\n\n{f.content}" for f in files)
 
 
 def render_skills(skills: Iterable[Skill]) -> str:
+    """Section 3: the skills catalog (name and description)."""
     lines = []
     for s in skills:
         desc = f": {s.description}" if s.description else ""
@@ -190,10 +193,12 @@ def render_skills(skills: Iterable[Skill]) -> str:
 
 
 def render_environment(env: Mapping[str, Any]) -> str:
+    """Section 4: the environment's key/values (None values omitted)."""
     return "\n".join(f"- {key}: {value}" for key, value in env.items() if value not in (None, ""))
 
 
 def render_tools(tools: Mapping[str, Any]) -> str:
+    """Section 5: the tool catalog (name, description, input schema)."""
     blocks = []
     for name in sorted(tools):
         t = tools[name]

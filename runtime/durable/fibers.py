@@ -297,9 +297,11 @@ class FiberManager:
         return self.store.delete_finished(older_than)
 
     def get_fiber(self, fiber_id: str) -> FiberRecord | None:
+        """A fiber's record; raises FiberNotFoundError if unknown."""
         return self.store.get_fiber(fiber_id)
 
     def list_fibers(self, status: str | Iterable[str] | None = None) -> list[FiberRecord]:
+        """Fiber records, optionally of one status."""
         return self.store.list_fibers(status)
 
     def active_fibers(self) -> list[str]:
@@ -458,6 +460,7 @@ class FiberManager:
 
     @property
     def closed(self) -> bool:
+        """True once :meth:`close` ran."""
         return self._closed
 
     async def close(self) -> None:

@@ -126,6 +126,7 @@ class Scheduler:
         return found
 
     def get_schedule(self, schedule_id: str) -> ScheduleRecord | None:
+        """A schedule's record, or None."""
         return self.store.get_schedule(schedule_id)
 
     def list_schedules(self, *, include_disabled: bool = False) -> list[ScheduleRecord]:
@@ -208,6 +209,7 @@ class Scheduler:
 
     @property
     def running(self) -> bool:
+        """True while the timer loop runs."""
         return self._loop_task is not None and not self._loop_task.done()
 
     @property
