@@ -63,11 +63,11 @@ def demo(args: argparse.Namespace) -> int:
     try:
         for prompt in ("What's the weather in Paris?", "Thanks! And what do you remember?"):
             print(f"\nuser> {prompt}\nassistant> ", end="", flush=True)
-            stream = agent.stream_chat(prompt)
+            stream = agent.stream_chat.remote(prompt)
             for chunk in stream:
                 _print_chunk(chunk)
             print()
-        where = agent.where()
+        where = ns.where(agent.name)
         print(f"\nSession {name!r} lives in actor pid {where['pid']}.")
         assert ns.hibernate(name), "hibernate refused"
         path = Path(root) / "demo" / f"{name}.duckdb"
@@ -77,10 +77,10 @@ def demo(args: argparse.Namespace) -> int:
             f"wal left: {wal.exists()}); actor back in the warm pool."
         )
         t0 = time.perf_counter()
-        history = agent.history()
+        history = agent.get_history.remote().result()
         print(
             f"Woke it with a call ({(time.perf_counter() - t0) * 1000:.0f} ms): "
-            f"now in pid {agent.where()['pid']}. History rebuilt from DuckDB:"
+            f"now in pid {ns.where(agent.name)['pid']}. History rebuilt from DuckDB:"
         )
         for message in history:
             parts = []
@@ -90,7 +90,7 @@ def demo(args: argparse.Namespace) -> int:
                 elif p["type"] == "dynamic-tool":
                     parts.append(f"[{p['toolName']} → {p['state']}]")
             print(f"  {message['role']:>9}: {' '.join(parts)}")
-        print(f"\nStatus: {agent.status()['state']}.")
+        print(f"\nStatus: {agent.get_status.remote().result()['state']}.")
         _delegation_demo(root)
         print("\nDemo complete.")
     finally:
@@ -144,36 +144,32 @@ def _delegation_demo(root: str) -> None:
     )
     boss = ns.get(f"boss-{int(time.time())}")
     try:
-        boss.invoke(
-            "create_subagent",
+        boss.create_subagent.remote(
             "researcher",
             {
                 "model": model or _RESEARCHER_SCRIPT,
                 "instructions": "Write your findings to the shared workspace with shared_write_file.",
             },
-        )
-        boss.invoke(
-            "create_subagent",
+        ).result()
+        boss.create_subagent.remote(
             "reviewer",
             {
                 "model": model or _REVIEWER_SCRIPT,
                 "instructions": "First call shared_wait_for_file, then read the file and summarize.",
             },
             access="read",
-        )
+        ).result()
         tasks = {
-            "reviewer": boss.invoke(
-                "delegate",
+            "reviewer": boss.delegate.remote(
                 "reviewer",
                 "Wait for notes/findings.md, read it and summarize it.",
                 wait=False,
-            ),
-            "researcher": boss.invoke(
-                "delegate",
+            ).result(),
+            "researcher": boss.delegate.remote(
                 "researcher",
                 "Write weather findings for Paris, Tokyo and Lima to notes/findings.md.",
                 wait=False,
-            ),
+            ).result(),
         }
         lock = threading.Lock()
 
@@ -184,7 +180,7 @@ def _delegation_demo(root: str) -> None:
                 with lock:
                     print(f"  [{agent:>10}] {text}", flush=True)
 
-            for chunk in boss.stream("view_task", task_id):
+            for chunk in boss.view_task.remote(task_id):
                 t = chunk["type"]
                 if t == "text-delta":
                     line.append(chunk["delta"])
@@ -204,9 +200,9 @@ def _delegation_demo(root: str) -> None:
         for th in threads:
             th.join()
         for agent in tasks:
-            status = boss.invoke("wait_task", tasks[agent]["task_id"], 120)
+            status = boss.wait_task.remote(tasks[agent]["task_id"], 120).result()
             print(f"  {agent}: {status['status']}")
-        client = boss.invoke("shared_workspace")
+        client = boss.shared_workspace.remote().result()
         content = ray.get(client.read_file("notes/findings.md"))
         print("  shared workspace, notes/findings.md (read back through the bridge):")
         for row in content.splitlines():

@@ -15,6 +15,7 @@ from thinkray.runtime.agents.agent import Agent
 from thinkray.runtime.agents.think import Think
 from thinkray.runtime.models.base import Model, ModelRequest
 from thinkray.runtime.models.testing import FunctionModel, Reply, reply, tool_call
+from thinkray.runtime.remote import remote
 from thinkray.runtime.tools.base import Tool, tool
 
 _FORECASTS = {"paris": ("light rain", 14), "tokyo": ("clear skies", 22), "lima": ("fog", 17)}
@@ -137,7 +138,9 @@ class ScriptAgent(Think):
         # A fresh token per construction: proves a wake builds a new instance.
         self.incarnation = uuid.uuid4().hex
 
+    @remote
     def whoami(self) -> dict[str, Any]:
+        """This instance's construction token and process id."""
         return {"incarnation": self.incarnation, "pid": os.getpid()}
 
     async def count_to(self, payload: dict[str, Any], ctx: Any) -> int:
@@ -154,7 +157,9 @@ class ScriptAgent(Think):
         fired = self.store.get_config("alarms_fired", [])
         self.store.set_config("alarms_fired", [*fired, payload])
 
+    @remote
     def alarms_fired(self) -> list[Any]:
+        """The payloads of the alarms that fired, in order."""
         return self.store.get_config("alarms_fired", [])
 
 

@@ -1,48 +1,71 @@
 """Client side: ``AgentNamespace`` (the Durable Object namespace binding) and
-``AgentHandle`` (a stub addressed by name).
+``AgentHandle`` (a typed stub addressed by name).
+
+A handle exposes the agent's ``@remote`` methods with their own signatures::
+
+    ns = AgentNamespace("chat", Assistant, storage_root=root)
+    agent = ns.get("user-42")
+    info = agent.create_session.remote("Support").result()        # sync code
+    result = await agent.chat.remote("hi", session_id=info.id)      # async code
+    for chunk in agent.stream_chat.remote("more", session_id=info.id):
+        ...
+
+``handle.<method>.remote(...)`` returns an :class:`~thinkray.actors.response.AgentResponse`
+(awaitable, or ``.result(timeout_s=...)``); a stream method an
+:class:`~thinkray.actors.response.AgentResponseStream` (``for`` or ``async for``). A
+method that is not remote-callable, or arguments that don't fit its signature, raise
+:class:`~thinkray.actors.errors.RemoteCallError` before anything is sent.
+
+For a type checker ``ns.get(name)`` is ``AgentHandle[A] | type[A]`` (Ray's
+``ActorProxy`` pattern): on the class, a ``@remote`` method's ``.remote`` carries the
+method's signature, so ``agent.branch.remote(session_id, 3)`` is flagged.
 
 A handle caches the actor its agent is bound to and re-resolves through the directory
-when that actor answers that it no longer hosts the agent (it hibernated) or died
-(it crashed: the directory replaces it and the agent rebinds on the next call).
-Handles are serializable: pass them to other actors.
+when that actor answers that it no longer hosts the agent (it hibernated) or died (the
+directory replaces it and the agent rebinds). Handles are serializable: pass them to
+other actors. Operations on the agent's *placement* — hibernate, wake, where — are the
+namespace's: ``ns.hibernate(name)``, ``ns.wake(name)``, ``ns.where(name)``.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections import deque
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
 
 import ray
 from ray.actor import ActorHandle
 from thinkray.actors.directory import NamespaceConfig, RemoteDirectory
-from thinkray.actors.relay import AbortReceiver, NotBoundError
+from thinkray.actors.errors import RemoteCallError
+from thinkray.actors.response import AgentResponse, AgentResponseStream
 from thinkray.actors.session_actor import DEFAULT_PRELOAD
 from thinkray.runtime.agents.think import Think
+from thinkray.runtime.remote import RemoteMethod, check_arguments, remote_methods
 from thinkray.storage.layout import ensure_root, list_names, validate_name
 
+__all__ = ["RAY_NAMESPACE", "AgentHandle", "AgentNamespace", "Handle", "HandleMethod"]
+
 RAY_NAMESPACE = "thinkray"
-_RETRYABLE = (NotBoundError, ray.exceptions.RayActorError)
-_ATTEMPTS = 5
+
+A = TypeVar("A", bound=Think)
 
 
 def _directory_name(namespace: str) -> str:
     return f"thinkray-directory-{namespace}"
 
 
-class AgentNamespace:
+class AgentNamespace(Generic[A]):
     """Agents of one class under one storage root, addressed by name.
 
     ``get(name)`` gets or creates; ``existing(name)`` refuses unknown names for
     read-only use. Two processes that construct the same namespace share one
-    directory actor (the first one's settings win).
+    directory actor (the first one's settings win). ``start=False`` skips the blocking
+    wait for the pool (inside an async actor, ``await ns.astart()`` instead).
+    Raises a storage error at once for a root that cannot be written.
     """
 
     def __init__(
         self,
         name: str = "default",
-        agent_cls: type[Think] = Think,
+        agent_cls: type[A] = Think,  # type: ignore[assignment]  # the default class
         *,
         storage_root: str,
         agent_kwargs: dict[str, Any] | None = None,
@@ -56,13 +79,11 @@ class AgentNamespace:
         detached: bool = False,
         start: bool = True,
     ) -> None:
-        """``start=False`` skips the blocking wait for the pool (inside an async actor,
-        use ``await ns.astart()`` instead)."""
         validate_name(name, "namespace")
-        # Fail at start, with a clear message, on a root we cannot write.
         ensure_root(storage_root, name)
         self.name = name
         self.storage_root = str(storage_root)
+        self.agent_cls: type[A] | None = agent_cls
         config = NamespaceConfig(
             namespace=name,
             storage_root=str(storage_root),
@@ -89,38 +110,65 @@ class AgentNamespace:
         if start:
             ray.get(self.directory.start.remote())
 
-    async def astart(self) -> AgentNamespace:
+    async def astart(self) -> AgentNamespace[A]:
+        """Wait for the warm pool (the async form of ``start=True``)."""
         await self.directory.start.remote()
         return self
 
     @classmethod
-    def connect(cls, name: str = "default") -> AgentNamespace:
-        """Attach to a namespace another process created."""
+    def connect(cls, name: str = "default") -> AgentNamespace[Any]:
+        """Attach to a namespace another process created (its handles then validate
+        calls on the actor's side only)."""
         self = cls.__new__(cls)
         self.name = name
         self.directory = ray.get_actor(_directory_name(name), namespace=RAY_NAMESPACE)
         stats = ray.get(self.directory.stats.remote())
         self.storage_root = stats.get("storage_root", "")
+        self.agent_cls = None
         return self
 
-    def get(self, name: str) -> AgentHandle:
-        return AgentHandle(self.name, validate_name(name), self.directory, create=True)
+    def get(self, name: str) -> Handle[A]:
+        """The handle of agent ``name``, created on first use."""
+        return AgentHandle(self.name, validate_name(name), self.directory, True, self.agent_cls)
 
-    def existing(self, name: str) -> AgentHandle:
-        return AgentHandle(self.name, validate_name(name), self.directory, create=False)
+    def existing(self, name: str) -> Handle[A]:
+        """The handle of an existing agent: its calls raise SessionNotFoundError for a
+        name that has no database file."""
+        return AgentHandle(self.name, validate_name(name), self.directory, False, self.agent_cls)
 
     def names(self) -> list[str]:
         """Every agent that has a database file (live or hibernated)."""
         return list_names(self.storage_root, self.name)
 
     def hibernate(self, name: str, force: bool = False) -> bool:
-        return ray.get(self.directory.hibernate.remote(validate_name(name), force))
+        """Hibernate agent ``name`` now; False while it is busy (unless ``force``)."""
+        return bool(ray.get(self.directory.hibernate.remote(validate_name(name), force)))
+
+    async def ahibernate(self, name: str, force: bool = False) -> bool:
+        """:meth:`hibernate` for async code."""
+        return bool(await self.directory.hibernate.remote(validate_name(name), force))
 
     def hibernate_all(self, force: bool = False) -> int:
-        return ray.get(self.directory.hibernate_all.remote(force))
+        """Hibernate every live agent; returns how many went."""
+        return int(ray.get(self.directory.hibernate_all.remote(force)))
+
+    def wake(self, name: str, node_id: str | None = None) -> dict[str, Any]:
+        """Bind agent ``name`` now (optionally on a given node); returns where it lives."""
+        validate_name(name)
+        ray.get(self.directory.resolve.remote(name, True, None, node_id))
+        where: dict[str, Any] = ray.get(self.directory.live_actor.remote(name))
+        return where
+
+    def where(self, name: str) -> dict[str, Any] | None:
+        """The live actor hosting agent ``name`` (actor_id, node_id, pid), or None
+        when it is hibernated."""
+        live: dict[str, Any] | None = ray.get(self.directory.live_actor.remote(validate_name(name)))
+        return live
 
     def stats(self) -> dict[str, Any]:
-        return ray.get(self.directory.stats.remote())
+        """The directory's counters (live, pooled, binds, hibernations, ...)."""
+        stats: dict[str, Any] = ray.get(self.directory.stats.remote())
+        return stats
 
     def shutdown(self) -> None:
         """Hibernate every agent and stop the pool and the directory."""
@@ -130,241 +178,134 @@ class AgentNamespace:
             ray.kill(self.directory, no_restart=True)
 
 
-class ChatStream:
-    """Chunks of one run as they arrive (sync iteration). ``run_id`` and ``receiver``
-    are known as soon as the stream exists; leaving early detaches, never aborts."""
+class AgentHandle(Generic[A]):
+    """A stub for one named agent: ``handle.<remote method>.remote(...)``.
 
-    def __init__(self, header: dict[str, Any], refs: Any) -> None:
-        self.run_id: str | None = header.get("run_id")
-        self.message_id: str | None = header.get("message_id")
-        self.session_id: str | None = header.get("session_id")
-        self.receiver: AbortReceiver | None = header.get("receiver")
-        self.live: bool = header.get("live", True)
-        self._refs = refs
-        self._buffer: deque[dict[str, Any]] = deque()
-        self.batches = 0
+    Any other attribute raises :class:`RemoteCallError` naming the methods that are
+    remote-callable. Serializable."""
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        return self
-
-    def __next__(self) -> dict[str, Any]:
-        while not self._buffer:
-            ref = next(self._refs)  # StopIteration ends the stream
-            self._buffer.extend(ray.get(ref))
-            self.batches += 1
-        return self._buffer.popleft()
-
-    def abort(self, reason: str = "aborted") -> bool:
-        return bool(self.receiver and self.receiver.abort(reason))
-
-
-class AsyncChatStream:
-    def __init__(self, header: dict[str, Any], refs: Any) -> None:
-        self.run_id = header.get("run_id")
-        self.message_id = header.get("message_id")
-        self.session_id = header.get("session_id")
-        self.receiver: AbortReceiver | None = header.get("receiver")
-        self.live = header.get("live", True)
-        self._refs = refs
-
-    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
-        async for ref in self._refs:
-            for chunk in await ref:
-                yield chunk
-
-
-class AgentHandle:
-    """A stub for one named agent. Sync methods block (drivers); ``a``-prefixed ones
-    are coroutines (use them inside async actors)."""
-
-    def __init__(self, namespace: str, name: str, directory: ActorHandle, create: bool = True):
+    def __init__(
+        self,
+        namespace: str,
+        name: str,
+        directory: ActorHandle,
+        create: bool = True,
+        agent_cls: type[A] | None = None,
+    ) -> None:
         self.namespace = namespace
         self.name = name
         self.directory = directory
         self.create = create
+        self.agent_cls = agent_cls
         self._actor: ActorHandle | None = None
         self._actor_id: str | None = None
 
     def __repr__(self) -> str:
         return f"AgentHandle({self.namespace}/{self.name})"
 
-    # -- resolution ------------------------------------------------------------------
-
-    def _resolve(self, stale: str | None = None, node_id: str | None = None) -> ActorHandle:
-        self._actor, self._actor_id = ray.get(
-            self.directory.resolve.remote(self.name, self.create, stale, node_id)
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            AgentHandle,
+            (self.namespace, self.name, self.directory, self.create, self.agent_cls),
         )
+
+    def __getattr__(self, method: str) -> HandleMethod:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        marker = None
+        if self.agent_cls is not None:
+            allowed = remote_methods(self.agent_cls)
+            marker = allowed.get(method)
+            if marker is None:
+                raise RemoteCallError(
+                    f"{self.agent_cls.__name__}.{method} is not remote-callable; "
+                    f"remote methods: {', '.join(sorted(allowed))}",
+                    method,
+                    tuple(sorted(allowed)),
+                )
+        return HandleMethod(self, method, marker)
+
+    # -- resolution (used by the responses) -------------------------------------------
+
+    def _cached_actor(self) -> ActorHandle | None:
         return self._actor
 
-    async def _aresolve(self, stale: str | None = None) -> ActorHandle:
-        self._actor, self._actor_id = await self.directory.resolve.remote(
-            self.name, self.create, stale, None
-        )
+    def _actor_sync(self, stale: bool = False) -> ActorHandle:
+        if self._actor is None or stale:
+            self._actor, self._actor_id = ray.get(
+                self.directory.resolve.remote(
+                    self.name, self.create, self._actor_id if stale else None, None
+                )
+            )
+        assert self._actor is not None
         return self._actor
 
-    def wake(self, node_id: str | None = None) -> dict[str, Any]:
-        """Bind now (optionally on a given node); returns where it lives."""
-        self._resolve(node_id=node_id)
-        return ray.get(self.directory.live_actor.remote(self.name))
-
-    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        stale = None
-        for attempt in range(_ATTEMPTS):
-            actor = (
-                self._actor if self._actor is not None and stale is None else self._resolve(stale)
+    async def _actor_async(self, stale: bool = False) -> ActorHandle:
+        if self._actor is None or stale:
+            self._actor, self._actor_id = await self.directory.resolve.remote(
+                self.name, self.create, self._actor_id if stale else None, None
             )
-            try:
-                return ray.get(getattr(actor, method).remote(self.name, *args, **kwargs))
-            except _RETRYABLE:
-                if attempt == _ATTEMPTS - 1:
-                    raise
-                stale, self._actor = self._actor_id, None
-        raise AssertionError("unreachable")
+        assert self._actor is not None
+        return self._actor
 
-    async def acall(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        stale = None
-        for attempt in range(_ATTEMPTS):
-            if self._actor is None or stale is not None:
-                actor = await self._aresolve(stale)
-            else:
-                actor = self._actor
-            try:
-                return await getattr(actor, method).remote(self.name, *args, **kwargs)
-            except _RETRYABLE:
-                if attempt == _ATTEMPTS - 1:
-                    raise
-                stale, self._actor = self._actor_id, None
-                await asyncio.sleep(0)
-        raise AssertionError("unreachable")
 
-    def invoke(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Call any public method of the hosted agent."""
-        return self.call("invoke", method, *args, **kwargs)
+class HandleMethod:
+    """One remote method of a handle: ``.remote(*args, **kwargs)`` sends the call."""
 
-    async def ainvoke(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return await self.acall("invoke", method, *args, **kwargs)
+    def __init__(
+        self, handle: AgentHandle[Any], method: str, marker: RemoteMethod[Any, Any, Any, Any] | None
+    ) -> None:
+        self.handle = handle
+        self.method = method
+        self.marker = marker
 
-    # -- chat ------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        return f"{self.handle!r}.{self.method}"
 
-    def chat(self, message: Any = None, callback: Any = None, **kw: Any) -> dict[str, Any]:
-        """One turn. ``callback`` may be an actor handle (chunks are relayed to it in
-        batches) or a local object with ``on_event``/``on_done``/``on_error``."""
-        if callback is None or isinstance(callback, ActorHandle):
-            return self.call("chat", message, callback, **kw)
-        stream = self.stream_chat(message, **kw)
-        for chunk in stream:
-            callback.on_event(chunk)
-        result = self.call("wait_run", stream.run_id) or self._last_result(stream)
-        if result.get("status") == "error" and hasattr(callback, "on_error"):
-            callback.on_error(result.get("error"))
-        elif hasattr(callback, "on_done"):
-            callback.on_done()
-        return result
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise RemoteCallError(
+            f"call {self.method} through .remote(...): handle.{self.method}.remote(...)",
+            self.method,
+        )
 
-    def _last_result(self, stream: ChatStream) -> dict[str, Any]:
-        return {"run_id": stream.run_id, "status": "completed"}
-
-    async def achat(self, message: Any = None, callback: Any = None, **kw: Any) -> dict:
-        return await self.acall("chat", message, callback, **kw)
-
-    def start_chat(self, message: Any = None, callback: Any = None, **kw: Any) -> dict:
-        """Start a turn; returns ``run_id`` and an abort ``receiver`` at once."""
-        return self.call("start_chat", message, callback, **kw)
-
-    async def astart_chat(self, message: Any = None, callback: Any = None, **kw: Any) -> dict:
-        return await self.acall("start_chat", message, callback, **kw)
-
-    def wait_run(self, run_id: str) -> dict[str, Any] | None:
-        return self.call("wait_run", run_id)
-
-    async def await_run(self, run_id: str) -> dict[str, Any] | None:
-        return await self.acall("wait_run", run_id)
-
-    def _open_stream(self, method: str, *args: Any, **kw: Any) -> tuple[dict[str, Any], Any]:
-        stale = None
-        for attempt in range(_ATTEMPTS):
-            actor = (
-                self._actor if self._actor is not None and stale is None else self._resolve(stale)
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        """Send the call; returns an AgentResponse (a stream method: an
+        AgentResponseStream). Raises RemoteCallError when the arguments don't fit."""
+        if self.marker is not None:
+            check_arguments(self.marker, args, kwargs)
+            if "callback" in self.marker.signature.parameters:
+                _check_callback(self.marker, self.method, args, kwargs)
+        name, method = self.handle.name, self.method
+        if self.marker is not None and self.marker.kind == "stream":
+            return AgentResponseStream(
+                self.handle, lambda actor: actor.invoke_stream.remote(name, method, args, kwargs)
             )
-            refs = getattr(actor, method).remote(self.name, *args, **kw)
-            try:
-                header = ray.get(next(refs))
-                return header, refs
-            except _RETRYABLE:
-                if attempt == _ATTEMPTS - 1:
-                    raise
-                stale, self._actor = self._actor_id, None
-        raise AssertionError("unreachable")
+        return AgentResponse(
+            self.handle, lambda actor: actor.invoke.remote(name, method, args, kwargs)
+        )
 
-    def stream_chat(self, message: Any = None, **kw: Any) -> ChatStream:
-        """Iterate the turn's chunks live (Ray streaming generator, batched)."""
-        return ChatStream(*self._open_stream("chat_stream", message, **kw))
 
-    async def _aopen_stream(self, method: str, *args: Any, **kw: Any) -> AsyncChatStream:
-        stale = None
-        for attempt in range(_ATTEMPTS):
-            if self._actor is None or stale is not None:
-                actor = await self._aresolve(stale)
-            else:
-                actor = self._actor
-            refs = getattr(actor, method).remote(self.name, *args, **kw)
-            try:
-                header = await (await refs.__anext__())
-                return AsyncChatStream(header, refs)
-            except _RETRYABLE:
-                if attempt == _ATTEMPTS - 1:
-                    raise
-                stale, self._actor = self._actor_id, None
-        raise AssertionError("unreachable")
+if TYPE_CHECKING:
+    # What a type checker sees for a handle: the agent class's @remote descriptors
+    # (whose ``.remote`` carries each method's signature) or the handle itself.
+    Handle: TypeAlias = AgentHandle[A] | type[A]
+else:
+    Handle = AgentHandle
 
-    async def astream_chat(self, message: Any = None, **kw: Any) -> AsyncChatStream:
-        return await self._aopen_stream("chat_stream", message, **kw)
 
-    def resume(self, session_id: str | None = None, run_id: str | None = None) -> ChatStream:
-        """Replay the current or last run from chunk 0, then follow it live."""
-        return ChatStream(*self._open_stream("resume", session_id, run_id))
-
-    async def aresume(
-        self, session_id: str | None = None, run_id: str | None = None
-    ) -> AsyncChatStream:
-        return await self._aopen_stream("resume", session_id, run_id)
-
-    def abort(self, session_id: str | None = None, reason: str = "aborted") -> bool:
-        return self.call("abort", session_id, reason)
-
-    def status(self, session_id: str | None = None) -> dict[str, Any]:
-        return self.call("status", session_id)
-
-    # -- agent operations (all through invoke) ---------------------------------------
-
-    def configure(self, config: dict[str, Any]) -> None:
-        self.invoke("configure", config)
-
-    def get_config(self) -> dict[str, Any] | None:
-        return self.invoke("get_config")
-
-    def history(self, session_id: str | None = None) -> list[dict[str, Any]]:
-        return self.invoke("get_history", session_id)
-
-    def create_session(self, name: str = "New Chat", **kw: Any) -> Any:
-        return self.invoke("create_session", name, **kw)
-
-    def sessions(self) -> list[Any]:
-        return self.invoke("get_sessions")
-
-    def hibernate(self, force: bool = False) -> bool:
-        return ray.get(self.directory.hibernate.remote(self.name, force))
-
-    async def ahibernate(self, force: bool = False) -> bool:
-        return await self.directory.hibernate.remote(self.name, force)
-
-    def stream(self, method: str, *args: Any, **kwargs: Any) -> ChatStream:
-        """Iterate an async-generator method of the agent (it yields chunk lists)."""
-        return ChatStream(*self._open_stream("invoke_stream", method, *args, **kwargs))
-
-    async def astream(self, method: str, *args: Any, **kwargs: Any) -> AsyncChatStream:
-        return await self._aopen_stream("invoke_stream", method, *args, **kwargs)
-
-    def where(self) -> dict[str, Any] | None:
-        """The live actor hosting this agent, or None if hibernated."""
-        return ray.get(self.directory.live_actor.remote(self.name))
+def _check_callback(
+    marker: RemoteMethod[Any, Any, Any, Any],
+    method: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> None:
+    """A callback that crosses to the actor must be an actor handle (chunks are relayed
+    to it); a local object would run in the actor's process, out of the caller's reach."""
+    callback = marker.signature.bind(None, *args, **kwargs).arguments.get("callback")
+    if callback is not None and not isinstance(callback, ActorHandle):
+        raise RemoteCallError(
+            f"{method}: a callback through a handle must be a Ray actor handle, not "
+            f"{type(callback).__name__}; to follow a turn locally iterate "
+            "handle.stream_chat.remote(...)",
+            method,
+        )

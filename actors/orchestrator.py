@@ -18,6 +18,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +29,7 @@ from thinkray.runtime.agents.agent import Agent
 from thinkray.runtime.agents.think import Think
 from thinkray.runtime.messages import new_id
 from thinkray.runtime.models.base import Model
-from thinkray.runtime.remote import remote
+from thinkray.runtime.remote import Batch, remote
 from thinkray.runtime.tools.base import Tool, ToolContext, tool
 from thinkray.runtime.tools.workspace import LocalWorkspace, workspace_tools
 from thinkray.runtime.turn.stream import RunStream
@@ -233,7 +234,7 @@ class Orchestrator(Agent):
         config[BRIDGE_KEY] = BridgeClient(bridge_name(namespace, me), token, access).to_config()  # type: ignore[arg-type]
         record = SubAgentRecord(name=name, id=uuid.uuid4().hex, config=config, access=access)
         handle = await self._handle(name)
-        await handle.ainvoke("configure", config)
+        await handle.configure.remote(config)
         self.registry.add(record)
         return _public(record)
 
@@ -241,7 +242,7 @@ class Orchestrator(Agent):
     async def configure_subagent(self, name: str, config: dict[str, Any]) -> dict[str, Any]:
         record = self.registry.get(name)
         merged = {**record.config, **config, BRIDGE_KEY: record.config.get(BRIDGE_KEY)}
-        await (await self._handle(name)).ainvoke("configure", merged)
+        await (await self._handle(name)).configure.remote(merged)
         return _public(self.registry.update(name, config=merged))
 
     @remote
@@ -252,7 +253,7 @@ class Orchestrator(Agent):
         token = await (await self.shared_bridge()).grant.remote(name, access)
         config = dict(record.config)
         config[BRIDGE_KEY] = BridgeClient(bridge_name(namespace, me), token, access).to_config()  # type: ignore[arg-type]
-        await (await self._handle(name)).ainvoke("configure", config)
+        await (await self._handle(name)).configure.remote(config)
         return _public(self.registry.update(name, config=config, access=access))
 
     @remote
@@ -299,7 +300,7 @@ class Orchestrator(Agent):
                 f"unknown sub-agent {name!r}; known: {[r.name for r in self.registry.list()]}"
             )
         handle = await self._handle(name)
-        stream = await handle.astream_chat(task)
+        stream = await handle.stream_chat.remote(task).start()
         delegation = Delegation(
             task_id=new_id("task"),
             agent=name,
@@ -346,7 +347,7 @@ class Orchestrator(Agent):
             delegation.finished_at = time.time()
             delegation.stream.close(delegation.error)
             try:
-                count = await handle.ainvoke("message_count")
+                count = await handle.message_count.remote()
             except Exception:
                 count = None
             fields: dict[str, Any] = {
@@ -363,7 +364,7 @@ class Orchestrator(Agent):
         result = delegation.summary()
         # The run's own message, by id: no read of the sub-agent's whole history.
         result["message"] = (
-            await handle.ainvoke("get_message", delegation.message_id)
+            await handle.get_message.remote(delegation.message_id)
             if delegation.message_id
             else None
         )
@@ -398,15 +399,15 @@ class Orchestrator(Agent):
             raise InvalidInputError(f"unknown task {task_id!r}") from None
 
     @remote
-    async def view_task(self, task_id: str) -> Any:
+    async def view_task(self, task_id: str) -> AsyncIterator[dict[str, Any]]:
         """Async generator: the task's chunks from index 0 (the buffer), then the live
         tail. Leaving early detaches; the task goes on."""
         delegation = self._delegation(task_id)
         async for batch in delegation.stream.follow(coalesce=0.002):
-            yield batch
+            yield Batch(batch)  # type: ignore[misc]  # a Batch of chunks travels as one
 
     @remote
-    async def view_subagent(self, name: str) -> Any:
+    async def view_subagent(self, name: str) -> AsyncIterator[dict[str, Any]]:
         """Any caller can watch any sub-agent: its latest delegated task if this
         orchestrator holds one, else the sub-agent's own resume stream."""
         self.registry.get(name)
@@ -415,15 +416,8 @@ class Orchestrator(Agent):
             async for batch in self.view_task(latest[-1].task_id):
                 yield batch
             return
-        stream = await (await self._handle(name)).aresume()
-        batch: list[dict[str, Any]] = []
-        async for chunk in stream:
-            batch.append(chunk)
-            if len(batch) >= 64:
-                yield batch
-                batch = []
-        if batch:
-            yield batch
+        async for chunk in (await self._handle(name)).resume.remote():
+            yield chunk
 
     # -- tools for the orchestrator's own model ------------------------------------------
 

@@ -24,9 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from thinkray.actors.errors import RemoteCallError
 from thinkray.actors.relay import AbortReceiver, NotBoundError, as_callback
 from thinkray.runtime.agents.context import AgentContext, constructing
 from thinkray.runtime.agents.think import Think
+from thinkray.runtime.remote import Batch, RemoteMethod, check_arguments, remote_methods
 from thinkray.storage.session_store import DuckDBSessionStore
 from thinkray.storage.types import SessionNotFoundError
 
@@ -178,38 +180,75 @@ class SessionActor:
             self.inflight -= 1
             self.last_activity = time.monotonic()
 
-    async def invoke(self, name: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Call a public method of the hosted agent (awaited if it is a coroutine)."""
-        if method.startswith("_"):
-            raise AttributeError(f"{method!r} is private")
+    def _remote_method(
+        self, agent: Think, method: str, kind: str
+    ) -> RemoteMethod[Any, Any, Any, Any]:
+        """The agent's ``@remote`` method ``method`` of ``kind``; anything else is refused
+        with a RemoteCallError naming what is allowed."""
+        allowed = remote_methods(type(agent))
+        marker = allowed.get(method)
+        if marker is None or marker.kind != kind:
+            names = sorted(n for n, m in allowed.items() if m.kind == kind)
+            what = "remote stream" if kind == "stream" else "remote"
+            raise RemoteCallError(
+                f"{type(agent).__name__}.{method} is not a {what} method; "
+                f"{what} methods: {', '.join(names)}",
+                method,
+                tuple(names),
+            )
+        return marker
+
+    async def invoke(
+        self,
+        name: str,
+        method: str,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        """Call an ``@remote`` method of the hosted agent (awaited if it is a coroutine).
+        An actor handle passed as ``callback`` is relayed to (chunks in batches)."""
+        kwargs = dict(kwargs or {})
         with self._call(name) as agent:
-            fn = getattr(agent, method)
-            return await _maybe_await(fn(*args, **kwargs))
+            marker = self._remote_method(agent, method, "call")
+            check_arguments(marker, args, kwargs)
+            if "callback" in marker.signature.parameters:
+                bound = marker.signature.bind_partial(None, *args, **kwargs)
+                if "callback" in bound.arguments:
+                    bound.arguments["callback"] = as_callback(bound.arguments["callback"])
+                args, kwargs = tuple(bound.args[1:]), dict(bound.kwargs)
+            return await _maybe_await(getattr(agent, method)(*args, **kwargs))
 
     async def invoke_stream(
-        self, name: str, method: str, *args: Any, **kwargs: Any
+        self,
+        name: str,
+        method: str,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
     ) -> AsyncIterator[Any]:
-        """Stream from an async-generator method of the hosted agent: a header, then
-        its items (lists of chunks, for the viewers of an orchestrator)."""
-        if method.startswith("_"):
-            raise AttributeError(f"{method!r} is private")
-        with self._call(name) as agent:
-            yield {"method": method}
-            async for item in getattr(agent, method)(*args, **kwargs):
-                yield item
+        """Streaming generator for an ``@remote`` async-generator method: a header dict,
+        then lists of items (batched: the more the consumer lags, the more per item).
 
-    async def chat(self, name: str, message: Any = None, callback: Any = None, **kw: Any) -> dict:
+        ``stream_chat`` and ``resume`` relay the run's own stream: the header carries
+        the run (``run_id``, ``session_id``, ``message_id``, an abort ``receiver``;
+        for a resume ``run_id`` and ``live``)."""
+        kwargs = dict(kwargs or {})
         with self._call(name) as agent:
-            result = await agent.chat(message, as_callback(callback), **kw)
-            return result.to_dict()
-
-    async def start_chat(
-        self, name: str, message: Any = None, callback: Any = None, **kw: Any
-    ) -> dict[str, Any]:
-        """Start a turn and return at once with its run id and an abort receiver."""
-        with self._call(name) as agent:
-            run = agent.start_chat(message, as_callback(callback), **kw)
-            return self._run_header(name, run)
+            marker = self._remote_method(agent, method, "stream")
+            check_arguments(marker, args, kwargs)
+            if method == "stream_chat":
+                run = agent.start_chat(*args, **kwargs)
+                yield self._run_header(name, run)
+                async for batch in run.stream.follow(coalesce=RELAY_COALESCE):
+                    yield batch
+            elif method == "resume":
+                run_id, live, batches = agent.replay(*args, **kwargs, coalesce=RELAY_COALESCE)
+                yield {"run_id": run_id, "live": live}
+                async for batch in batches:
+                    yield batch
+            else:
+                yield {"method": method}
+                async for batch in _batched(getattr(agent, method)(*args, **kwargs)):
+                    yield batch
 
     def _run_header(self, name: str, run: Any) -> dict[str, Any]:
         handle = ray.get_runtime_context().current_actor
@@ -220,62 +259,10 @@ class SessionActor:
             "receiver": AbortReceiver(handle, name, run.run_id),
         }
 
-    async def wait_run(self, name: str, run_id: str) -> dict[str, Any] | None:
-        with self._call(name) as agent:
-            run = agent.turns.runs.get(run_id)
-            if run is None or run.task is None:
-                return None
-            return (await asyncio.shield(run.task)).to_dict()
-
-    async def chat_stream(self, name: str, message: Any = None, **kw: Any) -> AsyncIterator[Any]:
-        """Streaming generator: a header dict, then lists of chunks (batched: the more
-        the consumer lags, the more chunks per item)."""
-        with self._call(name) as agent:
-            run = agent.start_chat(message, None, **kw)
-            yield self._run_header(name, run)
-            async for batch in run.stream.follow(coalesce=RELAY_COALESCE):
-                yield batch
-
-    async def resume(
-        self, name: str, session_id: str | None = None, run_id: str | None = None
-    ) -> AsyncIterator[Any]:
-        """Replay the current (else the last) run's chunks from index 0, then the live
-        tail — exactly once, contiguous. After a wake the in-memory stream is gone and
-        the last run is replayed from the chunk log in the database."""
-        with self._call(name) as agent:
-            stream = agent.stream_of(run_id) if run_id else agent.run_stream(session_id)
-            if stream is not None:
-                yield {"run_id": stream.run_id, "live": not stream.done}
-                async for batch in stream.follow(coalesce=RELAY_COALESCE):
-                    yield batch
-                return
-            generations = agent.store.chunk_generations()
-            wanted = run_id or (generations[-1] if generations else None)
-            if wanted is None or wanted not in generations:
-                yield {"run_id": None, "live": False}
-                return
-            yield {"run_id": wanted, "live": False}
-            chunks = agent.store.get_chunks(wanted)
-            if chunks:
-                yield chunks
-
     async def abort_run(self, name: str, run_id: str, reason: str = "aborted") -> bool:
         if self.agent is None or self.name != name:
             return False  # not hosted here any more: that run cannot be live
         return self.agent.abort(run_id=run_id, reason=reason)
-
-    async def abort(
-        self, name: str, session_id: str | None = None, reason: str = "aborted"
-    ) -> bool:
-        with self._call(name) as agent:
-            return agent.abort(session_id, reason=reason)
-
-    async def status(self, name: str, session_id: str | None = None) -> dict[str, Any]:
-        with self._call(name) as agent:
-            try:
-                return agent.get_status(session_id).model_dump(exclude_none=True)
-            except SessionNotFoundError:
-                return {"state": "idle"}
 
     async def shutdown(self) -> None:
         if self.name is not None:
@@ -285,6 +272,46 @@ class SessionActor:
 def _has_pending_work(agent: Think) -> bool:
     pending = getattr(agent, "has_pending_work", None)
     return bool(pending()) if callable(pending) else False
+
+
+async def _batched(items: AsyncIterator[Any]) -> AsyncIterator[list[Any]]:
+    """Lists of a stream method's items: a :class:`~thinkray.runtime.remote.Batch` it
+    yields travels as one list; otherwise whatever accumulated while the previous list
+    was in transit goes together (the first item at once)."""
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    done = object()
+    failure: list[BaseException] = []
+
+    async def pump() -> None:
+        try:
+            async for item in items:
+                await queue.put(item)
+        except BaseException as exc:  # re-raised on the consumer's side
+            failure.append(exc)
+        finally:
+            await queue.put(done)
+
+    task = asyncio.ensure_future(pump())
+    try:
+        while True:
+            item = await queue.get()
+            batch: list[Any] = []
+            while item is not done:
+                if isinstance(item, Batch):
+                    batch.extend(item)
+                else:
+                    batch.append(item)
+                if queue.empty() or len(batch) >= 2048:
+                    break
+                item = queue.get_nowait()
+            if batch:
+                yield batch
+            if item is done:
+                if failure:
+                    raise failure[0]
+                return
+    finally:
+        task.cancel()
 
 
 async def _maybe_await(fn: Any) -> Any:

@@ -21,11 +21,15 @@ import types
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator
 from typing import Any, Concatenate, Generic, Literal, ParamSpec, Protocol, TypeVar, overload
 
+from thinkray.runtime.errors import RemoteCallError
+
 __all__ = [
+    "Batch",
     "RemoteKind",
     "RemoteMethod",
     "Response",
     "ResponseStream",
+    "check_arguments",
     "remote",
     "remote_methods",
 ]
@@ -174,3 +178,38 @@ def remote_methods(cls: type) -> dict[str, RemoteMethod[Any, Any, Any, Any]]:
                 del found[name]  # overridden by a non-callable: no longer a method
     _REGISTRY_CACHE[cls] = found
     return found
+
+
+class Batch(list[T]):
+    """Several items of a remote stream method sent as one: an async-generator method
+    may yield a ``Batch`` of items (a run's chunks that accumulated, say); a remote
+    caller still receives them one by one, in order."""
+
+
+def check_arguments(
+    marker: RemoteMethod[Any, Any, Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    """Raise :class:`~thinkray.runtime.errors.RemoteCallError` unless ``args`` and
+    ``kwargs`` fit the remote method's signature (``self`` excluded)."""
+    try:
+        marker.signature.bind(None, *args, **kwargs)
+    except TypeError as exc:
+        raise RemoteCallError(f"{describe(marker)}: {exc}", marker.name) from None
+
+
+def describe(marker: RemoteMethod[Any, Any, Any, Any]) -> str:
+    """``name(param: type, ...)`` of a remote method, for error messages."""
+    shown = []
+    for param in list(marker.signature.parameters.values())[1:]:
+        text = param.name
+        if param.kind is param.VAR_POSITIONAL:
+            text = "*" + text
+        elif param.kind is param.VAR_KEYWORD:
+            text = "**" + text
+        if param.annotation is not param.empty:
+            annotation = param.annotation
+            text += f": {annotation if isinstance(annotation, str) else annotation.__name__}"
+        if param.default is not param.empty:
+            text += f" = {param.default!r}"
+        shown.append(text)
+    return f"{marker.name}({', '.join(shown)})"

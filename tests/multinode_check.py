@@ -29,14 +29,14 @@ def main(root: str) -> int:
             "multinode", ScriptAgent, storage_root=root, pool_size=0, idle_timeout=None
         )
         agent = ns.get("traveller")
-        first = agent.wake(node_id=nodes[0])
-        agent.chat("hello from node one")
-        agent.chat("weather in Lima")
-        history_before = agent.history()
+        first = ns.wake(agent.name, node_id=nodes[0])
+        agent.chat.remote("hello from node one").result()
+        agent.chat.remote("weather in Lima").result()
+        history_before = agent.get_history.remote().result()
         assert ns.hibernate("traveller")
-        second = agent.wake(node_id=nodes[1])
-        history_after = agent.history()
-        third = agent.where()
+        second = ns.wake(agent.name, node_id=nodes[1])
+        history_after = agent.get_history.remote().result()
+        third = ns.where(agent.name)
         ns.shutdown()
         print(
             json.dumps(

@@ -55,10 +55,10 @@ def collector_cls(ray_local):
 def test_get_creates_and_chat_persists(namespace_factory):
     ns = namespace_factory()
     agent = ns.get("alice")
-    result = agent.chat("hello")
-    assert result["status"] == "completed"
-    assert result["text"] == "chunk0 chunk1 chunk2 chunk3 chunk4 "
-    history = agent.history()
+    result = agent.chat.remote("hello").result()
+    assert result.status == "completed"
+    assert result.text == "chunk0 chunk1 chunk2 chunk3 chunk4 "
+    history = agent.get_history.remote().result()
     assert [m["role"] for m in history] == ["user", "assistant"]
     assert "alice" in ns.names()
 
@@ -71,10 +71,10 @@ def test_concurrent_get_or_create_yields_one_actor(namespace_factory, ray_local)
         from thinkray.actors.namespace import AgentNamespace
 
         handle = AgentNamespace.connect(namespace_name).get(agent_name)
-        return handle.invoke("whoami")
+        return handle.whoami.remote().result()
 
     refs = [resolve_from_another_process.remote(ns.name, "shared") for _ in range(4)]
-    local = ns.get("shared").invoke("whoami")
+    local = ns.get("shared").whoami.remote().result()
     seen = ray_local.get(refs) + [local]
     assert len({s["incarnation"] for s in seen}) == 1  # one live instance
     assert len({s["pid"] for s in seen}) == 1  # one process, so one writer
@@ -90,7 +90,7 @@ def test_callback_actor_receives_every_chunk_in_order(namespace_factory, collect
     ns = namespace_factory(agent_kwargs={"chunks": 300})
     collector = collector_cls.remote(delay=0.01)  # a lagging consumer
     agent = ns.get("relay")
-    result = agent.chat("go", callback=collector)
+    result = agent.chat.remote("go", callback=collector).result()
     state = ray_local_get(collector.state.remote())
     deltas = [c["delta"] for c in state["chunks"] if c["type"] == "text-delta"]
     assert deltas == [f"chunk{i} " for i in range(300)]
@@ -98,7 +98,7 @@ def test_callback_actor_receives_every_chunk_in_order(namespace_factory, collect
     assert state["done"] == 1
     # coalesced: far fewer Ray calls than chunks
     assert state["calls"] < len(state["chunks"]) / 5
-    assert result["text"].startswith("chunk0 ")
+    assert result.text.startswith("chunk0 ")
 
 
 def ray_local_get(ref):
@@ -110,41 +110,40 @@ def ray_local_get(ref):
 def test_streaming_generator_matches_chunk_log(namespace_factory):
     ns = namespace_factory(agent_kwargs={"chunks": 500})
     agent = ns.get("streamer")
-    stream = agent.stream_chat("go")
+    stream = agent.stream_chat.remote("go")
     chunks = list(stream)
     assert stream.run_id and stream.batches < len(chunks)
     assert [c["type"] for c in chunks][-1] == "finish"
-    stored = agent.history()[-1]
+    stored = agent.get_history.remote().result()[-1]
     assert text_of(stored) == "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
 
 
-def test_local_object_callback_is_served_by_streaming(namespace_factory):
+def test_a_local_callback_object_is_refused_with_the_alternative(namespace_factory):
+    from thinkray.actors.errors import RemoteCallError
+
     class Local:
-        def __init__(self):
-            self.events, self.done = [], 0
-
         def on_event(self, chunk):
-            self.events.append(chunk)
-
-        def on_done(self):
-            self.done += 1
+            raise AssertionError("never called in another process")
 
     ns = namespace_factory()
-    cb = Local()
-    ns.get("local-cb").chat("hi", callback=cb)
-    assert cb.done == 1 and cb.events[-1]["type"] == "finish"
+    agent = ns.get("local-cb")
+    with pytest.raises(RemoteCallError, match="stream_chat"):
+        agent.chat.remote("hi", callback=Local())
+    assert agent.get_sessions.remote().result() == []  # nothing ran
+    chunks = list(agent.stream_chat.remote("hi"))  # the local way to follow a turn
+    assert chunks[-1]["type"] == "finish"
 
 
 def test_configure_and_status(namespace_factory):
     ns = namespace_factory(agent_kwargs={"chunks": 40, "delay": 0.01})
     agent = ns.get("cfg")
-    agent.configure({"modelTier": "capable"})
-    run = agent.start_chat("slow")
-    assert agent.status()["state"] == "busy"
-    agent.wait_run(run["run_id"])
-    assert agent.status()["state"] == "idle"
+    agent.configure.remote({"modelTier": "capable"}).result()
+    run = agent.stream_chat.remote("slow")
+    assert agent.get_status.remote().result().state == "busy"
+    agent.wait_run.remote(run.run_id).result()
+    assert agent.get_status.remote().result().state == "idle"
     assert ns.hibernate("cfg")
-    assert agent.get_config() == {"modelTier": "capable"}  # survived hibernation
+    assert agent.get_config.remote().result() == {"modelTier": "capable"}  # survived hibernation
 
 
 # -- abort ------------------------------------------------------------------------------
@@ -153,8 +152,8 @@ def test_configure_and_status(namespace_factory):
 def test_abort_receiver_works_from_another_process(namespace_factory, ray_local):
     ns = namespace_factory(agent_kwargs={"chunks": 400, "delay": 0.01})
     agent = ns.get("abortme")
-    run = agent.start_chat("long")
-    receiver = run["receiver"]
+    run = agent.stream_chat.remote("long")
+    receiver = run.receiver
 
     @ray_local.remote(num_cpus=0)
     def abort_elsewhere(r):
@@ -162,40 +161,40 @@ def test_abort_receiver_works_from_another_process(namespace_factory, ray_local)
 
     time.sleep(0.3)
     assert ray_local.get(abort_elsewhere.remote(receiver)) is True
-    result = agent.wait_run(run["run_id"])
-    assert result is None or result["status"] == "aborted"
-    wait_until(lambda: agent.status()["state"] == "idle")
+    result = agent.wait_run.remote(run.run_id).result()
+    assert result is None or result.status == "aborted"
+    wait_until(lambda: agent.get_status.remote().result().state == "idle")
     assert receiver.abort() is False  # finished: nothing to abort
-    last = agent.history()[-1]
+    last = agent.get_history.remote().result()[-1]
     n = len(text_of(last).split())
     assert 0 < n < 400
     assert last["metadata"]["status"] == "aborted"
     # truthful after a wake too
     assert ns.hibernate("abortme")
-    assert text_of(agent.history()[-1]) == text_of(last)
+    assert text_of(agent.get_history.remote().result()[-1]) == text_of(last)
 
 
 def test_abort_unknown_run_returns_false(namespace_factory):
     ns = namespace_factory()
     agent = ns.get("nobody")
-    run = agent.start_chat("x")
-    agent.wait_run(run["run_id"])
+    run = agent.stream_chat.remote("x")
+    agent.wait_run.remote(run.run_id).result()
     from thinkray.actors.relay import AbortReceiver
 
-    fake = AbortReceiver(run["receiver"].actor, "nobody", "run_does_not_exist")
+    fake = AbortReceiver(run.receiver.actor, "nobody", "run_does_not_exist")
     assert fake.abort() is False
-    assert run["receiver"].abort() is False
+    assert run.receiver.abort() is False
 
 
 def test_detach_does_not_cancel(namespace_factory):
     ns = namespace_factory(agent_kwargs={"chunks": 100, "delay": 0.005})
     agent = ns.get("detach")
-    stream = agent.stream_chat("go")
+    stream = agent.stream_chat.remote("go")
     first = [next(stream) for _ in range(5)]
     assert first[0]["type"] == "start"
     del stream  # the consumer goes away mid-stream
-    wait_until(lambda: agent.status()["state"] == "idle")
-    last = agent.history()[-1]
+    wait_until(lambda: agent.get_status.remote().result().state == "idle")
+    last = agent.get_history.remote().result()[-1]
     assert text_of(last).split()[-1] == "chunk99"
     assert last["metadata"]["status"] == "completed"
 
@@ -206,10 +205,10 @@ def test_detach_does_not_cancel(namespace_factory):
 def test_resume_replays_from_zero_then_tails(namespace_factory):
     ns = namespace_factory(agent_kwargs={"chunks": 150, "delay": 0.01})
     agent = ns.get("resumer")
-    first = agent.stream_chat("go")
+    first = agent.stream_chat.remote("go")
     seen = [next(first) for _ in range(20)]
     del first  # disconnect
-    resumed = agent.resume()
+    resumed = agent.resume.remote()
     replay = list(resumed)
     assert resumed.run_id and replay[0]["type"] == "start"
     assert replay[: len(seen)] == seen  # replay starts at index 0
@@ -218,7 +217,7 @@ def test_resume_replays_from_zero_then_tails(namespace_factory):
     assert replay[-1]["type"] == "finish"
     # after a wake the last run is replayed from the chunk log in the database
     assert ns.hibernate("resumer")
-    again = list(agent.resume())
+    again = list(agent.resume.remote())
     assert again == replay
 
 
@@ -228,16 +227,16 @@ def test_resume_replays_from_zero_then_tails(namespace_factory):
 def test_hibernate_closes_file_and_wake_is_a_fresh_instance(namespace_factory, tmp_path):
     ns = namespace_factory(pool_size=2)
     agent = ns.get("sleeper")
-    agent.chat("remember")
-    before = agent.invoke("whoami")
+    agent.chat.remote("remember").result()
+    before = agent.whoami.remote().result()
     assert ns.hibernate("sleeper")
     path = Path(ns.storage_root) / ns.name / "sleeper.duckdb"
     assert path.exists() and not Path(str(path) + ".wal").exists()
-    assert agent.where() is None
+    assert ns.where(agent.name) is None
     created = ns.stats()["counters"]["actors_created"]
-    after = agent.invoke("whoami")
+    after = agent.whoami.remote().result()
     assert after["incarnation"] != before["incarnation"]
-    assert [m["role"] for m in agent.history()] == ["user", "assistant"]
+    assert [m["role"] for m in agent.get_history.remote().result()] == ["user", "assistant"]
     stats = ns.stats()
     assert stats["counters"]["pool_hits"] >= 2
     assert stats["counters"].get("pool_misses", 0) == 0
@@ -247,52 +246,54 @@ def test_hibernate_closes_file_and_wake_is_a_fresh_instance(namespace_factory, t
 def test_idle_timeout_hibernates(namespace_factory):
     ns = namespace_factory(idle_timeout=0.3)
     agent = ns.get("idler")
-    agent.chat("x")
+    agent.chat.remote("x").result()
     wait_until(lambda: not ns.stats()["live"], timeout=10)
     assert ns.stats()["counters"]["hibernations"] >= 1
-    assert len(agent.history()) == 2  # wakes on the next call
+    assert len(agent.get_history.remote().result()) == 2  # wakes on the next call
 
 
 def test_live_cap_hibernates_least_recently_used(namespace_factory):
     ns = namespace_factory(max_live=2, pool_size=2)
     a, b, c = ns.get("a1"), ns.get("b1"), ns.get("c1")
-    a.chat("x")
+    a.chat.remote("x").result()
     time.sleep(0.2)
-    b.chat("y")
+    b.chat.remote("y").result()
     time.sleep(0.05)
-    c.chat("z")
+    c.chat.remote("z").result()
     live = set(ns.stats()["live"])
     assert live == {"b1", "c1"}
     assert ns.stats()["counters"]["lru_hibernations"] == 1
-    assert len(a.history()) == 2
+    assert len(a.get_history.remote().result()) == 2
 
 
 def test_hibernate_refused_while_running(namespace_factory):
     ns = namespace_factory(agent_kwargs={"chunks": 60, "delay": 0.01})
     agent = ns.get("busy")
-    run = agent.start_chat("go")
+    run = agent.stream_chat.remote("go")
     assert ns.hibernate("busy") is False
-    agent.wait_run(run["run_id"])
+    agent.wait_run.remote(run.run_id).result()
     assert ns.hibernate("busy") is True
 
 
 def test_crashed_actor_is_replaced(namespace_factory, ray_local):
     ns = namespace_factory()
     agent = ns.get("crashy")
-    agent.chat("before crash")
-    pid = agent.where()["pid"]
+    agent.chat.remote("before crash").result()
+    pid = ns.where(agent.name)["pid"]
     actor = agent._actor
     ray_local.kill(actor, no_restart=True)
-    result = agent.chat("after crash")  # rebinds on the next call (file lock retried)
-    assert result["status"] == "completed"
-    assert agent.where()["pid"] != pid
-    assert len(agent.history()) == 4
+    result = agent.chat.remote(
+        "after crash"
+    ).result()  # rebinds on the next call (file lock retried)
+    assert result.status == "completed"
+    assert ns.where(agent.name)["pid"] != pid
+    assert len(agent.get_history.remote().result()) == 4
 
 
 def test_recycle_after_n_bindings(namespace_factory):
     ns = namespace_factory(recycle_after=1, pool_size=1)
     agent = ns.get("recycled")
-    agent.chat("x")
+    agent.chat.remote("x").result()
     assert ns.hibernate("recycled")
     assert ns.stats()["counters"]["actors_recycled"] == 1
 
@@ -324,8 +325,8 @@ def test_orphaned_tool_call_finalized_after_restart(namespace_factory):
     )
     store.close()
     agent = ns.existing("orphan")
-    agent.chat("next")
-    part = agent.history()[1]["parts"][0]
+    agent.chat.remote("next").result()
+    part = agent.get_history.remote().result()[1]["parts"][0]
     assert part["state"] == "output-error" and "restart" in part["errorText"]
 
 
@@ -335,12 +336,12 @@ def test_orphaned_tool_call_finalized_after_restart(namespace_factory):
 def test_fiber_recovers_after_crash(namespace_factory, ray_local):
     ns = namespace_factory()
     agent = ns.get("fiber")
-    fid = agent.invoke("spawn_fiber", "count_to", {"n": 40, "sleep": 0.05})
-    wait_until(lambda: (agent.invoke("get_fiber", fid).checkpoint or {}).get("i", 0) >= 5)
+    fid = agent.spawn_fiber.remote("count_to", {"n": 40, "sleep": 0.05}).result()
+    wait_until(lambda: (agent.get_fiber.remote(fid).result().checkpoint or {}).get("i", 0) >= 5)
     assert ns.hibernate("fiber") is False  # a running fiber keeps it awake
     ray_local.kill(agent._actor, no_restart=True)  # eviction
     record = wait_until(
-        lambda: (r := agent.invoke("get_fiber", fid)).status == "completed" and r, timeout=20
+        lambda: (r := agent.get_fiber.remote(fid).result()).status == "completed" and r, timeout=20
     )
     assert record.result == 40
     assert record.checkpoint["recovered"] is True  # resumed from its checkpoint
@@ -350,13 +351,13 @@ def test_fiber_recovers_after_crash(namespace_factory, ray_local):
 def test_alarm_wakes_hibernated_agent(namespace_factory):
     ns = namespace_factory()
     agent = ns.get("alarmed")
-    agent.invoke("schedule", 1.0, "note_alarm", "ding")
+    agent.schedule.remote(1.0, "note_alarm", "ding").result()
     assert ns.hibernate("alarmed")
     assert "alarmed" in ns.stats()["alarms"]
     # the directory wakes it when due, before anyone calls it
     wait_until(lambda: ns.stats()["counters"].get("alarm_wakes", 0) >= 1, timeout=10)
-    assert wait_until(lambda: agent.invoke("alarms_fired"), timeout=10) == ["ding"]
-    assert agent.invoke("list_schedules") == []
+    assert wait_until(lambda: agent.alarms_fired.remote().result(), timeout=10) == ["ding"]
+    assert agent.list_schedules.remote().result() == []
 
 
 # -- bad input --------------------------------------------------------------------------
@@ -378,7 +379,7 @@ def test_never_created_name_is_not_found(namespace_factory):
 
     ns = namespace_factory()
     with pytest.raises(SessionNotFoundError):
-        ns.existing("ghost").history()
+        ns.existing("ghost").get_history.remote().result()
     assert "ghost" not in ns.names()
 
 
@@ -397,19 +398,19 @@ def test_session_operations_over_the_actor(namespace_factory):
 
     ns = namespace_factory()
     agent = ns.get("multi")
-    first = agent.create_session("research")
-    agent.chat("about research")
-    second = agent.create_session("planning")
-    agent.chat("about planning")
-    names = {s.name for s in agent.sessions()}
+    first = agent.create_session.remote("research").result()
+    agent.chat.remote("about research").result()
+    second = agent.create_session.remote("planning").result()
+    agent.chat.remote("about planning").result()
+    names = {s.name for s in agent.get_sessions.remote().result()}
     assert names == {"research", "planning"}
-    agent.invoke("rename_session", second.id, "plans")
-    history = agent.invoke("switch_session", first.id)
+    agent.rename_session.remote(second.id, "plans").result()
+    history = agent.switch_session.remote(first.id).result()
     assert [text_of(m) for m in history][0] == "about research"
-    assert agent.invoke("message_count", second.id) == 2
+    assert agent.message_count.remote(second.id).result() == 2
     assert ns.hibernate("multi")  # the current session survives hibernation
-    assert agent.invoke("get_current_session_id") == first.id
-    agent.invoke("delete_session", second.id)
+    assert agent.get_current_session_id.remote().result() == first.id
+    agent.delete_session.remote(second.id).result()
     with pytest.raises(SessionNotFoundError):
-        agent.history(second.id)
-    assert [s.name for s in agent.sessions()] == ["research"]
+        agent.get_history.remote(second.id).result()
+    assert [s.name for s in agent.get_sessions.remote().result()] == ["research"]

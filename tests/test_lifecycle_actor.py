@@ -23,45 +23,58 @@ def agent(namespace_factory):
 def test_branch_rewind_and_threads_over_the_actor(agent):
     ns, handle = agent
     for i in range(3):
-        handle.chat(f"turn {i}")
-    sid = handle.invoke("get_current_session_id")
-    history = handle.history()
-    branch = handle.invoke("branch", sid, history[1]["id"], {"ephemeral": True})
+        handle.chat.remote(f"turn {i}").result()
+    sid = handle.get_current_session_id.remote().result()
+    history = handle.get_history.remote().result()
+    branch = handle.branch.remote(sid, history[1]["id"], {"ephemeral": True}).result()
     assert branch.parent_session_id == sid
-    assert [text_of(m) for m in handle.history(branch.id)] == ["turn 0", "echo: turn 0"]
-    assert handle.invoke("get_sessions") and all(
-        s.id != branch.id for s in handle.invoke("get_sessions")
+    assert [text_of(m) for m in handle.get_history.remote(branch.id).result()] == [
+        "turn 0",
+        "echo: turn 0",
+    ]
+    assert handle.get_sessions.remote().result() and all(
+        s.id != branch.id for s in handle.get_sessions.remote().result()
     )  # ephemeral branches are hidden from listings
-    rewound = handle.invoke("rewind", sid, history[2]["id"])
+    rewound = handle.rewind.remote(sid, history[2]["id"]).result()
     assert len(rewound.hidden_ids) == 3
-    handle.chat()  # answer the rewound history again
-    assert [text_of(m) for m in handle.history()][-2:] == ["turn 1", "echo: turn 1"]
+    handle.chat.remote().result()  # answer the rewound history again
+    assert [text_of(m) for m in handle.get_history.remote().result()][-2:] == [
+        "turn 1",
+        "echo: turn 1",
+    ]
     assert ns.hibernate("lifecycle")  # all of it is in the file
-    assert len(handle.history()) == 4
-    thread = handle.invoke("thread", "side-topic")
+    assert len(handle.get_history.remote().result()) == 4
+    thread = handle.thread.remote("side-topic").result()
     assert thread.thread_key == "side-topic"
-    assert [t.thread_key for t in handle.invoke("list_threads")] == ["side-topic"]
+    assert [t.thread_key for t in handle.list_threads.remote().result()] == ["side-topic"]
 
 
 def test_compaction_and_approvals_over_the_actor(agent):
     _, handle = agent
     for i in range(4):  # 400 input tokens a step against a 2,000-token window
-        handle.chat(f"fill {i}")
-    sid = handle.invoke("get_current_session_id")
-    result = handle.invoke("compact", sid)
+        handle.chat.remote(f"fill {i}").result()
+    sid = handle.get_current_session_id.remote().result()
+    result = handle.compact.remote(sid).result()
     assert result is not None
-    parts = [p for m in handle.history() for p in m["parts"] if p["type"] == "data-compaction"]
+    parts = [
+        p
+        for m in handle.get_history.remote().result()
+        for p in m["parts"]
+        if p["type"] == "data-compaction"
+    ]
     assert parts and parts[0]["data"]["summary"].startswith("Goal:")
-    handle.invoke("add_session_rule", {"tool": "get_weather", "action": "ask"}, sid)
-    run = handle.start_chat("weather in Lima")
+    handle.add_session_rule.remote({"tool": "get_weather", "action": "ask"}, sid).result()
+    run = handle.stream_chat.remote("weather in Lima")
     deadline = time.monotonic() + 10
     pending = []
     while not pending and time.monotonic() < deadline:
-        pending = handle.invoke("pending_approvals", sid)
+        pending = handle.pending_approvals.remote(sid).result()
         time.sleep(0.05)
     assert pending and pending[0]["tool_name"] == "get_weather"
-    handle.invoke("answer_approval", pending[0]["approval_id"], "once")
-    done = handle.wait_run(run["run_id"])
-    assert done is None or done["status"] == "completed"
-    tool = [p for p in handle.history()[-1]["parts"] if p["type"] == "dynamic-tool"][0]
+    handle.answer_approval.remote(pending[0]["approval_id"], "once").result()
+    done = handle.wait_run.remote(run.run_id).result()
+    assert done is None or done.status == "completed"
+    tool = [
+        p for p in handle.get_history.remote().result()[-1]["parts"] if p["type"] == "dynamic-tool"
+    ][0]
     assert tool["state"] == "output-available" and tool["output"]["city"] == "Lima"

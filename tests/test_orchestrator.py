@@ -51,36 +51,36 @@ READ_PLAN = script(
 
 def test_registry_persists_and_configures(orchestrator):
     ns, boss = orchestrator
-    created = boss.invoke("create_subagent", "writer", {"model": WRITE_PLAN})
+    created = boss.create_subagent.remote("writer", {"model": WRITE_PLAN}).result()
     assert created["status"] == "idle" and created["access"] == "read-write"
     assert "token" not in str(created["config"])  # grants are never handed out
-    boss.invoke("configure_subagent", "writer", {"instructions": "be terse"})
+    boss.configure_subagent.remote("writer", {"instructions": "be terse"}).result()
     assert ns.hibernate("boss")  # the registry lives in the orchestrator's file
-    listed = boss.invoke("list_subagents")
+    listed = boss.list_subagents.remote().result()
     assert [r["name"] for r in listed] == ["writer"]
     assert listed[0]["config"]["instructions"] == "be terse"
     from thinkray.storage.types import InvalidInputError
 
     with pytest.raises(InvalidInputError):
-        boss.invoke("create_subagent", "writer", {})
-    boss.invoke("delete_subagent", "writer")
-    assert boss.invoke("list_subagents") == []
+        boss.create_subagent.remote("writer", {}).result()
+    boss.delete_subagent.remote("writer").result()
+    assert boss.list_subagents.remote().result() == []
 
 
 def test_blocking_and_fire_and_forget_delegation_share_a_workspace(orchestrator):
     _, boss = orchestrator
-    boss.invoke("create_subagent", "writer", {"model": WRITE_PLAN})
-    boss.invoke("create_subagent", "reader", {"model": READ_PLAN}, access="read")
+    boss.create_subagent.remote("writer", {"model": WRITE_PLAN}).result()
+    boss.create_subagent.remote("reader", {"model": READ_PLAN}, access="read").result()
     started = time.perf_counter()
-    pending = boss.invoke("delegate", "reader", "read the plan", wait=False)
+    pending = boss.delegate.remote("reader", "read the plan", wait=False).result()
     assert pending["status"] == "running"
     assert time.perf_counter() - started < 5  # returned at once, while it waits
-    done = boss.invoke("delegate", "writer", "write the plan", wait=True)
+    done = boss.delegate.remote("writer", "write the plan", wait=True).result()
     assert done["status"] == "completed" and done["text"] == "I wrote the plan."
     assert done["message"]["role"] == "assistant"
-    read = boss.invoke("wait_task", pending["task_id"], 20)
+    read = boss.wait_task.remote(pending["task_id"], 20).result()
     assert read["status"] == "completed" and read["text"] == "The plan has two steps."
-    records = {r["name"]: r for r in boss.invoke("list_subagents")}
+    records = {r["name"]: r for r in boss.list_subagents.remote().result()}
     assert records["reader"]["last_task"] == "read the plan"
     assert records["reader"]["message_count"] == 2 and records["reader"]["status"] == "idle"
 
@@ -88,19 +88,19 @@ def test_blocking_and_fire_and_forget_delegation_share_a_workspace(orchestrator)
 def test_viewer_attaches_mid_turn_and_gets_buffer_then_tail(orchestrator):
     _, boss = orchestrator
     slow = script([{"text": " ".join(f"w{i}" for i in range(60))}], delay=0.02)
-    boss.invoke("create_subagent", "talker", {"model": slow})
-    task = boss.invoke("delegate", "talker", "talk", wait=False)
+    boss.create_subagent.remote("talker", {"model": slow}).result()
+    task = boss.delegate.remote("talker", "talk", wait=False).result()
     time.sleep(0.4)  # mid-turn
-    first_view = boss.stream("view_task", task["task_id"])
+    first_view = boss.view_task.remote(task["task_id"])
     early = [next(first_view) for _ in range(3)]
     del first_view  # a viewer detaches: the task goes on
-    view = list(boss.stream("view_task", task["task_id"]))
+    view = list(boss.view_task.remote(task["task_id"]))
     assert view[:3] == early and view[0]["type"] == "start"
     deltas = [c["delta"].strip() for c in view if c["type"] == "text-delta"]
     assert deltas == [f"w{i}" for i in range(60)]  # replay + tail: complete, in order
-    assert boss.invoke("task_status", task["task_id"])["status"] == "completed"
+    assert boss.task_status.remote(task["task_id"]).result()["status"] == "completed"
     # any caller can view a sub-agent's stream through the orchestrator
-    routed = list(boss.stream("view_subagent", "talker"))
+    routed = list(boss.view_subagent.remote("talker"))
     assert routed == view
 
 
@@ -111,18 +111,20 @@ def test_bridge_enforces_access_and_path_safety(orchestrator):
         [{"tool": "shared_write_file", "input": {"path": "../escape.txt", "content": "no"}}],
         [{"text": "tried"}],
     )
-    boss.invoke("create_subagent", "ro", {"model": scribbler}, access="read")
-    boss.invoke("create_subagent", "rw", {"model": scribbler}, access="read-write")
-    boss.invoke("create_subagent", "blind", {"model": script([{"text": "ok"}])}, access="none")
-    ro = boss.invoke("delegate", "ro", "write", wait=True)
+    boss.create_subagent.remote("ro", {"model": scribbler}, access="read").result()
+    boss.create_subagent.remote("rw", {"model": scribbler}, access="read-write").result()
+    boss.create_subagent.remote(
+        "blind", {"model": script([{"text": "ok"}])}, access="none"
+    ).result()
+    ro = boss.delegate.remote("ro", "write", wait=True).result()
     parts = tool_parts(ro["message"])
     assert all(p["state"] == "output-error" for p in parts)
     assert "unknown tool" in parts[0]["errorText"]  # read access: no write tool at all
-    rw = boss.invoke("delegate", "rw", "write", wait=True)
+    rw = boss.delegate.remote("rw", "write", wait=True).result()
     first, second = tool_parts(rw["message"])
     assert first["state"] == "output-available"
     assert second["state"] == "output-error" and ".." in second["errorText"]
-    blind_tools = boss.invoke("delegate", "blind", "hi", wait=True)
+    blind_tools = boss.delegate.remote("blind", "hi", wait=True).result()
     assert blind_tools["status"] == "completed"
 
 
@@ -130,13 +132,13 @@ def test_forged_and_revoked_grants_are_refused(orchestrator, ray_local):
     from thinkray.actors.bridge import BridgeAccessError, BridgeClient, bridge_name
 
     ns, boss = orchestrator
-    boss.invoke("create_subagent", "w", {"model": WRITE_PLAN})
-    boss.invoke("delegate", "w", "write", wait=True)
+    boss.create_subagent.remote("w", {"model": WRITE_PLAN}).result()
+    boss.delegate.remote("w", "write", wait=True).result()
     name = bridge_name(ns.name, "boss")
     forged = BridgeClient(name, "not-a-token", "read-write")
     with pytest.raises(BridgeAccessError):
         ray_local.get(forged.read_file("notes/plan.md"))
-    boss.invoke("set_access", "w", "read")
+    boss.set_access.remote("w", "read").result()
     actor = ray_local.get_actor(name, namespace="thinkray")
     assert ray_local.get(actor.grants.remote())["w"] == "read"
 
@@ -146,16 +148,16 @@ def test_abort_task_reaches_the_sub_agent_tool_call(orchestrator):
     waits = script(
         [{"tool": "shared_wait_for_file", "input": {"path": "never.txt", "timeout": 60}}]
     )
-    boss.invoke("create_subagent", "waiter", {"model": waits})
-    task = boss.invoke("delegate", "waiter", "wait", wait=False)
+    boss.create_subagent.remote("waiter", {"model": waits}).result()
+    task = boss.delegate.remote("waiter", "wait", wait=False).result()
     time.sleep(1.0)
-    assert boss.invoke("abort_task", task["task_id"]) is True
-    status = boss.invoke("wait_task", task["task_id"], 20)
+    assert boss.abort_task.remote(task["task_id"]).result() is True
+    status = boss.wait_task.remote(task["task_id"], 20).result()
     assert status["status"] == "aborted"
     from thinkray.actors.namespace import AgentNamespace
 
     sub = AgentNamespace.connect(f"{boss.namespace}.boss.subs").existing("waiter")
-    part = tool_parts(sub.history()[-1])[0]
+    part = tool_parts(sub.get_history.remote().result()[-1])[0]
     assert part["state"] == "output-error" and "aborted by parent" in part["errorText"]
 
 
@@ -164,19 +166,20 @@ def test_aborting_the_parent_turn_aborts_sub_agent_turns(orchestrator):
     waits = script(
         [{"tool": "shared_wait_for_file", "input": {"path": "never.txt", "timeout": 60}}]
     )
-    boss.invoke("create_subagent", "deep", {"model": waits})
-    boss.configure(
+    boss.create_subagent.remote("deep", {"model": waits}).result()
+    boss.configure.remote(
         {"model": script([{"tool": "delegate_task", "input": {"agent": "deep", "task": "wait"}}])}
-    )
-    run = boss.start_chat("delegate it")
-    wait_until(lambda: any(t["status"] == "running" for t in boss.invoke("list_tasks")))
+    ).result()
+    run = boss.stream_chat.remote("delegate it")
+    wait_until(lambda: any(t["status"] == "running" for t in boss.list_tasks.remote().result()))
     time.sleep(0.3)
-    assert run["receiver"].abort("user pressed stop")
+    assert run.receiver.abort("user pressed stop")
     tasks = wait_until(
-        lambda: [t for t in boss.invoke("list_tasks") if t["status"] == "aborted"], timeout=20
+        lambda: [t for t in boss.list_tasks.remote().result() if t["status"] == "aborted"],
+        timeout=20,
     )
     assert tasks[0]["agent"] == "deep"
-    parent_part = tool_parts(boss.history()[-1])[0]
+    parent_part = tool_parts(boss.get_history.remote().result()[-1])[0]
     assert parent_part["state"] == "output-error"
 
 
@@ -185,7 +188,7 @@ def test_unknown_sub_agent_is_a_clear_error(orchestrator):
 
     _, boss = orchestrator
     with pytest.raises(SubAgentNotFoundError, match="unknown sub-agent 'ghost'"):
-        boss.invoke("delegate", "ghost", "anything")
+        boss.delegate.remote("ghost", "anything").result()
 
 
 def test_code_execution_in_sub_agent_stays_healthy(orchestrator):
@@ -197,10 +200,10 @@ def test_code_execution_in_sub_agent_stays_healthy(orchestrator):
         [{"tool": "read_file", "input": {"path": "out.txt"}}],
         [{"text": "done"}],
     )
-    boss.invoke(
-        "create_subagent", "coder", {"model": runs, "code_execution": True, "code_timeout": 1.5}
-    )
-    result = boss.invoke("delegate", "coder", "compute", wait=True)
+    boss.create_subagent.remote(
+        "coder", {"model": runs, "code_execution": True, "code_timeout": 1.5}
+    ).result()
+    result = boss.delegate.remote("coder", "compute", wait=True).result()
     ok, looped, read = tool_parts(result["message"])
     assert ok["state"] == "output-available" and "42" in str(ok["output"])
     assert looped["state"] == "output-error" and "timed out" in looped["errorText"]
@@ -228,14 +231,14 @@ def test_extension_written_on_one_turn_is_a_tool_on_the_next_and_survives_hibern
         [{"tool": "load_extension", "input": {"source": EXTENSION}}],
         [{"text": "loaded"}],
     )
-    boss.invoke("create_subagent", "ext", {"model": steps, "extensions": True})
-    first = boss.invoke("delegate", "ext", "load it", wait=True)
+    boss.create_subagent.remote("ext", {"model": steps, "extensions": True}).result()
+    first = boss.delegate.remote("ext", "load it", wait=True).result()
     assert tool_parts(first["message"])[0]["state"] == "output-available"
     subs = AgentNamespace.connect(f"{boss.namespace}.boss.subs")
     assert subs.hibernate("ext")
     use = script([{"tool": "calc__mul", "input": {"a": 6, "b": 7}}], [{"text": "42"}])
-    boss.invoke("configure_subagent", "ext", {"model": use})
-    second = boss.invoke("delegate", "ext", "use it", wait=True)
+    boss.configure_subagent.remote("ext", {"model": use}).result()
+    second = boss.delegate.remote("ext", "use it", wait=True).result()
     part = tool_parts(second["message"])[0]
     assert part["state"] == "output-available" and "42" in str(part["output"])
     assert (Path(subs.storage_root) / subs.name / "ext.duckdb").exists()

@@ -18,16 +18,16 @@ pytestmark = pytest.mark.ray
 def test_send_reply_hibernate_and_wake_on_send(namespace_factory):
     ns = namespace_factory(ScriptedPersistentAgent, idle_timeout=0.3, pool_size=1)
     agent = ns.get("ada")
-    mid = agent.invoke("send", "hello", sender="user")
-    assert agent.invoke("wait_reply", mid, timeout=10) == "ada got: hello (message 1)"
+    mid = agent.send.remote("hello", sender="user").result()
+    assert agent.wait_reply.remote(mid, timeout=10).result() == "ada got: hello (message 1)"
 
     # nothing pending: the idle timer hibernates it
     wait_until(lambda: not ns.stats()["live"])
-    assert agent.where() is None
+    assert ns.where(agent.name) is None
 
     # sending to the hibernated agent wakes it; its memory came back from the file
-    mid2 = agent.invoke("send", "again", sender="user")
-    assert agent.invoke("wait_reply", mid2, timeout=10) == "ada got: again (message 2)"
+    mid2 = agent.send.remote("again", sender="user").result()
+    assert agent.wait_reply.remote(mid2, timeout=10).result() == "ada got: again (message 2)"
     assert ns.stats()["counters"]["binds"] == 2
     wait_until(lambda: not ns.stats()["live"])
 
@@ -36,11 +36,11 @@ def test_send_reply_hibernate_and_wake_on_send(namespace_factory):
     db = Database(session_path(ns.storage_root, ns.name, "ada"))
     InboxStore(db).insert("from the webhook", sender="webhook", message_id="hook-1")
     db.close()
-    agent.wake()
-    assert agent.invoke("wait_reply", "hook-1", timeout=10) == (
+    ns.wake(agent.name)
+    assert agent.wait_reply.remote("hook-1", timeout=10).result() == (
         "ada got: from the webhook (message 3)"
     )
-    [row] = [r for r in agent.invoke("list_inbox") if r["id"] == "hook-1"]
+    [row] = [r for r in agent.list_inbox.remote().result() if r["id"] == "hook-1"]
     assert row["sender"] == "webhook" and row["status"] == "done"
 
 
@@ -51,10 +51,10 @@ def test_agent_uses_persistent_agent_as_tool_through_handle(namespace_factory):
         ScriptedPersistentAgent, pool_size=1, agent_kwargs={"peers": {"helper": helper}}
     )
     boss = bosses.get("boss")
-    mid = boss.invoke("send", "ask helper: summarize the logs")
-    assert boss.invoke("wait_reply", mid, timeout=20) == (
+    mid = boss.send.remote("ask helper: summarize the logs").result()
+    assert boss.wait_reply.remote(mid, timeout=20).result() == (
         "helper replied: helper got: summarize the logs (message 1)"
     )
-    [row] = helper.invoke("list_inbox")
+    [row] = helper.list_inbox.remote().result()
     assert row["sender"] == "boss" and row["status"] == "done"
     assert row["id"].startswith("tc-")

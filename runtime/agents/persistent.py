@@ -500,7 +500,7 @@ class PersistentAgent(Think):
 
 
 class HandleTarget:
-    """A persistent agent behind a Ray ``AgentHandle`` (anything with ``ainvoke``), as
+    """A persistent agent behind a Ray ``AgentHandle`` (its ``send``/``wait_reply``/``get_reply`` remote methods), as
     a ``send``/``wait_reply`` target. Duck-typed: no ray import here."""
 
     def __init__(self, handle: Any) -> None:
@@ -516,13 +516,13 @@ class HandleTarget:
         sender: str | None = None,
         message_id: str | None = None,
     ) -> str:
-        return await self.handle.ainvoke("send", content, sender=sender, message_id=message_id)
+        return await self.handle.send.remote(content, sender=sender, message_id=message_id)
 
     async def wait_reply(self, message_id: str, timeout: float | None = None) -> str:
-        return await self.handle.ainvoke("wait_reply", message_id, timeout=timeout)
+        return await self.handle.wait_reply.remote(message_id, timeout=timeout)
 
     async def get_reply(self, message_id: str) -> dict[str, Any]:
-        return await self.handle.ainvoke("get_reply", message_id)
+        return await self.handle.get_reply.remote(message_id)
 
 
 class _SendInput(BaseModel):
@@ -702,8 +702,8 @@ class ScriptedPersistentAgent(PersistentAgent):
     def get_tools(self) -> dict[str, Tool]:
         tools = super().get_tools()
         for peer, target in self.peers.items():
-            if not hasattr(target, "send"):
-                target = HandleTarget(target)
+            if not hasattr(target, "send") or hasattr(target.send, "remote"):
+                target = HandleTarget(target)  # an actor handle: its methods go by .remote
             tools[f"ask_{peer}"] = persistent_agent_tool(
                 target, name=f"ask_{peer}", description=f"Ask the agent {peer!r} and wait."
             )

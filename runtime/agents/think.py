@@ -19,6 +19,7 @@ belong to its run (:mod:`thinkray.runtime.agents.runs`), and the hooks receive t
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import os
@@ -524,6 +525,59 @@ class Think(metaclass=_StartsAfterInit):
             role=role,
         )
 
+    @remote
+    async def stream_chat(
+        self,
+        message: str | dict[str, Any] | None = None,
+        *,
+        session_id: str | None = None,
+        run_id: str | None = None,
+        role: Role = "user",
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Run one turn and yield its UI chunks as they are produced. Leaving early
+        detaches: the turn goes on (stop it with :meth:`abort`). Raises like
+        :meth:`chat` before anything is written."""
+        run = self.start_chat(message, session_id=session_id, run_id=run_id, role=role)
+        async for batch in run.stream.follow():
+            for chunk in batch:
+                yield chunk
+
+    def replay(
+        self, session_id: str | None = None, run_id: str | None = None, *, coalesce: float = 0.0
+    ) -> tuple[str | None, bool, AsyncIterator[list[dict[str, Any]]]]:
+        """What :meth:`resume` reads: ``(run_id, live, batches)`` for the run in flight
+        (by id, else the session's), else its last finished run — from memory while
+        the agent is live, from the chunk log in the database after a wake. ``run_id``
+        is None when there is nothing to replay."""
+        stream = self.stream_of(run_id) if run_id else self.run_stream(session_id)
+        if stream is not None:
+            return stream.run_id, not stream.done, stream.follow(coalesce=coalesce)
+        generations = self.store.chunk_generations()
+        wanted = run_id or (generations[-1] if generations else None)
+        if wanted is None or wanted not in generations:
+            return None, False, _no_batches()
+        return wanted, False, _one_batch(self.store.get_chunks(wanted))
+
+    @remote
+    async def resume(
+        self, session_id: str | None = None, run_id: str | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Replay the current (else the last) run's chunks from index 0, then the live
+        tail: exactly once, contiguous. Nothing to replay: an empty stream."""
+        _, _, batches = self.replay(session_id, run_id)
+        async for batch in batches:
+            for chunk in batch:
+                yield chunk
+
+    @remote
+    async def wait_run(self, run_id: str) -> ChatResult | None:
+        """Wait for a run in flight and return its result; None if no such run is in
+        flight (it finished before, or never existed here)."""
+        run = self.turns.runs.get(run_id)
+        if run is None or run.task is None:
+            return None
+        return await asyncio.shield(run.task)
+
     # -- fibers and alarms (seed 000 "Durable fibers"; DurableServices) ---------------
 
     @property
@@ -634,6 +688,16 @@ class Think(metaclass=_StartsAfterInit):
         self.turns.abort_all("closing")
         self.durable.stop()
         self.store.close()
+
+
+async def _no_batches() -> AsyncIterator[list[dict[str, Any]]]:
+    return
+    yield  # an async generator that yields nothing
+
+
+async def _one_batch(chunks: list[dict[str, Any]]) -> AsyncIterator[list[dict[str, Any]]]:
+    if chunks:
+        yield chunks
 
 
 async def _maybe_await(value: Any) -> Any:

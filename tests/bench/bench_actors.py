@@ -64,14 +64,14 @@ def main() -> int:
     )
     agent = ns.get("waker")
     for i in range(10):  # a 20-message session
-        agent.chat(f"message {i}")
+        agent.chat.remote(f"message {i}").result()
     wake_ms = []
     for _ in range(15 if quick else 40):
         assert ns.hibernate("waker")
         while ns.stats()["free"] < 2:  # a warm pool, as in steady state
             time.sleep(0.01)
         t0 = time.perf_counter()
-        stream = agent.stream_chat("again")
+        stream = agent.stream_chat.remote("again")
         next(iter(stream))
         wake_ms.append((time.perf_counter() - t0) * 1000)
         for _chunk in stream:
@@ -91,7 +91,7 @@ def main() -> int:
     path = Path(root) / "bench" / "sizer.duckdb"
     size20 = path.stat().st_size
     for _ in range(50):
-        sizer.history()
+        sizer.get_history.remote().result()
         assert ns.hibernate("sizer")
     size_after = path.stat().st_size
     print("\nhibernated 20-message session file")
@@ -104,8 +104,8 @@ def main() -> int:
     line("wal left after hibernate", str(Path(str(path) + ".wal").exists()), "False")
 
     # -- memory -----------------------------------------------------------------------------
-    agent.chat("warm")
-    pid = agent.where()["pid"]
+    agent.chat.remote("warm").result()
+    pid = ns.where(agent.name)["pid"]
     uss = uss_mib(pid)
     print("\nlive session actor memory")
     line("USS of the actor hosting a bound session", f"{uss:.0f} MiB", "<= 80 MiB")
@@ -179,11 +179,11 @@ def main() -> int:
         agent_kwargs={"chunks": 200},
     )
     remote = ns_turn.get("t")
-    remote.chat("warm up")
+    remote.chat.remote("warm up").result()
     actor_ms = []
     for _ in range(n):
         t0 = time.perf_counter()
-        for _chunk in remote.stream_chat("go"):
+        for _chunk in remote.stream_chat.remote("go"):
             pass
         actor_ms.append((time.perf_counter() - t0) * 1000)
     ratio = statistics.median(actor_ms) / statistics.median(local_ms)

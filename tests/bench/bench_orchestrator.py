@@ -38,9 +38,9 @@ def main() -> int:
     print("thinkray orchestrator benchmarks")
 
     # -- bridge round trip ------------------------------------------------------------
-    boss.invoke(
-        "create_subagent", "probe", {"model": {"provider": "script", "steps": [[{"text": "ok"}]]}}
-    )
+    boss.create_subagent.remote(
+        "probe", {"model": {"provider": "script", "steps": [[{"text": "ok"}]]}}
+    ).result()
     actor = ray.get_actor(bridge_name("bo", "boss"), namespace="thinkray")
     token = ray.get(actor.grant.remote("bench", "read-write"))
     client = BridgeClient(bridge_name("bo", "boss"), token, "read-write")
@@ -70,18 +70,18 @@ def main() -> int:
     spec = {"provider": "script", "steps": [[{"text": words}]], "delay": 0.0}
     names = [f"sub{i}" for i in range(8)]
     for name in names:
-        boss.invoke("create_subagent", name, {"model": spec})
+        boss.create_subagent.remote(name, {"model": spec}).result()
     for name in names:  # warm: each sub-agent bound once
-        boss.invoke("delegate", name, "warm up", wait=True)
+        boss.delegate.remote(name, "warm up", wait=True).result()
     t0 = time.perf_counter()
-    tasks = [boss.invoke("delegate", n, "go", wait=False) for n in names]
+    tasks = [boss.delegate.remote(n, "go", wait=False).result() for n in names]
     all_started = time.perf_counter() - t0
     counts: dict[str, int] = {}
     rates: list[float] = []
 
     def view(task_id: str) -> None:
         started = time.perf_counter()
-        n = sum(1 for _ in boss.stream("view_task", task_id))
+        n = sum(1 for _ in boss.view_task.remote(task_id))
         counts[task_id] = n
         rates.append(n / (time.perf_counter() - started))
 
@@ -91,7 +91,7 @@ def main() -> int:
     for th in threads:
         th.join()
     all_done = time.perf_counter() - t0
-    statuses = [boss.invoke("task_status", t["task_id"])["status"] for t in tasks]
+    statuses = [boss.task_status.remote(t["task_id"]).result()["status"] for t in tasks]
     print("\nfan-out: 8 sub-agents, one 400-delta scripted turn each, 8 live viewers")
     line("all started (8 fire-and-forget delegations)", f"{all_started * 1000:.0f} ms")
     line("all done (every viewer saw its finish)", f"{all_done * 1000:.0f} ms")

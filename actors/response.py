@@ -1,0 +1,222 @@
+"""What a call through an agent handle returns: one object for sync and async callers.
+
+Modelled on Ray Serve's ``DeploymentHandle``: ``handle.method.remote(...)`` sends the
+call at once and returns an :class:`AgentResponse`; async code ``await``\\ s it, sync
+code calls ``.result(timeout_s=...)``. A stream method returns an
+:class:`AgentResponseStream`, iterable with ``for`` and ``async for``.
+
+Both re-send the call when the actor answered that it no longer hosts the agent
+(``NotBoundError``: it hibernated) or died: the handle re-resolves the name through the
+namespace's directory, which binds a pooled actor (the agent wakes from its file). The
+retry happens only before the call ran on a live agent, so a call never runs twice on
+purpose; a crash mid-call re-sends it to the woken agent, as any caller would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import ray
+from thinkray.actors.errors import SyncInEventLoopError
+from thinkray.actors.relay import AbortReceiver, NotBoundError
+
+if TYPE_CHECKING:
+    from thinkray.actors.namespace import AgentHandle
+
+__all__ = ["AgentResponse", "AgentResponseStream"]
+
+R = TypeVar("R")
+T = TypeVar("T")
+
+RETRYABLE = (NotBoundError, ray.exceptions.RayActorError)
+ATTEMPTS = 5
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+class AgentResponse(Generic[R]):
+    """The result of one remote call, awaited (async) or ``.result()``-ed (sync).
+
+    Created by ``handle.<method>.remote(...)``; the call is already on its way. Await
+    it or take its result once."""
+
+    def __init__(self, handle: AgentHandle[Any], send: Callable[[Any], Any]) -> None:
+        self._handle = handle
+        self._send = send  # actor handle -> ObjectRef
+        self._ref: Any = None
+        self._started: asyncio.Task[Any] | None = None
+        if not _in_event_loop():
+            self._ref = send(handle._actor_sync())
+        elif handle._cached_actor() is not None:
+            self._ref = send(handle._cached_actor())
+        else:  # async caller, name not resolved yet: resolve and send in the background
+            self._started = asyncio.ensure_future(self._result_async())
+
+    def result(self, timeout_s: float | None = None) -> R:
+        """Block until the call finished and return its value (or raise its error;
+        ``GetTimeoutError`` after ``timeout_s``). Raises :class:`SyncInEventLoopError`
+        inside a running event loop: use ``await`` there."""
+        if _in_event_loop():
+            raise SyncInEventLoopError(
+                "response.result() would block the running event loop; "
+                "use `await handle.method.remote(...)` in async code"
+            )
+        stale = False
+        for attempt in range(ATTEMPTS):
+            if self._ref is None or stale:
+                self._ref = self._send(self._handle._actor_sync(stale=stale))
+            try:
+                value: R = ray.get(self._ref, timeout=timeout_s)
+                return value
+            except RETRYABLE:
+                if attempt == ATTEMPTS - 1:
+                    raise
+                stale = True
+        raise AssertionError("unreachable")
+
+    async def _result_async(self) -> R:
+        stale = False
+        for attempt in range(ATTEMPTS):
+            if self._ref is None or stale:
+                self._ref = self._send(await self._handle._actor_async(stale=stale))
+            try:
+                value: R = await self._ref
+                return value
+            except RETRYABLE:
+                if attempt == ATTEMPTS - 1:
+                    raise
+                stale = True
+                await asyncio.sleep(0)
+        raise AssertionError("unreachable")
+
+    def __await__(self) -> Generator[Any, None, R]:
+        if self._started is not None:
+            return self._started.__await__()
+        return self._result_async().__await__()
+
+
+class AgentResponseStream(Generic[T]):
+    """The items of a remote stream method, as they are produced: ``for item in s``
+    (sync) or ``async for item in s`` (async). ``header`` is what the actor said first
+    (for a chat turn: ``run_id``, ``session_id``, ``message_id``, ``receiver``;
+    for a resume: ``run_id`` and ``live``). Leaving early detaches, never aborts;
+    :meth:`abort` stops the run a chat stream belongs to."""
+
+    def __init__(self, handle: AgentHandle[Any], open_: Callable[[Any], Any]) -> None:
+        self._handle = handle
+        self._open = open_  # actor handle -> ObjectRefGenerator
+        self._refs: Any = None
+        self._header: dict[str, Any] | None = None
+        self._buffer: deque[T] = deque()
+        self.batches = 0  # Ray items received (each a batch of stream items)
+        if not _in_event_loop():
+            self._open_sync()
+
+    # -- the header ---------------------------------------------------------------
+
+    def _open_sync(self) -> None:
+        stale = False
+        for attempt in range(ATTEMPTS):
+            refs = self._open(self._handle._actor_sync(stale=stale))
+            try:
+                self._header = ray.get(next(refs))
+                self._refs = refs
+                return
+            except RETRYABLE:
+                if attempt == ATTEMPTS - 1:
+                    raise
+                stale = True
+
+    async def _open_async(self) -> None:
+        stale = False
+        for attempt in range(ATTEMPTS):
+            refs = self._open(await self._handle._actor_async(stale=stale))
+            try:
+                self._header = await (await refs.__anext__())
+                self._refs = refs
+                return
+            except RETRYABLE:
+                if attempt == ATTEMPTS - 1:
+                    raise
+                stale = True
+
+    async def start(self) -> AgentResponseStream[T]:
+        """Open the stream now and return it (async code: the header is then known, as
+        it is at once in sync code)."""
+        if self._refs is None:
+            await self._open_async()
+        return self
+
+    @property
+    def header(self) -> dict[str, Any]:
+        """The stream's header (empty until an async stream started iterating)."""
+        return dict(self._header or {})
+
+    @property
+    def run_id(self) -> str | None:
+        """The run this stream follows (chat and resume streams), else None."""
+        return (self._header or {}).get("run_id")
+
+    @property
+    def session_id(self) -> str | None:
+        """The session of the run (chat streams), else None."""
+        return (self._header or {}).get("session_id")
+
+    @property
+    def message_id(self) -> str | None:
+        """The assistant message's id (chat streams), else None."""
+        return (self._header or {}).get("message_id")
+
+    @property
+    def receiver(self) -> AbortReceiver | None:
+        """The run's serializable abort receiver (chat streams), else None."""
+        return (self._header or {}).get("receiver")
+
+    @property
+    def live(self) -> bool:
+        """False when a resume replays a finished run (nothing more will come)."""
+        return bool((self._header or {}).get("live", True))
+
+    def abort(self, reason: str = "aborted") -> bool:
+        """Abort the run this stream follows; False if there is none or it ended."""
+        receiver = self.receiver
+        return bool(receiver is not None and receiver.abort(reason))
+
+    # -- the items ----------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[T]:
+        if _in_event_loop():
+            raise SyncInEventLoopError(
+                "iterating a stream with `for` would block the running event loop; "
+                "use `async for` in async code"
+            )
+        if self._refs is None:
+            self._open_sync()
+        return self
+
+    def __next__(self) -> T:
+        while not self._buffer:
+            ref = next(self._refs)  # StopIteration ends the stream
+            self._buffer.extend(ray.get(ref))
+            self.batches += 1
+        return self._buffer.popleft()
+
+    async def __aiter__(self) -> AsyncIterator[T]:
+        if self._refs is None:
+            await self._open_async()
+        while self._buffer:
+            yield self._buffer.popleft()
+        async for ref in self._refs:
+            batch = await ref
+            self.batches += 1
+            for item in batch:
+                yield item

@@ -1,0 +1,26 @@
+"""Checked by mypy in tests/test_remote_api.py: the handle carries the agents' signatures.
+
+Lines marked ``# E: <code>`` must be reported with that error code; no other line may be.
+"""
+
+from __future__ import annotations
+
+from thinkray.actors import AgentNamespace
+from thinkray.runtime import Agent, ChatResult
+from thinkray.storage.types import SessionInfo
+
+
+def typed(ns: AgentNamespace[Agent]) -> None:
+    agent = ns.get("alice")
+    info: SessionInfo = agent.branch.remote("session", "message").result()
+    result: ChatResult = agent.chat.remote("hi", session_id=info.id).result()
+    print(result.text)
+    agent.branch.remote("session", 3)  # E: arg-type
+    agent.rewind.remote("session")  # E: call-arg
+    wrong: int = agent.get_history.remote().result()  # E: assignment
+
+
+async def typed_async(ns: AgentNamespace[Agent]) -> None:
+    agent = ns.get("bob")
+    count: int = await agent.message_count.remote()
+    print(count)
