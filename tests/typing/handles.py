@@ -18,6 +18,7 @@ def typed(ns: AgentNamespace[Agent]) -> None:
     agent.branch.remote("session", 3)  # E: arg-type
     agent.rewind.remote("session")  # E: call-arg
     wrong: int = agent.get_history.remote().result()  # E: assignment
+    print(wrong)
 
 
 async def typed_async(ns: AgentNamespace[Agent]) -> None:
