@@ -29,6 +29,7 @@ namespace's: ``ns.hibernate(name)``, ``ns.wake(name)``, ``ns.where(name)``.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
 
 import ray
@@ -80,13 +81,15 @@ class AgentNamespace(Generic[A]):
         start: bool = True,
     ) -> None:
         validate_name(name, "namespace")
+        # Absolute: the actors open the files from their own working directory.
+        storage_root = os.path.abspath(storage_root)
         ensure_root(storage_root, name)
         self.name = name
-        self.storage_root = str(storage_root)
+        self.storage_root = storage_root
         self.agent_cls: type[A] | None = agent_cls
         config = NamespaceConfig(
             namespace=name,
-            storage_root=str(storage_root),
+            storage_root=storage_root,
             agent_cls=agent_cls,
             agent_kwargs=dict(agent_kwargs or {}),
             pool_size=pool_size,
