@@ -15,20 +15,26 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from thinkray.runtime.chunks import UIChunk
 
 
-def _print_chunk(chunk: dict[str, Any]) -> None:
-    t = chunk["type"]
-    if t == "text-delta":
+def _print_chunk(chunk: UIChunk) -> None:
+    from thinkray.runtime.chunks import is_data_chunk  # the CLI imports the runtime lazily
+
+    if is_data_chunk(chunk):
+        return
+    if chunk["type"] == "text-delta":
         sys.stdout.write(chunk["delta"])
-    elif t == "tool-input-available":
+    elif chunk["type"] == "tool-input-available":
         sys.stdout.write(f"\n  [tool call] {chunk['toolName']}({json.dumps(chunk['input'])})\n")
-    elif t == "tool-output-available":
+    elif chunk["type"] == "tool-output-available":
         sys.stdout.write(f"  [tool result] {json.dumps(chunk['output'])}\n  ")
-    elif t in ("tool-output-error", "tool-input-error"):
+    elif chunk["type"] == "tool-output-error" or chunk["type"] == "tool-input-error":
         sys.stdout.write(f"\n  [tool error] {chunk['errorText']}\n")
-    elif t == "error":
+    elif chunk["type"] == "error":
         sys.stdout.write(f"\n  [error] {chunk['errorText']}\n")
     sys.stdout.flush()
 
@@ -135,6 +141,7 @@ def _delegation_demo(root: str) -> None:
     import ray
     from thinkray.actors.namespace import AgentNamespace
     from thinkray.actors.orchestrator import Orchestrator
+    from thinkray.runtime.chunks import is_data_chunk
 
     print("\n--- Orchestrator: two sub-agents in parallel, one shared workspace ---")
     live = bool(os.environ.get("ANTHROPIC_API_KEY"))
@@ -180,19 +187,23 @@ def _delegation_demo(root: str) -> None:
                 with lock:
                     print(f"  [{agent:>10}] {text}", flush=True)
 
-            for chunk in boss.view_task.remote(task_id):
-                t = chunk["type"]
-                if t == "text-delta":
+            def show(chunk: UIChunk) -> None:
+                if is_data_chunk(chunk):
+                    return
+                if chunk["type"] == "text-delta":
                     line.append(chunk["delta"])
-                elif t == "text-end" and line:
+                elif chunk["type"] == "text-end" and line:
                     emit("".join(line).strip())
                     line.clear()
-                elif t == "tool-input-available":
+                elif chunk["type"] == "tool-input-available":
                     emit(f"→ {chunk['toolName']}({json.dumps(chunk['input'])[:60]})")
-                elif t == "tool-output-available":
+                elif chunk["type"] == "tool-output-available":
                     emit(f"← {json.dumps(chunk['output'])[:70]}")
-                elif t in ("tool-output-error", "error"):
+                elif chunk["type"] == "tool-output-error" or chunk["type"] == "error":
                     emit(f"✗ {chunk['errorText']}")
+
+            for chunk in boss.view_task.remote(task_id):
+                show(chunk)
 
         threads = [threading.Thread(target=watch, args=(a, t["task_id"])) for a, t in tasks.items()]
         for th in threads:

@@ -27,6 +27,7 @@ from thinkray.actors.namespace import AgentHandle, AgentNamespace
 from thinkray.runtime.abort import AbortSignal
 from thinkray.runtime.agents.agent import Agent
 from thinkray.runtime.agents.think import Think
+from thinkray.runtime.chunks import UIChunk
 from thinkray.runtime.messages import new_id
 from thinkray.runtime.models.base import Model
 from thinkray.runtime.remote import Batch, remote
@@ -399,7 +400,7 @@ class Orchestrator(Agent):
             raise InvalidInputError(f"unknown task {task_id!r}") from None
 
     @remote
-    async def view_task(self, task_id: str) -> AsyncIterator[dict[str, Any]]:
+    async def view_task(self, task_id: str) -> AsyncIterator[UIChunk]:
         """Async generator: the task's chunks from index 0 (the buffer), then the live
         tail. Leaving early detaches; the task goes on."""
         delegation = self._delegation(task_id)
@@ -407,7 +408,7 @@ class Orchestrator(Agent):
             yield Batch(batch)  # type: ignore[misc]  # a Batch of chunks travels as one
 
     @remote
-    async def view_subagent(self, name: str) -> AsyncIterator[dict[str, Any]]:
+    async def view_subagent(self, name: str) -> AsyncIterator[UIChunk]:
         """Any caller can watch any sub-agent: its latest delegated task if this
         orchestrator holds one, else the sub-agent's own resume stream."""
         self.registry.get(name)

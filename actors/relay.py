@@ -16,6 +16,7 @@ from typing import Any
 
 import ray
 from ray.actor import ActorHandle
+from thinkray.runtime.chunks import UIChunk
 
 log = logging.getLogger("thinkray.relay")
 
@@ -50,13 +51,13 @@ class ActorRelay:
     def __init__(self, handle: ActorHandle) -> None:
         self.handle = handle
         self._batched = _has_method(handle, "on_chunks")
-        self._buffer: list[dict[str, Any]] = []
+        self._buffer: list[UIChunk] = []
         self._pump: asyncio.Task[None] | None = None
         self.failed: BaseException | None = None
         self.calls = 0
         self.sent = 0
 
-    def on_event(self, chunk: dict[str, Any]) -> None:
+    def on_event(self, chunk: UIChunk) -> None:
         if self.failed is not None:
             raise ConsumerGone(str(self.failed))
         self._buffer.append(chunk)

@@ -30,7 +30,7 @@ class AbortSignal:
     def __init__(self) -> None:
         self._aborted = False
         self.reason: str | None = None
-        self._listeners: list[Callable[[str], None]] = []
+        self._listeners: list[Callable[[str], object]] = []
         self._events: list[asyncio.Event] = []
 
     @property
@@ -41,8 +41,9 @@ class AbortSignal:
         if self._aborted:
             raise AbortError(self.reason or "aborted")
 
-    def add_listener(self, listener: Callable[[str], None]) -> Callable[[], None]:
-        """Call ``listener(reason)`` on abort (at once if already aborted). Returns remover."""
+    def add_listener(self, listener: Callable[[str], object]) -> Callable[[], None]:
+        """Call ``listener(reason)`` on abort (at once if already aborted; what it returns
+        is ignored). Returns remover."""
         if self._aborted:
             listener(self.reason or "aborted")
             return lambda: None

@@ -1,218 +1,311 @@
-"""UI message stream chunks (the AI SDK wire vocabulary), as typed models.
+"""UI message stream chunks (the AI SDK wire vocabulary): the one definition.
 
-Inside a turn chunks travel as wire dicts (camelCase, JSON-ready): they are emitted
+A chunk is a plain JSON-ready dict (camelCase keys, as on the wire): it is emitted
 thousands of times a second, and a dict is what the recorder stores, what Ray relays
-and what SSE sends. :data:`UIChunk` and :func:`parse_chunk` validate chunks that come
-from outside (a replay, a test); :func:`to_sse` is the one HTTP serializer.
+and what SSE sends. Each kind is a :class:`~typing.TypedDict` with a ``Literal``
+``type`` discriminator, so building one costs nothing at run time while mypy checks
+every field; ``if chunk["type"] == "text-delta":`` narrows a :data:`UIChunk` to
+:class:`TextDeltaChunk`.
+
+``data-<name>`` chunks (:class:`DataChunk`) are the one open-ended kind: their ``type``
+is any string starting ``data-``, which no ``Literal`` can spell, so a consumer of
+:data:`UIChunk` first sets them apart. They are also the one kind with a ``data`` field:
+``if "data" in chunk`` costs no call and narrows them away for mypy (the other branch);
+:func:`is_data_chunk` narrows both ways. The agentic loop never emits them: it yields
+the closed union :data:`LoopChunk`.
+
+Nothing here validates: chunks are built by this runtime (checked by the type checker)
+or read back from its own chunk log. :func:`to_sse` is the one HTTP serializer.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict, cast
 
-from pydantic import Discriminator, Field, Tag, TypeAdapter
-from thinkray.runtime.messages import WireModel
 from thinkray.runtime.models.base import FinishReason
 
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs  # typing.TypeIs from Python 3.13
 
-class StartChunk(WireModel):
-    type: Literal["start"] = "start"
-    message_id: str | None = None
-    message_metadata: dict[str, Any] | None = None
-
-
-class StartStepChunk(WireModel):
-    type: Literal["start-step"] = "start-step"
-
-
-class FinishStepChunk(WireModel):
-    type: Literal["finish-step"] = "finish-step"
-
-
-class TextStartChunk(WireModel):
-    type: Literal["text-start"] = "text-start"
-    id: str
-
-
-class TextDeltaChunk(WireModel):
-    type: Literal["text-delta"] = "text-delta"
-    id: str
-    delta: str
-
-
-class TextEndChunk(WireModel):
-    type: Literal["text-end"] = "text-end"
-    id: str
-
-
-class ReasoningStartChunk(WireModel):
-    type: Literal["reasoning-start"] = "reasoning-start"
-    id: str
-
-
-class ReasoningDeltaChunk(WireModel):
-    type: Literal["reasoning-delta"] = "reasoning-delta"
-    id: str
-    delta: str
-
-
-class ReasoningEndChunk(WireModel):
-    type: Literal["reasoning-end"] = "reasoning-end"
-    id: str
-    provider_metadata: dict[str, Any] | None = None
-
-
-class ToolInputStartChunk(WireModel):
-    type: Literal["tool-input-start"] = "tool-input-start"
-    tool_call_id: str
-    tool_name: str
-    dynamic: bool | None = True
-
-
-class ToolInputDeltaChunk(WireModel):
-    type: Literal["tool-input-delta"] = "tool-input-delta"
-    tool_call_id: str
-    input_text_delta: str
-
-
-class ToolInputAvailableChunk(WireModel):
-    type: Literal["tool-input-available"] = "tool-input-available"
-    tool_call_id: str
-    tool_name: str
-    input: Any = None
-    dynamic: bool | None = True
-
-
-class ToolInputErrorChunk(WireModel):
-    type: Literal["tool-input-error"] = "tool-input-error"
-    tool_call_id: str
-    tool_name: str
-    input: Any = None
-    error_text: str
-    dynamic: bool | None = True
-
-
-class ToolOutputAvailableChunk(WireModel):
-    type: Literal["tool-output-available"] = "tool-output-available"
-    tool_call_id: str
-    output: Any = None
-
-
-class ToolOutputErrorChunk(WireModel):
-    type: Literal["tool-output-error"] = "tool-output-error"
-    tool_call_id: str
-    error_text: str
-
-
-class ToolApprovalRequestChunk(WireModel):
-    type: Literal["tool-approval-request"] = "tool-approval-request"
-    approval_id: str
-    tool_call_id: str
-
-
-class ToolOutputDeniedChunk(WireModel):
-    type: Literal["tool-output-denied"] = "tool-output-denied"
-    tool_call_id: str
-
-
-class DataChunk(WireModel):
-    type: str = Field(pattern=r"^data-[A-Za-z0-9_.-]+$")
-    id: str | None = None
-    data: Any = None
-    transient: bool | None = None
-
-
-class FinishChunk(WireModel):
-    type: Literal["finish"] = "finish"
-    finish_reason: FinishReason | None = None
-    message_metadata: dict[str, Any] | None = None
-
-
-class AbortChunk(WireModel):
-    type: Literal["abort"] = "abort"
-    reason: str | None = None
-
-
-class ErrorChunk(WireModel):
-    type: Literal["error"] = "error"
-    error_text: str
-
-
-class MessageMetadataChunk(WireModel):
-    type: Literal["message-metadata"] = "message-metadata"
-    message_metadata: dict[str, Any]
-
-
-_CHUNK_TYPES: dict[str, type[WireModel]] = {
-    "start": StartChunk,
-    "start-step": StartStepChunk,
-    "finish-step": FinishStepChunk,
-    "text-start": TextStartChunk,
-    "text-delta": TextDeltaChunk,
-    "text-end": TextEndChunk,
-    "reasoning-start": ReasoningStartChunk,
-    "reasoning-delta": ReasoningDeltaChunk,
-    "reasoning-end": ReasoningEndChunk,
-    "tool-input-start": ToolInputStartChunk,
-    "tool-input-delta": ToolInputDeltaChunk,
-    "tool-input-available": ToolInputAvailableChunk,
-    "tool-input-error": ToolInputErrorChunk,
-    "tool-output-available": ToolOutputAvailableChunk,
-    "tool-output-error": ToolOutputErrorChunk,
-    "tool-approval-request": ToolApprovalRequestChunk,
-    "tool-output-denied": ToolOutputDeniedChunk,
-    "finish": FinishChunk,
-    "abort": AbortChunk,
-    "error": ErrorChunk,
-    "message-metadata": MessageMetadataChunk,
-}
-
-
-def _chunk_tag(value: Any) -> str:
-    t = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    if isinstance(t, str) and t.startswith("data-"):
-        return "data"
-    return t if isinstance(t, str) else "invalid"
-
-
-UIChunk = Annotated[
-    Annotated[StartChunk, Tag("start")]
-    | Annotated[StartStepChunk, Tag("start-step")]
-    | Annotated[FinishStepChunk, Tag("finish-step")]
-    | Annotated[TextStartChunk, Tag("text-start")]
-    | Annotated[TextDeltaChunk, Tag("text-delta")]
-    | Annotated[TextEndChunk, Tag("text-end")]
-    | Annotated[ReasoningStartChunk, Tag("reasoning-start")]
-    | Annotated[ReasoningDeltaChunk, Tag("reasoning-delta")]
-    | Annotated[ReasoningEndChunk, Tag("reasoning-end")]
-    | Annotated[ToolInputStartChunk, Tag("tool-input-start")]
-    | Annotated[ToolInputDeltaChunk, Tag("tool-input-delta")]
-    | Annotated[ToolInputAvailableChunk, Tag("tool-input-available")]
-    | Annotated[ToolInputErrorChunk, Tag("tool-input-error")]
-    | Annotated[ToolOutputAvailableChunk, Tag("tool-output-available")]
-    | Annotated[ToolOutputErrorChunk, Tag("tool-output-error")]
-    | Annotated[ToolApprovalRequestChunk, Tag("tool-approval-request")]
-    | Annotated[ToolOutputDeniedChunk, Tag("tool-output-denied")]
-    | Annotated[DataChunk, Tag("data")]
-    | Annotated[FinishChunk, Tag("finish")]
-    | Annotated[AbortChunk, Tag("abort")]
-    | Annotated[ErrorChunk, Tag("error")]
-    | Annotated[MessageMetadataChunk, Tag("message-metadata")],
-    Discriminator(_chunk_tag),
+__all__ = [
+    "SSE_DONE",
+    "SSE_HEADERS",
+    "AbortChunk",
+    "DataChunk",
+    "ErrorChunk",
+    "FileChunk",
+    "FinishChunk",
+    "FinishStepChunk",
+    "LoopChunk",
+    "MessageMetadataChunk",
+    "ReasoningDeltaChunk",
+    "ReasoningEndChunk",
+    "ReasoningStartChunk",
+    "SourceUrlChunk",
+    "StartChunk",
+    "StartStepChunk",
+    "TextDeltaChunk",
+    "TextEndChunk",
+    "TextStartChunk",
+    "ToolApprovalRequestChunk",
+    "ToolInputAvailableChunk",
+    "ToolInputDeltaChunk",
+    "ToolInputErrorChunk",
+    "ToolInputStartChunk",
+    "ToolOutputAvailableChunk",
+    "ToolOutputDeniedChunk",
+    "ToolOutputErrorChunk",
+    "UIChunk",
+    "from_chunk_log",
+    "is_data_chunk",
+    "to_sse",
+    "tool_output_error",
 ]
 
-_ADAPTER: TypeAdapter[Any] = TypeAdapter(UIChunk)
+# -- message and step boundaries ---------------------------------------------------------
 
 
-def parse_chunk(chunk: dict[str, Any]) -> WireModel:
-    """Validate a wire chunk into its typed model (raises ``pydantic.ValidationError``)."""
-    return _ADAPTER.validate_python(chunk)
+class StartChunk(TypedDict):
+    """First chunk of a turn's assistant message."""
+
+    type: Literal["start"]
+    messageId: NotRequired[str]
+    messageMetadata: NotRequired[dict[str, Any]]
 
 
-def chunk_type(name: str) -> type[WireModel]:
-    return _CHUNK_TYPES[name]
+class StartStepChunk(TypedDict):
+    """A model step begins (the message gets a ``step-start`` part)."""
 
+    type: Literal["start-step"]
+
+
+class FinishStepChunk(TypedDict):
+    """A model step ended (after its tool results)."""
+
+    type: Literal["finish-step"]
+
+
+class FinishChunk(TypedDict):
+    """Last chunk of a turn that was not aborted and did not fail."""
+
+    type: Literal["finish"]
+    finishReason: NotRequired[FinishReason]
+    messageMetadata: NotRequired[dict[str, Any]]
+
+
+class AbortChunk(TypedDict):
+    """The turn was aborted; partial output stays."""
+
+    type: Literal["abort"]
+    reason: NotRequired[str]
+
+
+class ErrorChunk(TypedDict):
+    """The turn failed with ``errorText``."""
+
+    type: Literal["error"]
+    errorText: str
+
+
+class MessageMetadataChunk(TypedDict):
+    """Metadata merged into the assistant message."""
+
+    type: Literal["message-metadata"]
+    messageMetadata: dict[str, Any]
+
+
+# -- text and reasoning blocks (every delta follows its start) ---------------------------
+
+
+class TextStartChunk(TypedDict):
+    type: Literal["text-start"]
+    id: str
+    providerMetadata: NotRequired[dict[str, Any]]
+
+
+class TextDeltaChunk(TypedDict):
+    type: Literal["text-delta"]
+    id: str
+    delta: str
+
+
+class TextEndChunk(TypedDict):
+    type: Literal["text-end"]
+    id: str
+    providerMetadata: NotRequired[dict[str, Any]]
+
+
+class ReasoningStartChunk(TypedDict):
+    type: Literal["reasoning-start"]
+    id: str
+    providerMetadata: NotRequired[dict[str, Any]]
+
+
+class ReasoningDeltaChunk(TypedDict):
+    type: Literal["reasoning-delta"]
+    id: str
+    delta: str
+
+
+class ReasoningEndChunk(TypedDict):
+    """``providerMetadata`` carries e.g. ``{"anthropic": {"signature": ...}}``."""
+
+    type: Literal["reasoning-end"]
+    id: str
+    providerMetadata: NotRequired[dict[str, Any]]
+
+
+# -- tool calls ----------------------------------------------------------------------------
+
+
+class ToolInputStartChunk(TypedDict):
+    type: Literal["tool-input-start"]
+    toolCallId: str
+    toolName: str
+    dynamic: NotRequired[bool]
+
+
+class ToolInputDeltaChunk(TypedDict):
+    """A piece of the call's raw JSON input, as the model streams it."""
+
+    type: Literal["tool-input-delta"]
+    toolCallId: str
+    inputTextDelta: str
+
+
+class ToolInputAvailableChunk(TypedDict):
+    """The call's complete, valid input (parsed JSON)."""
+
+    type: Literal["tool-input-available"]
+    toolCallId: str
+    toolName: str
+    input: Any
+    dynamic: NotRequired[bool]
+
+
+class ToolInputErrorChunk(TypedDict):
+    """The call's input is invalid (or the tool unknown); the tool does not run."""
+
+    type: Literal["tool-input-error"]
+    toolCallId: str
+    toolName: str
+    input: Any
+    errorText: str
+    dynamic: NotRequired[bool]
+
+
+class ToolOutputAvailableChunk(TypedDict):
+    type: Literal["tool-output-available"]
+    toolCallId: str
+    output: Any
+
+
+class ToolOutputErrorChunk(TypedDict):
+    type: Literal["tool-output-error"]
+    toolCallId: str
+    errorText: str
+
+
+class ToolApprovalRequestChunk(TypedDict):
+    """The call waits for a human's approval (``approvalId`` answers it)."""
+
+    type: Literal["tool-approval-request"]
+    approvalId: str
+    toolCallId: str
+
+
+class ToolOutputDeniedChunk(TypedDict):
+    """A human refused the call (or nobody answered its approval request)."""
+
+    type: Literal["tool-output-denied"]
+    toolCallId: str
+
+
+# -- files, sources and data ---------------------------------------------------------------
+
+
+class FileChunk(TypedDict):
+    type: Literal["file"]
+    url: str
+    mediaType: str
+
+
+class SourceUrlChunk(TypedDict):
+    type: Literal["source-url"]
+    sourceId: str
+    url: str
+    title: NotRequired[str]
+
+
+class DataChunk(TypedDict):
+    """A ``data-<name>`` chunk (``type`` starts with ``data-``). It becomes a part of the
+    message (replacing the part of the same type and ``id``) unless ``transient``."""
+
+    type: str
+    data: Any
+    id: NotRequired[str]
+    transient: NotRequired[bool]
+
+
+LoopChunk = (
+    StartChunk
+    | StartStepChunk
+    | TextStartChunk
+    | TextDeltaChunk
+    | TextEndChunk
+    | ReasoningStartChunk
+    | ReasoningDeltaChunk
+    | ReasoningEndChunk
+    | ToolInputStartChunk
+    | ToolInputDeltaChunk
+    | ToolInputAvailableChunk
+    | ToolInputErrorChunk
+    | ToolOutputAvailableChunk
+    | ToolOutputErrorChunk
+    | ToolOutputDeniedChunk
+    | FinishStepChunk
+    | FinishChunk
+)
+"""What the agentic loop yields (no ``data-*`` chunks, so ``chunk["type"] == ...``
+narrows it directly)."""
+
+UIChunk = (
+    LoopChunk
+    | AbortChunk
+    | ErrorChunk
+    | MessageMetadataChunk
+    | ToolApprovalRequestChunk
+    | FileChunk
+    | SourceUrlChunk
+    | DataChunk
+)
+"""Any chunk of a run's stream: the loop's, the runner's (``abort``, ``error``) and
+what hooks and tools emit (``data-*``, approval requests)."""
+
+
+def is_data_chunk(chunk: UIChunk) -> TypeIs[DataChunk]:
+    """True for a ``data-<name>`` chunk (the one kind with a ``data`` field). Call it
+    before narrowing on ``chunk["type"]``: with data chunks excluded, ``==`` on the
+    type narrows the rest."""
+    return "data" in chunk
+
+
+def tool_output_error(tool_call_id: str, error_text: str) -> ToolOutputErrorChunk:
+    """The ``tool-output-error`` chunk ending call ``tool_call_id`` with ``error_text``."""
+    return {"type": "tool-output-error", "toolCallId": tool_call_id, "errorText": error_text}
+
+
+def from_chunk_log(chunks: list[dict[str, Any]]) -> list[UIChunk]:
+    """Chunks read back from a run's chunk log (``SessionStore.get_chunks``), typed.
+
+    They were :data:`UIChunk` when this runtime recorded them; storage knows no runtime
+    types and returns plain dicts. They are not revalidated: a replay must give back
+    exactly the bytes that went out live, and it is on the reconnect path."""
+    return cast("list[UIChunk]", chunks)
+
+
+# -- HTTP ------------------------------------------------------------------------------------
 
 SSE_HEADERS = {
     "content-type": "text/event-stream",
@@ -222,6 +315,6 @@ SSE_HEADERS = {
 SSE_DONE = "data: [DONE]\n\n"
 
 
-def to_sse(chunk: dict[str, Any]) -> str:
+def to_sse(chunk: UIChunk) -> str:
     """One chunk as an SSE frame. End a stream with :data:`SSE_DONE`."""
     return f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n"

@@ -19,14 +19,26 @@ from __future__ import annotations
 import inspect
 import types
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator
-from typing import Any, Concatenate, Generic, Literal, ParamSpec, Protocol, TypeVar, overload
+from typing import (
+    Any,
+    Concatenate,
+    Generic,
+    Literal,
+    ParamSpec,
+    Protocol,
+    Self,
+    TypeVar,
+    overload,
+)
 
 from thinkray.runtime.errors import RemoteCallError
 
 __all__ = [
     "Batch",
     "RemoteKind",
+    "RemoteCallMethod",
     "RemoteMethod",
+    "RemoteStreamMethod",
     "Response",
     "ResponseStream",
     "check_arguments",
@@ -69,7 +81,9 @@ class ResponseStream(Protocol[R_co]):
 
 
 class RemoteMethod(Generic[S, P, T, R]):
-    """A method marked remote-callable (see :func:`remote`).
+    """A method marked remote-callable (see :func:`remote`): the marker the Ray layer
+    reads (``kind``, ``signature``). Its ``remote(...)`` is typed by the subclass,
+    :class:`RemoteCallMethod` or :class:`RemoteStreamMethod`.
 
     ``T`` is what a direct call returns (a coroutine for an async method), ``R`` what a
     remote caller gets once it resolves the :class:`Response`."""
@@ -88,7 +102,7 @@ class RemoteMethod(Generic[S, P, T, R]):
         self.name = name
 
     @overload
-    def __get__(self, obj: None, owner: type | None = None) -> RemoteMethod[S, P, T, R]: ...
+    def __get__(self, obj: None, owner: type | None = None) -> Self: ...
 
     @overload
     def __get__(self, obj: S, owner: type | None = None) -> Callable[P, T]: ...
@@ -102,41 +116,52 @@ class RemoteMethod(Generic[S, P, T, R]):
         """Unbound call (``Think.branch(agent, ...)``), as for a plain function."""
         return self.fn(obj, *args, **kwargs)
 
-    def remote(self, *args: P.args, **kwargs: P.kwargs) -> Response[R]:
-        """Call through an actor handle. On the class itself this only types the call:
-        reach it as ``handle.<method>.remote(...)``."""
-        raise TypeError(
+    def _on_class(self) -> TypeError:
+        return TypeError(
             f"{self.name}.remote() is called on an agent handle "
             f"(handle.{self.name}.remote(...)), not on the agent class"
         )
+
+
+class RemoteCallMethod(RemoteMethod[S, P, T, R]):
+    """A remote sync or coroutine method: ``remote(...)`` returns one
+    :class:`Response`."""
+
+    def remote(self, *args: P.args, **kwargs: P.kwargs) -> Response[R]:
+        """Call through an actor handle. On the class itself this only types the call:
+        reach it as ``handle.<method>.remote(...)``."""
+        raise self._on_class()
 
 
 class RemoteStreamMethod(RemoteMethod[S, P, T, R]):
     """A remote async-generator method: ``remote(...)`` returns a
     :class:`ResponseStream` of its items."""
 
-    def remote(self, *args: P.args, **kwargs: P.kwargs) -> ResponseStream[R]:  # type: ignore[override]  # a stream, not one Response
+    def remote(self, *args: P.args, **kwargs: P.kwargs) -> ResponseStream[R]:
         """Call through an actor handle; returns the stream of items."""
-        raise TypeError(
-            f"{self.name}.remote() is called on an agent handle "
-            f"(handle.{self.name}.remote(...)), not on the agent class"
-        )
+        raise self._on_class()
+
+
+def _marker(fn: Callable[..., Any], kind: RemoteKind) -> RemoteMethod[Any, Any, Any, Any]:
+    if kind == "stream":
+        return RemoteStreamMethod(fn, kind)
+    return RemoteCallMethod(fn, kind)
 
 
 @overload
-def remote(  # type: ignore[overload-overlap]
+def remote(
     fn: Callable[Concatenate[S, P], Coroutine[Any, Any, R]],
-) -> RemoteMethod[S, P, Coroutine[Any, Any, R], R]: ...
+) -> RemoteCallMethod[S, P, Coroutine[Any, Any, R], R]: ...
 
 
 @overload
-def remote(  # type: ignore[overload-overlap]
+def remote(  # type: ignore[overload-overlap]  # an async generator fits the catch-all below too; the first match wins
     fn: Callable[Concatenate[S, P], AsyncIterator[R]],
 ) -> RemoteStreamMethod[S, P, AsyncIterator[R], R]: ...
 
 
 @overload
-def remote(fn: Callable[Concatenate[S, P], R]) -> RemoteMethod[S, P, R, R]: ...
+def remote(fn: Callable[Concatenate[S, P], R]) -> RemoteCallMethod[S, P, R, R]: ...
 
 
 def remote(fn: Callable[..., Any]) -> Any:
@@ -149,9 +174,7 @@ def remote(fn: Callable[..., Any]) -> Any:
         return fn
     if not inspect.isfunction(fn):
         raise TypeError(f"@remote decorates a function defined in a class, not {fn!r}")
-    if inspect.isasyncgenfunction(fn):
-        return RemoteStreamMethod(fn, "stream")
-    return RemoteMethod(fn, "call")
+    return _marker(fn, "stream" if inspect.isasyncgenfunction(fn) else "call")
 
 
 _REGISTRY_CACHE: dict[type, dict[str, RemoteMethod[Any, Any, Any, Any]]] = {}
@@ -171,7 +194,7 @@ def remote_methods(cls: type) -> dict[str, RemoteMethod[Any, Any, Any, Any]]:
                 found[name] = value
             elif name in found and callable(value):
                 # A plain override keeps the method remote; its own signature governs.
-                marker: RemoteMethod[Any, Any, Any, Any] = RemoteMethod(value, found[name].kind)
+                marker = _marker(value, found[name].kind)
                 marker.name = name
                 found[name] = marker
             elif name in found:

@@ -10,6 +10,7 @@ per-message model validation (10,000 messages must load in ≤ 30 ms).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,11 +138,12 @@ class PartWrite:
 
 @dataclass
 class ChunkWrite:
-    """One UI stream chunk of a run (``generation_id``), in emit order."""
+    """One UI stream chunk of a run (``generation_id``), in emit order. ``chunk`` is a
+    JSON-ready dict (typed by the runtime as one of its chunk TypedDicts)."""
 
     generation_id: str
     index: int
-    chunk: dict[str, Any]
+    chunk: Mapping[str, Any]
     is_final: bool = False
 
 

@@ -111,7 +111,7 @@ class Agent(Think):
         if callable(candidate) and not hasattr(candidate, "stream"):
             built: Model = candidate()
             return built
-        return candidate  # type: ignore[no-any-return]  # pydantic stores it as Any
+        return candidate
 
     def model_for_turn(self, session_id: str, message: dict[str, Any] | None) -> Model:
         """The model the coming turn will use (the compaction threshold is per model,

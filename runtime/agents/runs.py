@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from thinkray.runtime.abort import AbortController, AbortSignal
+from thinkray.runtime.chunks import UIChunk
 from thinkray.runtime.errors import ThinkrayError
 from thinkray.runtime.turn.loop import LoopHooks, LoopResult
 from thinkray.runtime.turn.stream import RunStream
@@ -32,11 +33,11 @@ clear, delete or shutdown; partial output kept) or ``error`` (the error is repor
 class StreamCallback(Protocol):
     """The seed's StreamCallback. Methods may be sync or async.
 
-    ``on_event`` receives each UI chunk as a JSON-ready dict, in order. A callback
+    ``on_event`` receives each UI chunk (a JSON-ready dict), in order. A callback
     that raises is detached for the rest of the run; the run goes on (a consumer
     going away is not an abort). ``on_done`` or ``on_error`` is called once, last."""
 
-    def on_event(self, chunk: dict[str, Any]) -> Any:
+    def on_event(self, chunk: UIChunk) -> Any:
         """One UI chunk, in order."""
         ...
 
@@ -69,9 +70,9 @@ class ChatOptions:
     # The session's visible history as this turn sees it (ends with the user message).
     history: list[dict[str, Any]] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)  # per-turn scratch space for hooks
-    emitter: Callable[[dict[str, Any]], Awaitable[None]] | None = field(default=None, repr=False)
+    emitter: Callable[[UIChunk], Awaitable[None]] | None = field(default=None, repr=False)
 
-    async def emit(self, chunk: dict[str, Any]) -> None:
+    async def emit(self, chunk: UIChunk) -> None:
         """Push ``chunk`` into this turn's stream by the same path as the model's chunks
         (recorder, replayable stream, callback), in call order. For hooks and tools:
         ``prepare_turn`` notes, approval requests. Chunks emitted before the stream
@@ -136,10 +137,10 @@ class RunState:
     # itself (on_user_message, prepare_turn, the model switch) may still rewrite it.
     prepared: bool = False
     # ``emit`` before the stream started holds chunks here; the runner then sets ``sink``.
-    pending: list[dict[str, Any]] = field(default_factory=list, repr=False)
-    sink: Callable[[dict[str, Any]], Awaitable[None]] | None = field(default=None, repr=False)
+    pending: list[UIChunk] = field(default_factory=list, repr=False)
+    sink: Callable[[UIChunk], Awaitable[None]] | None = field(default=None, repr=False)
 
-    async def emit(self, chunk: dict[str, Any]) -> None:
+    async def emit(self, chunk: UIChunk) -> None:
         """See :meth:`ChatOptions.emit` (which delegates here)."""
         if self.sink is None:
             self.pending.append(chunk)

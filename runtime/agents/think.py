@@ -38,6 +38,7 @@ from thinkray.runtime.agents.sessions import (
     resend_message,
 )
 from thinkray.runtime.agents.turns import ORPHAN_ERROR, TurnRunner
+from thinkray.runtime.chunks import UIChunk, from_chunk_log
 from thinkray.runtime.durable.fibers import FiberManager
 from thinkray.runtime.durable.schedules import Scheduler
 from thinkray.runtime.durable.services import DurableServices
@@ -203,7 +204,7 @@ class Think(metaclass=_StartsAfterInit):
         turn ends (``usage``, ``status``, ``finishReason`` and ``model`` win)."""
         return {}
 
-    async def on_chat_message(self, options: ChatOptions) -> AsyncIterator[dict[str, Any]]:
+    async def on_chat_message(self, options: ChatOptions) -> AsyncIterator[UIChunk]:
         """The default turn: the agentic loop. Override for full control; yield UI chunks."""
         model = options.model if options.model is not None else self.get_model()
         tools = dict(await _maybe_await(self.get_tools()))
@@ -533,7 +534,7 @@ class Think(metaclass=_StartsAfterInit):
         session_id: str | None = None,
         run_id: str | None = None,
         role: Role = "user",
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncIterator[UIChunk]:
         """Run one turn and yield its UI chunks as they are produced. Leaving early
         detaches: the turn goes on (stop it with :meth:`abort`). Raises like
         :meth:`chat` before anything is written."""
@@ -544,7 +545,7 @@ class Think(metaclass=_StartsAfterInit):
 
     def replay(
         self, session_id: str | None = None, run_id: str | None = None, *, coalesce: float = 0.0
-    ) -> tuple[str | None, bool, AsyncIterator[list[dict[str, Any]]]]:
+    ) -> tuple[str | None, bool, AsyncIterator[list[UIChunk]]]:
         """What :meth:`resume` reads: ``(run_id, live, batches)`` for the run in flight
         (by id, else the session's), else its last finished run — from memory while
         the agent is live, from the chunk log in the database after a wake. ``run_id``
@@ -556,12 +557,12 @@ class Think(metaclass=_StartsAfterInit):
         wanted = run_id or (generations[-1] if generations else None)
         if wanted is None or wanted not in generations:
             return None, False, _no_batches()
-        return wanted, False, _one_batch(self.store.get_chunks(wanted))
+        return wanted, False, _one_batch(from_chunk_log(self.store.get_chunks(wanted)))
 
     @remote
     async def resume(
         self, session_id: str | None = None, run_id: str | None = None
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncIterator[UIChunk]:
         """Replay the current (else the last) run's chunks from index 0, then the live
         tail: exactly once, contiguous. Nothing to replay: an empty stream."""
         _, _, batches = self.replay(session_id, run_id)
@@ -690,12 +691,12 @@ class Think(metaclass=_StartsAfterInit):
         self.store.close()
 
 
-async def _no_batches() -> AsyncIterator[list[dict[str, Any]]]:
+async def _no_batches() -> AsyncIterator[list[UIChunk]]:
     return
     yield  # an async generator that yields nothing
 
 
-async def _one_batch(chunks: list[dict[str, Any]]) -> AsyncIterator[list[dict[str, Any]]]:
+async def _one_batch(chunks: list[UIChunk]) -> AsyncIterator[list[UIChunk]]:
     if chunks:
         yield chunks
 

@@ -30,6 +30,7 @@ from thinkray.runtime.abort import AbortController, AbortError, AbortSignal, abo
 from thinkray.runtime.agents import model_switch
 from thinkray.runtime.agents.runs import ChatOptions, ChatResult, RunState, RunStatus
 from thinkray.runtime.agents.runs import StreamCallback as StreamCallback
+from thinkray.runtime.chunks import UIChunk, tool_output_error
 from thinkray.runtime.errors import UserError
 from thinkray.runtime.messages import Role, new_id, parse_message
 from thinkray.runtime.models.base import ModelError
@@ -233,7 +234,7 @@ class TurnRunner:
                 await sink(held)
             run.pending.clear()
 
-        async def sink(chunk: dict[str, Any]) -> None:  # ChatOptions.emit, once started
+        async def sink(chunk: UIChunk) -> None:  # ChatOptions.emit, once started
             nonlocal callback
             assert recorder is not None
             callback = await self._emit(run, recorder, callback, chunk)
@@ -321,11 +322,7 @@ class TurnRunner:
                         run,
                         recorder,
                         callback,
-                        {
-                            "type": "tool-output-error",
-                            "toolCallId": call_id,
-                            "errorText": f"aborted: {exc.reason}",
-                        },
+                        tool_output_error(call_id, f"aborted: {exc.reason}"),
                     )
                 callback = await self._emit(
                     run, recorder, callback, {"type": "abort", "reason": exc.reason}
@@ -410,7 +407,7 @@ class TurnRunner:
         run: RunState,
         recorder: Recorder,
         callback: StreamCallback | None,
-        chunk: dict[str, Any],
+        chunk: UIChunk,
     ) -> StreamCallback | None:
         recorder.record(chunk)
         run.stream.push(chunk)
@@ -491,7 +488,7 @@ class TurnRunner:
             store.delete_chunks(doomed)
 
 
-async def _discard(chunk: dict[str, Any]) -> None:
+async def _discard(chunk: UIChunk) -> None:
     """The emit sink of a finished run."""
 
 

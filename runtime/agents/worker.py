@@ -39,10 +39,11 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from thinkray.runtime.abort import AbortController, AbortError, AbortSignal
+from thinkray.runtime.chunks import tool_output_error
 from thinkray.runtime.messages import new_id
 from thinkray.runtime.models.base import Model, ModelMessage, TextContent
 from thinkray.runtime.tools.base import (
@@ -59,6 +60,9 @@ from thinkray.runtime.turn.persistence import PersistCache, prepare_message
 from thinkray.runtime.turn.recorder import Recorder
 from thinkray.runtime.usage import Usage
 from thinkray.storage.jobs import JOB_FINISHED, JobRecord, JobStore
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs  # typing.TypeIs from Python 3.13
 
 log = logging.getLogger("thinkray.worker")
 
@@ -138,6 +142,11 @@ def dump_output(value: Any) -> Any:
     return value
 
 
+def _is_model(value: Model | Callable[[], Model]) -> TypeIs[Model]:
+    # Duck-typed, as the loop uses a model: anything with ``stream``; else a factory.
+    return hasattr(value, "stream")
+
+
 def _check_type(kind: str, value: Any) -> type:
     if value is str or (isinstance(value, type) and issubclass(value, BaseModel)):
         return value
@@ -211,9 +220,9 @@ class WorkerAgent(Generic[T]):
 
     def get_model(self) -> Model:
         model = self._model
-        if hasattr(model, "stream"):
-            return model  # type: ignore[return-value]
-        return model()  # type: ignore[operator]
+        if _is_model(model):
+            return model
+        return model()
 
     # -- input ---------------------------------------------------------------------------
 
@@ -227,7 +236,7 @@ class WorkerAgent(Generic[T]):
             if not input.strip():
                 raise WorkerInputError(f"worker {self.name!r}: the input is empty")
             return input
-        model_type: type[BaseModel] = self.input_type  # type: ignore[assignment]
+        model_type: type[BaseModel] = self.input_type
         try:
             if isinstance(input, model_type):
                 # Instances may come from model_construct or be mutated: check again.
@@ -271,7 +280,7 @@ class WorkerAgent(Generic[T]):
 
             tools[FINAL_RESULT_TOOL] = ModelTool(
                 FINAL_RESULT_TOOL,
-                self.output_type,  # type: ignore[arg-type]
+                self.output_type,
                 accept,
                 _FINAL_DESCRIPTION,
                 wants_context=True,
@@ -382,19 +391,17 @@ class WorkerAgent(Generic[T]):
                             recorder.record(chunk)
                         else:
                             builder.apply(chunk)
-                        kind = chunk["type"]
-                        if kind == "start-step":
-                            step_text, step_called = [], False
-                        elif kind == "text-delta":
+                        if chunk["type"] == "text-delta":
                             step_text.append(chunk["delta"])
-                        elif kind in ("tool-input-available", "tool-input-error"):
+                        elif chunk["type"] == "start-step":
+                            step_text, step_called = [], False
+                        elif chunk["type"] == "tool-input-available":
                             step_called = True
-                            if (
-                                kind == "tool-input-error"
-                                and chunk["toolName"] == FINAL_RESULT_TOOL
-                            ):
+                        elif chunk["type"] == "tool-input-error":
+                            step_called = True
+                            if chunk["toolName"] == FINAL_RESULT_TOOL:
                                 last_problem = chunk["errorText"]
-                        elif kind == "finish-step" and outputs:
+                        elif chunk["type"] == "finish-step" and outputs:
                             break  # the output is in: end here, like pydantic-ai
                 steps += loop_result.steps
                 usage = usage + loop_result.usage
@@ -456,13 +463,7 @@ class WorkerAgent(Generic[T]):
         if recorder is None:
             return
         for call_id in recorder.builder.unfinished_tool_calls():
-            recorder.record(
-                {
-                    "type": "tool-output-error",
-                    "toolCallId": call_id,
-                    "errorText": f"aborted: {reason}",
-                }
-            )
+            recorder.record(tool_output_error(call_id, f"aborted: {reason}"))
         recorder.record({"type": "abort", "reason": reason})
 
     def _result(
@@ -553,7 +554,7 @@ class WorkerTool:
         if worker.input_type is str:
             self._schema_model: type[BaseModel] = _StringInput
         else:
-            self._schema_model = worker.input_type  # type: ignore[assignment]
+            self._schema_model = worker.input_type
         self._schema = ModelTool(name, self._schema_model, lambda x: x).input_schema
 
     @property

@@ -101,6 +101,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from thinkray.runtime.abort import AbortController, AbortError, AbortSignal
+from thinkray.runtime.chunks import DataChunk, UIChunk
 from thinkray.runtime.messages import new_id
 from thinkray.runtime.models.base import ModelError, ModelMessage, TextContent
 from thinkray.runtime.remote import remote
@@ -891,7 +892,7 @@ class Compaction:
         config: CompactionConfig | None = None,
         model: Any = None,
         signal: AbortSignal | None = None,
-        emit: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
+        emit: Callable[[UIChunk], Awaitable[None]] | None = None,
     ) -> CompactionResult | None:
         """Auto-compaction: a failure is a warning and the turn goes on uncompacted
         (never "the chat just stops"); the outcome is a note through ``emit`` (the
@@ -942,7 +943,7 @@ class Compaction:
         return changed or result is not None
 
 
-def _status_note(state: str, message: str, **extra: Any) -> dict[str, Any]:
+def _status_note(state: str, message: str, **extra: Any) -> DataChunk:
     """A transient ``data-status`` chunk: shown live, never stored as a part (a stored
     data part would change how the assistant message is read back)."""
     return {

@@ -54,7 +54,7 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -673,38 +673,33 @@ class CodeSandbox:
         duration: float,
     ) -> ExecutionResult:
         stdout, stderr = _text(*out), _text(*err)
-        base = {
-            "stdout": stdout,
-            "stderr": stderr,
-            "duration": duration,
-            "exit_code": returncode,
-            "pid": pid,
-        }
+        base = ExecutionResult(
+            ok=False,
+            stdout=stdout,
+            stderr=stderr,
+            duration=duration,
+            exit_code=returncode,
+            pid=pid,
+        )
         if state.timed_out:
-            return ExecutionResult(
-                ok=False,
+            return replace(
+                base,
                 error=f"timed out after {self.timeout:g} s (the process was killed)",
                 error_type="TimeoutError",
                 timed_out=True,
-                **base,
             )
         if state.violation:
-            return ExecutionResult(
-                ok=False, error=state.violation, error_type="ProtocolError", **base
-            )
+            return replace(base, error=state.violation, error_type="ProtocolError")
         done = state.done
         if done is not None and returncode == 0:
             if done.get("ok"):
-                return ExecutionResult(ok=True, result=done.get("result"), **base)
-            return ExecutionResult(
-                ok=False,
+                return replace(base, ok=True, result=done.get("result"))
+            return replace(
+                base,
                 error=_clip(str(done.get("error") or "error")),
                 error_type=done.get("error_type"),
-                **base,
             )
-        return ExecutionResult(
-            ok=False, error=self._death(returncode, stderr), error_type="ProcessError", **base
-        )
+        return replace(base, error=self._death(returncode, stderr), error_type="ProcessError")
 
     def _death(self, returncode: int | None, stderr: str) -> str:
         if returncode is not None and returncode < 0:

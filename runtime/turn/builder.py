@@ -8,7 +8,10 @@ a part is materialized — ``str +=`` per delta would make long answers quadrati
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
+
+from thinkray.runtime.chunks import UIChunk
 
 
 class MessageBuilder:
@@ -52,23 +55,29 @@ class MessageBuilder:
             part["text"] = buf[0]
         return part
 
-    def apply(self, chunk: dict[str, Any]) -> int | None:
-        t = chunk.get("type")
-        if t == "text-delta" or t == "reasoning-delta":
+    def apply(self, chunk: UIChunk) -> int | None:
+        """Fold ``chunk`` into the message; the index of the part it changed, or None.
+
+        Raises ``ValueError`` for a delta whose start is missing."""
+        if "data" in chunk:  # data-* chunks, the one kind with a data field
+            return self._apply_data(chunk)
+        if chunk["type"] == "text-delta" or chunk["type"] == "reasoning-delta":
             idx = self._by_block.get(chunk["id"])
             if idx is None:
-                raise ValueError(f"{t} for unknown block {chunk['id']!r}: its start is missing")
+                raise ValueError(
+                    f"{chunk['type']} for unknown block {chunk['id']!r}: its start is missing"
+                )
             self._text[idx].append(chunk["delta"])
             return idx
-        if t == "text-start" or t == "reasoning-start":
-            kind = "text" if t == "text-start" else "reasoning"
+        if chunk["type"] == "text-start" or chunk["type"] == "reasoning-start":
+            kind = "text" if chunk["type"] == "text-start" else "reasoning"
             idx = self._append({"type": kind, "text": "", "state": "streaming"})
             self._by_block[chunk["id"]] = idx
             self._text[idx] = []
             if chunk.get("providerMetadata"):
                 self.parts[idx]["providerMetadata"] = chunk["providerMetadata"]
             return idx
-        if t == "text-end" or t == "reasoning-end":
+        if chunk["type"] == "text-end" or chunk["type"] == "reasoning-end":
             idx = self._by_block.get(chunk["id"])
             if idx is None:
                 return None
@@ -76,9 +85,9 @@ class MessageBuilder:
             if chunk.get("providerMetadata"):
                 self.parts[idx]["providerMetadata"] = chunk["providerMetadata"]
             return idx
-        if t == "start-step":
+        if chunk["type"] == "start-step":
             return self._append({"type": "step-start"})
-        if t == "tool-input-start":
+        if chunk["type"] == "tool-input-start":
             idx = self._append(
                 {
                     "type": "dynamic-tool",
@@ -91,13 +100,13 @@ class MessageBuilder:
             self._by_call[chunk["toolCallId"]] = idx
             self._tool_input_text[idx] = []
             return idx
-        if t == "tool-input-delta":
+        if chunk["type"] == "tool-input-delta":
             idx = self._by_call.get(chunk["toolCallId"])
             if idx is None:
                 raise ValueError("tool-input-delta before its tool-input-start")
             self._tool_input_text[idx].append(chunk["inputTextDelta"])
             return None  # partial JSON is not worth a row write; input lands when available
-        if t in ("tool-input-available", "tool-input-error"):
+        if chunk["type"] == "tool-input-available" or chunk["type"] == "tool-input-error":
             idx = self._by_call.get(chunk["toolCallId"])
             if idx is None:
                 idx = self._append(
@@ -110,56 +119,50 @@ class MessageBuilder:
                 self._by_call[chunk["toolCallId"]] = idx
             part = self.parts[idx]
             part["input"] = chunk.get("input")
-            if t == "tool-input-available":
+            if chunk["type"] == "tool-input-available":
                 part["state"] = "input-available"
             else:
                 part["state"] = "output-error"
                 part["errorText"] = chunk.get("errorText")
             self._tool_input_text.pop(idx, None)
             return idx
-        if t in ("tool-output-available", "tool-output-error", "tool-output-denied"):
+        if (
+            chunk["type"] == "tool-output-available"
+            or chunk["type"] == "tool-output-error"
+            or chunk["type"] == "tool-output-denied"
+        ):
             idx = self._by_call.get(chunk["toolCallId"])
             if idx is None:
                 return None
             part = self.parts[idx]
-            if t == "tool-output-available":
+            if chunk["type"] == "tool-output-available":
                 part["state"] = "output-available"
                 part["output"] = chunk.get("output")
-            elif t == "tool-output-error":
+            elif chunk["type"] == "tool-output-error":
                 part["state"] = "output-error"
                 part["errorText"] = chunk.get("errorText")
             else:
                 part["state"] = "output-denied"
             return idx
-        if t == "tool-approval-request":
+        if chunk["type"] == "tool-approval-request":
             idx = self._by_call.get(chunk["toolCallId"])
             if idx is None:
                 return None
             self.parts[idx]["state"] = "approval-requested"
             self.parts[idx]["approval"] = {"id": chunk["approvalId"]}
             return idx
-        if t == "start":
+        if (
+            chunk["type"] == "start"
+            or chunk["type"] == "finish"
+            or chunk["type"] == "message-metadata"
+        ):
             self._merge_metadata(chunk.get("messageMetadata"))
             return None
-        if t in ("finish", "message-metadata"):
-            self._merge_metadata(chunk.get("messageMetadata"))
-            return None
-        if isinstance(t, str) and t.startswith("data-"):
-            if chunk.get("transient"):
-                return None
-            part = {"type": t, "data": chunk.get("data")}
-            if chunk.get("id") is not None:
-                part["id"] = chunk["id"]
-                for i, existing in enumerate(self.parts):
-                    if existing.get("type") == t and existing.get("id") == chunk["id"]:
-                        self.parts[i] = part
-                        return i
-            return self._append(part)
-        if t == "file":
+        if chunk["type"] == "file":
             return self._append(
                 {"type": "file", "mediaType": chunk.get("mediaType"), "url": chunk.get("url")}
             )
-        if t == "source-url":
+        if chunk["type"] == "source-url":
             return self._append(
                 {
                     "type": "source-url",
@@ -169,6 +172,19 @@ class MessageBuilder:
                 }
             )
         return None  # finish-step, error, abort: no part changes
+
+    def _apply_data(self, chunk: Mapping[str, Any]) -> int | None:
+        if chunk.get("transient"):
+            return None
+        t = chunk["type"]
+        part = {"type": t, "data": chunk["data"]}
+        if chunk.get("id") is not None:
+            part["id"] = chunk["id"]
+            for i, existing in enumerate(self.parts):
+                if existing.get("type") == t and existing.get("id") == chunk["id"]:
+                    self.parts[i] = part
+                    return i
+        return self._append(part)
 
     def finalize_streaming(self) -> list[int]:
         """On abort or error: text stops where it stopped (state ``done``), partial tool

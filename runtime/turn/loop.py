@@ -12,18 +12,32 @@ import asyncio
 import json
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from thinkray.runtime.abort import AbortError, AbortSignal, abortable
+from thinkray.runtime.chunks import (
+    LoopChunk,
+    ReasoningEndChunk,
+    ToolInputAvailableChunk,
+    ToolInputErrorChunk,
+    ToolOutputAvailableChunk,
+    ToolOutputDeniedChunk,
+    ToolOutputErrorChunk,
+    tool_output_error,
+)
 from thinkray.runtime.models.base import (
+    Content,
+    FinishReason,
     Model,
     ModelError,
     ModelMessage,
     ModelRequest,
     ReasoningContent,
+    ReasoningEnd,
     TextContent,
+    ToolCall,
     ToolCallContent,
     ToolResultContent,
 )
@@ -32,7 +46,10 @@ from thinkray.runtime.usage import Usage
 
 log = logging.getLogger("thinkray.loop")
 
-Chunk = dict[str, Any]
+_Call = tuple[str, str, Any, str | None]
+"""A tool call of the step: ``(tool_call_id, tool_name, input, input_error)``."""
+
+_ResultChunk = ToolOutputAvailableChunk | ToolOutputErrorChunk | ToolOutputDeniedChunk
 
 
 @dataclass
@@ -79,12 +96,8 @@ class LoopHooks:
 @dataclass
 class LoopResult:
     steps: int = 0
-    finish_reason: str = "stop"
+    finish_reason: FinishReason = "stop"
     usage: Usage = field(default_factory=Usage)
-
-
-def _tool_output_error(call_id: str, text: str) -> Chunk:
-    return {"type": "tool-output-error", "toolCallId": call_id, "errorText": text}
 
 
 async def run_loop(
@@ -101,7 +114,7 @@ async def run_loop(
     result: LoopResult | None = None,
     tool_context: dict[str, Any] | None = None,
     request_options: dict[str, Any] | None = None,
-) -> AsyncIterator[Chunk]:
+) -> AsyncGenerator[LoopChunk, None]:
     """Yield UI chunks for one assistant turn. Raises AbortError or ModelError."""
     retry = retry or RetryPolicy()
     hooks = hooks or LoopHooks()
@@ -115,9 +128,9 @@ async def run_loop(
             system=system, messages=history, tools=specs, **(request_options or {})
         )
         yield {"type": "start-step"}
-        assistant_content: list[Any] = []
-        calls: list[tuple[str, str, Any, str | None]] = []  # id, name, input, input error
-        finish_reason = "stop"
+        assistant_content: list[Content] = []
+        calls: list[_Call] = []
+        finish_reason: FinishReason = "stop"
         step_usage = Usage()
         text_buf: dict[str, list[str]] = {}
         reasoning_buf: dict[str, list[str]] = {}
@@ -127,23 +140,29 @@ async def run_loop(
             try:
                 async for ev in abortable(model.stream(request), signal):
                     emitted = True
-                    t = ev.type
-                    if t == "text-delta":
+                    # A tagged union: ``ev.type ==`` narrows ``ev`` (most frequent first).
+                    if ev.type == "text-delta":
                         text_buf[ev.id].append(ev.delta)
                         yield {"type": "text-delta", "id": ev.id, "delta": ev.delta}
-                    elif t == "text-start":
-                        text_buf[ev.id] = []
-                        yield {"type": "text-start", "id": ev.id}
-                    elif t == "text-end":
-                        assistant_content.append(TextContent(text="".join(text_buf[ev.id])))
-                        yield {"type": "text-end", "id": ev.id}
-                    elif t == "reasoning-start":
-                        reasoning_buf[ev.id] = []
-                        yield {"type": "reasoning-start", "id": ev.id}
-                    elif t == "reasoning-delta":
+                    elif ev.type == "reasoning-delta":
                         reasoning_buf[ev.id].append(ev.delta)
                         yield {"type": "reasoning-delta", "id": ev.id, "delta": ev.delta}
-                    elif t == "reasoning-end":
+                    elif ev.type == "tool-input-delta":
+                        yield {
+                            "type": "tool-input-delta",
+                            "toolCallId": ev.id,
+                            "inputTextDelta": ev.delta,
+                        }
+                    elif ev.type == "text-start":
+                        text_buf[ev.id] = []
+                        yield {"type": "text-start", "id": ev.id}
+                    elif ev.type == "text-end":
+                        assistant_content.append(TextContent(text="".join(text_buf[ev.id])))
+                        yield {"type": "text-end", "id": ev.id}
+                    elif ev.type == "reasoning-start":
+                        reasoning_buf[ev.id] = []
+                        yield {"type": "reasoning-start", "id": ev.id}
+                    elif ev.type == "reasoning-end":
                         assistant_content.append(
                             ReasoningContent(
                                 text="".join(reasoning_buf.get(ev.id, ())),
@@ -151,36 +170,22 @@ async def run_loop(
                                 redacted_data=ev.redacted_data,
                             )
                         )
-                        chunk: Chunk = {"type": "reasoning-end", "id": ev.id}
-                        meta = {}
-                        if ev.signature:
-                            meta["signature"] = ev.signature
-                        if ev.redacted_data:
-                            meta["redactedData"] = ev.redacted_data
-                        if meta:
-                            chunk["providerMetadata"] = {"anthropic": meta}
-                        yield chunk
-                    elif t == "tool-input-start":
+                        yield _reasoning_end(ev)
+                    elif ev.type == "tool-input-start":
                         yield {
                             "type": "tool-input-start",
                             "toolCallId": ev.id,
                             "toolName": ev.tool_name,
                             "dynamic": True,
                         }
-                    elif t == "tool-input-delta":
-                        yield {
-                            "type": "tool-input-delta",
-                            "toolCallId": ev.id,
-                            "inputTextDelta": ev.delta,
-                        }
-                    elif t == "tool-call":
+                    elif ev.type == "tool-call":
                         call_chunk, call = _validate_call(ev, tools)
                         calls.append(call)
                         assistant_content.append(
                             ToolCallContent(tool_call_id=call[0], tool_name=call[1], input=call[2])
                         )
                         yield call_chunk
-                    elif t == "step-finish":
+                    elif ev.type == "step-finish":
                         finish_reason = ev.finish_reason
                         step_usage = ev.usage
                 break
@@ -209,7 +214,7 @@ async def run_loop(
                         ToolResultContent(
                             tool_call_id=chunk["toolCallId"],
                             tool_name=_name_of(calls, chunk["toolCallId"]),
-                            output=chunk.get("output"),
+                            output=chunk["output"],
                         )
                     )
                 elif chunk["type"] == "tool-output-error":
@@ -242,7 +247,19 @@ async def run_loop(
     yield {"type": "finish", "finishReason": result.finish_reason}
 
 
-def _name_of(calls: list[tuple[str, str, Any, str | None]], call_id: str) -> str:
+def _reasoning_end(ev: ReasoningEnd) -> ReasoningEndChunk:
+    chunk: ReasoningEndChunk = {"type": "reasoning-end", "id": ev.id}
+    meta = {}
+    if ev.signature:
+        meta["signature"] = ev.signature
+    if ev.redacted_data:
+        meta["redactedData"] = ev.redacted_data
+    if meta:
+        chunk["providerMetadata"] = {"anthropic": meta}
+    return chunk
+
+
+def _name_of(calls: list[_Call], call_id: str) -> str:
     for c in calls:
         if c[0] == call_id:
             return c[1]
@@ -250,8 +267,8 @@ def _name_of(calls: list[tuple[str, str, Any, str | None]], call_id: str) -> str
 
 
 def _validate_call(
-    ev: Any, tools: dict[str, Tool]
-) -> tuple[Chunk, tuple[str, str, Any, str | None]]:
+    ev: ToolCall, tools: dict[str, Tool]
+) -> tuple[ToolInputAvailableChunk | ToolInputErrorChunk, _Call]:
     raw = ev.input
     try:
         parsed = json.loads(raw) if raw and raw.strip() else {}
@@ -268,7 +285,7 @@ def _validate_call(
         except ToolInputError as exc:
             error = str(exc)
     if error is not None:
-        chunk = {
+        error_chunk: ToolInputErrorChunk = {
             "type": "tool-input-error",
             "toolCallId": ev.tool_call_id,
             "toolName": ev.tool_name,
@@ -276,8 +293,8 @@ def _validate_call(
             "errorText": error,
             "dynamic": True,
         }
-        return chunk, (ev.tool_call_id, ev.tool_name, parsed, error)
-    chunk = {
+        return error_chunk, (ev.tool_call_id, ev.tool_name, parsed, error)
+    chunk: ToolInputAvailableChunk = {
         "type": "tool-input-available",
         "toolCallId": ev.tool_call_id,
         "toolName": ev.tool_name,
@@ -288,30 +305,30 @@ def _validate_call(
 
 
 async def _execute_calls(
-    calls: list[tuple[str, str, Any, str | None]],
+    calls: list[_Call],
     tools: dict[str, Tool],
     signal: AbortSignal,
     tool_context: dict[str, Any] | None,
     hooks: LoopHooks,
     denials: dict[str, str],
-) -> AsyncIterator[Chunk]:
+) -> AsyncIterator[_ResultChunk]:
     """Run valid calls concurrently; yield each result as it completes. A call refused
     with ``ToolDenial(by_user=True)`` yields ``tool-output-denied`` and leaves its
     reason in ``denials`` (the chunk has no room for it; the model still reads it)."""
-    queue: asyncio.Queue[Chunk] = asyncio.Queue()
+    queue: asyncio.Queue[_ResultChunk] = asyncio.Queue()
     ctx_extra = dict(tool_context or {})
 
     async def one(call_id: str, name: str, value: Any, input_error: str | None) -> None:
         if input_error is not None:
             # The model sees the validation error as this call's result; the tool never ran.
-            await queue.put(_tool_output_error(call_id, input_error))
+            await queue.put(tool_output_error(call_id, input_error))
             return
         if hooks.check_permission is not None:
             try:
                 denied = await hooks.check_permission(name, value, call_id)
             except AbortError:
                 await queue.put(
-                    _tool_output_error(call_id, f"aborted: {signal.reason or 'aborted'}")
+                    tool_output_error(call_id, f"aborted: {signal.reason or 'aborted'}")
                 )
                 return
             except Exception as exc:  # a broken hook must not hang the turn: refuse the call
@@ -323,7 +340,7 @@ async def _execute_calls(
                 return
             if denied:
                 reason = denied.reason if isinstance(denied, ToolDenial) else denied
-                await queue.put(_tool_output_error(call_id, reason))
+                await queue.put(tool_output_error(call_id, reason))
                 return
         ctx = ToolContext(
             tool_call_id=call_id,
@@ -337,10 +354,10 @@ async def _execute_calls(
         try:
             output = await run_tool(tools[name], value, ctx)
         except AbortError:
-            await queue.put(_tool_output_error(call_id, f"aborted: {signal.reason or 'aborted'}"))
+            await queue.put(tool_output_error(call_id, f"aborted: {signal.reason or 'aborted'}"))
             return
         except Exception as exc:  # any tool failure is a result for the model
-            await queue.put(_tool_output_error(call_id, f"{type(exc).__name__}: {exc}"))
+            await queue.put(tool_output_error(call_id, f"{type(exc).__name__}: {exc}"))
             return
         await queue.put({"type": "tool-output-available", "toolCallId": call_id, "output": output})
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from thinkray.runtime.chunks import UIChunk
 from thinkray.runtime.turn.builder import MessageBuilder
 from thinkray.runtime.turn.persistence import PersistCache, enforce_row_size, sanitize_message
 from thinkray.storage.protocols import SessionStore
@@ -63,7 +64,9 @@ class Recorder:
     def chunk_count(self) -> int:
         return self._chunk_index
 
-    def record(self, chunk: dict[str, Any]) -> None:
+    def record(self, chunk: UIChunk) -> None:
+        """Fold ``chunk`` into the message and queue it for the chunk log; flushes when
+        the oldest pending chunk is ``flush_interval`` old."""
         idx = self.builder.apply(chunk)
         if idx is not None:
             self._dirty.add(idx)

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
 
-Chunk = dict[str, Any]
+from thinkray.runtime.chunks import UIChunk
 
 
 class RunStream:
@@ -21,12 +20,12 @@ class RunStream:
         self.run_id = run_id
         self.session_id = session_id
         self.message_id = message_id
-        self.chunks: list[Chunk] = []
+        self.chunks: list[UIChunk] = []
         self.done = False
         self.error: str | None = None
         self._waiters: list[asyncio.Future[None]] = []
 
-    def push(self, chunk: Chunk) -> None:
+    def push(self, chunk: UIChunk) -> None:
         self.chunks.append(chunk)
         self._wake()
 
@@ -50,7 +49,7 @@ class RunStream:
 
     async def follow(
         self, start: int = 0, max_batch: int = 2048, coalesce: float = 0.0
-    ) -> AsyncIterator[list[Chunk]]:
+    ) -> AsyncIterator[list[UIChunk]]:
         """Batches of chunks from ``start``: whatever accumulated since the last batch.
 
         Batching is what lets a slow consumer (a Ray call per batch) keep up: the
@@ -77,7 +76,7 @@ class RunStream:
             if self.done:
                 return
 
-    async def __aiter__(self) -> AsyncIterator[Chunk]:  # pragma: no cover - convenience
+    async def __aiter__(self) -> AsyncIterator[UIChunk]:  # pragma: no cover - convenience
         async for batch in self.follow():
             for chunk in batch:
                 yield chunk

@@ -25,3 +25,10 @@ async def typed_async(ns: AgentNamespace[Agent]) -> None:
     agent = ns.get("bob")
     count: int = await agent.message_count.remote()
     print(count)
+
+
+def typed_stream(ns: AgentNamespace[Agent]) -> None:
+    agent = ns.get("carol")
+    for chunk in agent.stream_chat.remote("hi"):  # a stream method's remote() iterates chunks
+        print(chunk["type"])
+    agent.stream_chat.remote("hi").result()  # E: union-attr
