@@ -20,9 +20,8 @@ from typing import Any, Literal
 
 import ray
 from thinkray.runtime.tools.workspace import LocalWorkspace
-from thinkray.storage.db import Database
-from thinkray.storage.kv import KeyValueStore
-from thinkray.storage.workspace import WorkspaceStore
+from thinkray.storage.protocols import KeyValueStore, Stores
+from thinkray.storage.stores import open_stores
 
 Access = Literal["none", "read", "read-write"]
 READ_METHODS = frozenset({"read_file", "stat", "list_directory", "find_files", "grep", "exists"})
@@ -39,9 +38,9 @@ class WorkspaceBridge:
 
     def __init__(self, path: str) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self.db = Database(path)
-        self.kv = KeyValueStore(self.db)
-        self.ops = LocalWorkspace(WorkspaceStore(self.db))
+        self._stores: Stores = open_stores(path)  # its own file: grants and the workspace
+        self.kv: KeyValueStore = self._stores.kv()
+        self.ops = LocalWorkspace(self._stores.workspace())
         self.calls = 0
 
     def ready(self) -> bool:
@@ -89,7 +88,7 @@ class WorkspaceBridge:
         return getattr(self.ops, method)(**kwargs)
 
     def close(self) -> None:
-        self.db.close()
+        self._stores.close()
 
 
 RemoteBridge = ray.remote(WorkspaceBridge)

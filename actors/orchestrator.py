@@ -35,9 +35,9 @@ from thinkray.runtime.tools.base import Tool, ToolContext, tool
 from thinkray.runtime.tools.workspace import LocalWorkspace, workspace_tools
 from thinkray.runtime.turn.stream import RunStream
 from thinkray.storage.layout import validate_name
-from thinkray.storage.registry import RegistryStore, SubAgentNotFoundError, SubAgentRecord
+from thinkray.storage.protocols import RegistryStore, SubAgentRecord
+from thinkray.storage.registry import SubAgentNotFoundError
 from thinkray.storage.types import InvalidInputError
-from thinkray.storage.workspace import WorkspaceStore
 
 log = logging.getLogger("thinkray.orchestrator")
 BRIDGE_KEY = "bridge"
@@ -74,7 +74,7 @@ class SubAgent(Agent):
 
     def get_workspace(self) -> LocalWorkspace:
         if self._workspace is None:
-            self._workspace = LocalWorkspace(WorkspaceStore(self.store.db))  # type: ignore[attr-defined]
+            self._workspace = LocalWorkspace(self.store.stores().workspace())
         return self._workspace
 
     def get_model(self) -> Model:
@@ -91,7 +91,7 @@ class SubAgent(Agent):
         if self._extensions is None:
             from thinkray.runtime.tools.extensions import ExtensionManager
 
-            self._extensions = ExtensionManager(self.store.db, self.get_workspace())  # type: ignore[attr-defined]
+            self._extensions = ExtensionManager(self.store.stores(), self.get_workspace())
         return self._extensions
 
     def get_tools(self) -> dict[str, Tool]:
@@ -170,7 +170,7 @@ class Orchestrator(Agent):
     subagent_idle_timeout: float | None = 300.0
 
     def on_start(self) -> None:
-        self.registry = RegistryStore(self.store.db)  # type: ignore[attr-defined]
+        self.registry: RegistryStore = self.store.stores().registry()
         self._subs: AgentNamespace | None = None
         self._bridge: Any = None
         self._delegations: dict[str, Delegation] = {}

@@ -69,6 +69,9 @@ class Database:
         self._lock = threading.RLock()
         self._depth = 0
         self._migrated: set[str] = set()
+        # Components migrated inside the open transaction: a rollback takes their
+        # tables with it, so they are forgotten and migrated again on next use.
+        self._migrated_in_tx: set[str] = set()
         if self.path != MEMORY_PATH:
             parent = Path(self.path).parent
             if not parent.exists():
@@ -76,7 +79,7 @@ class Database:
         self._con: duckdb.DuckDBPyConnection | None = self._connect(lock_retry_seconds)
 
     def _connect(self, lock_retry_seconds: float) -> duckdb.DuckDBPyConnection:
-        config = {
+        config: dict[str, str | bool | int | float | list[str]] = {
             "threads": 1,
             "default_block_size": str(BLOCK_SIZE),
             # DuckDB's default. A lower threshold checkpoints mid-stream, and with 16 KiB
@@ -165,17 +168,29 @@ class Database:
                 yield con
             except BaseException:
                 self._depth = 0
+                self._forget_migrations()
                 con.execute("ROLLBACK")
                 raise
             self._depth = 0
-            con.execute("COMMIT")
+            try:
+                con.execute("COMMIT")
+            except BaseException:
+                self._forget_migrations()
+                raise
+            self._migrated_in_tx.clear()
+
+    def _forget_migrations(self) -> None:
+        self._migrated -= self._migrated_in_tx
+        self._migrated_in_tx.clear()
 
     # -- migrations ----------------------------------------------------------------
 
     def migrate(self, component: str, migrations: Sequence[Migration]) -> int:
         """Bring ``component``'s tables to the newest version. Returns that version.
 
-        Idempotent and cheap after the first call on this connection.
+        Idempotent and cheap after the first call on this connection. Inside an open
+        transaction the migration is part of it: if that transaction rolls back, the
+        next call migrates again (stores call this before each use for that reason).
         """
         if component in self._migrated:
             return migrations[-1].version if migrations else 0
@@ -202,4 +217,6 @@ class Database:
                         con.execute("INSERT INTO schema_version VALUES (?, ?)", [component, newest])
                 current = newest
             self._migrated.add(component)
+            if self._depth:
+                self._migrated_in_tx.add(component)
             return current

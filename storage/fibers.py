@@ -4,7 +4,7 @@ A *fiber* is a long-running method call that survives eviction: its row records 
 method, the payload, the attempt counter and the last checkpoint the method stashed, so
 a later incarnation of the actor can restart it (``thinkray.runtime.durable.fibers``). A *schedule* is a
 method call due at a time: once, every N seconds, or on a cron expression
-(``thinkray.runtime.durable.schedules``); a Ray-side waker only needs :meth:`FiberStore.next_due_at`.
+(``thinkray.runtime.durable.schedules``); a Ray-side waker only needs :meth:`DuckDBFiberStore.next_due_at`.
 
 Layout: DuckDB spends a few KiB per non-empty column per table, so each table keeps
 only the columns that are filtered or written on their own (``status``/``updated_at``
@@ -20,29 +20,23 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Collection, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
 import duckdb
 from thinkray.storage.codec import pack, unpack
 from thinkray.storage.db import Database, Migration
+from thinkray.storage.records import (
+    FIBER_STATUSES,
+    SCHEDULE_KINDS,
+    FiberRecord,
+    FiberStatus,
+    ScheduleKind,
+    ScheduleRecord,
+)
 from thinkray.storage.types import InvalidInputError, NotFoundError
-
-FiberStatus = Literal["running", "completed", "failed", "cancelled", "interrupted"]
-"""``running`` until it ends; ``interrupted`` when a new incarnation found it orphaned
-(it is then restarted, failed, or left ``interrupted`` if the host handled it)."""
-
-FIBER_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "cancelled", "interrupted")
-FINISHED_STATUSES: tuple[str, ...] = ("completed", "failed", "cancelled")
-
-ScheduleKind = Literal["once", "interval", "cron"]
-"""``once`` runs at ``next_run_at`` and is then disabled; ``interval`` every
-``interval_seconds`` (phase kept, missed runs coalesced into one); ``cron`` on a
-5-field cron expression, in UTC."""
-
-SCHEDULE_KINDS: tuple[str, ...] = ("once", "interval", "cron")
 
 
 class FiberNotFoundError(NotFoundError):
@@ -51,92 +45,6 @@ class FiberNotFoundError(NotFoundError):
 
 class ScheduleNotFoundError(NotFoundError):
     pass
-
-
-# -- msgpack ---------------------------------------------------------------------------
-
-
-# -- records ---------------------------------------------------------------------------
-
-
-@dataclass
-class FiberRecord:
-    """One row of ``fibers``. ``attempts`` counts attempts started (the first run is 1);
-    a fiber is retried while ``attempts <= max_retries``."""
-
-    id: str
-    method: str
-    status: str
-    payload: Any = None
-    checkpoint: Any = None
-    attempts: int = 1
-    max_retries: int = 3
-    error: str | None = None
-    result: Any = None
-    created_at: float = 0.0
-    updated_at: float = 0.0
-    recovery_handled: bool = False
-
-    @property
-    def finished(self) -> bool:
-        return self.status in FINISHED_STATUSES
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "method": self.method,
-            "status": self.status,
-            "payload": self.payload,
-            "checkpoint": self.checkpoint,
-            "attempts": self.attempts,
-            "max_retries": self.max_retries,
-            "error": self.error,
-            "result": self.result,
-            "created_at": self.created_at,
-            "updated_at": self.updated_at,
-            "recovery_handled": self.recovery_handled,
-        }
-
-
-@dataclass
-class ScheduleRecord:
-    """One row of ``schedules``. ``next_run_at is None`` means disabled (a once-task that
-    ran)."""
-
-    id: str
-    method: str
-    kind: str
-    next_run_at: float | None
-    payload: Any = None
-    interval_seconds: float | None = None
-    cron: str | None = None
-    created_at: float = 0.0
-    last_run_at: float | None = None
-    runs: int = 0
-    failures: int = 0
-    last_error: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def enabled(self) -> bool:
-        return self.next_run_at is not None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "method": self.method,
-            "kind": self.kind,
-            "next_run_at": self.next_run_at,
-            "enabled": self.enabled,
-            "payload": self.payload,
-            "interval_seconds": self.interval_seconds,
-            "cron": self.cron,
-            "created_at": self.created_at,
-            "last_run_at": self.last_run_at,
-            "runs": self.runs,
-            "failures": self.failures,
-            "last_error": self.last_error,
-        }
 
 
 # -- schema ----------------------------------------------------------------------------
@@ -244,22 +152,28 @@ def _schedule_info(rec: ScheduleRecord) -> dict[str, Any]:
 _UNSET: Any = object()
 
 
-class FiberStore:
-    """Fibers and schedules of one actor database. Synchronous; one writer.
-
-    Contract:
-    - Tables are created on first use (``db.migrate("fibers", ...)``).
-    - **Validation before writes.** An unencodable payload, checkpoint or result, an
-      unknown status or kind, a bad interval or cron expression raises
-      :class:`~thinkray.storage.types.InvalidInputError` (a ``ValueError``) and writes nothing.
-    - ``get_*`` return ``None`` for an unknown id; updates of an unknown id raise
-      :class:`FiberNotFoundError` / return ``None`` for :meth:`mark_ran` (a schedule
-      cancelled while it ran is not an error).
-    """
+class DuckDBFiberStore:
+    """:class:`~thinkray.storage.protocols.FiberStore` on a :class:`Database` (the
+    contract is the protocol's). Synchronous; one writer. Tables are created on first
+    use (``db.migrate("fibers", ...)``). Get one from
+    :meth:`~thinkray.storage.protocols.Stores.fibers`."""
 
     def __init__(self, db: Database) -> None:
-        self.db = db
+        self._db = db
         db.migrate("fibers", MIGRATIONS)
+
+    @property
+    def db(self) -> Database:
+        """The database, with this store's tables (made again if a rolled-back
+        transaction took them: they are created on first use, maybe inside one)."""
+        self._db.migrate("fibers", MIGRATIONS)
+        return self._db
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One transaction on the database; joins one that is open."""
+        with self.db.transaction():
+            yield
 
     # -- fibers ------------------------------------------------------------------------
 
@@ -387,9 +301,9 @@ class FiberStore:
         ids = list(fiber_ids)
         marks = ", ".join("?" for _ in ids)
         with self.db.transaction() as con:
-            n = con.execute(
+            (n,) = con.execute(
                 f"SELECT count(*) FROM fibers WHERE status = 'running' AND id IN ({marks})", ids
-            ).fetchone()[0]
+            ).fetchone() or (0,)
             con.execute(
                 f"UPDATE fibers SET status = 'interrupted', updated_at = ? "
                 f"WHERE status = 'running' AND id IN ({marks})",

@@ -19,22 +19,17 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 import duckdb
 from thinkray.storage.codec import pack as _pack
 from thinkray.storage.codec import unpack as _unpack
 from thinkray.storage.db import Database, Migration
+from thinkray.storage.records import INBOX_FINISHED, INBOX_STATUSES, InboxRow
 from thinkray.storage.types import InvalidInputError, NotFoundError
 
-InboxStatus = Literal["pending", "processing", "done", "failed"]
-"""``pending`` until the loop claims it, ``processing`` during its generation cycle,
-then ``done`` (the reply is on the row) or ``failed`` (the error is)."""
-
-INBOX_STATUSES: tuple[str, ...] = ("pending", "processing", "done", "failed")
-FINISHED: tuple[str, ...] = ("done", "failed")
 MAX_ID_LENGTH = 256
 
 
@@ -58,44 +53,6 @@ def _v1(con: duckdb.DuckDBPyConnection) -> None:
 
 MIGRATIONS = [Migration(1, _v1)]
 _COLS = "id, sender, status, created_at, info"
-
-
-@dataclass
-class InboxRow:
-    """One inbox message. ``content`` is what was sent (a string or a list of UIMessage
-    parts); ``reply`` the answer written back; ``attempts`` counts the generation
-    cycles that claimed the row (a crash mid-cycle leaves it ``processing``)."""
-
-    id: str
-    sender: str | None
-    status: str
-    created_at: float
-    content: Any = None
-    reply: str | None = None
-    error: str | None = None
-    metadata: dict[str, Any] = field(default_factory=dict)
-    attempts: int = 0
-    updated_at: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def finished(self) -> bool:
-        return self.status in FINISHED
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "sender": self.sender,
-            "status": self.status,
-            "created_at": self.created_at,
-            "content": self.content,
-            "reply": self.reply,
-            "error": self.error,
-            "metadata": self.metadata,
-            "attempts": self.attempts,
-            "updated_at": self.updated_at,
-            **({"extra": self.extra} if self.extra else {}),
-        }
 
 
 _INFO_KEYS = ("content", "reply", "error", "metadata", "attempts", "updated_at")
@@ -144,27 +101,30 @@ def _check_id(message_id: Any) -> None:
         )
 
 
-class InboxStore:
-    """The inbox of one agent database. Synchronous; one writer (the bound actor).
-
-    Contract:
-    - ``insert`` is idempotent on the id: a second insert with an id that exists
-      returns the existing row and writes nothing (the first write wins). It returns
-      only after the row is committed, so an id handed back is an acknowledgement.
-    - ``claim`` moves rows ``pending`` → ``processing`` in one transaction and returns
-      only the rows it moved (a row claimed twice is processed once).
-    - ``requeue_processing`` is the crash path: rows left ``processing`` by a dead
-      incarnation go back to ``pending`` (or to ``failed`` once they used up their
-      attempts, so a message that kills the agent cannot crash-loop it).
-    - Bad input (unencodable content, unknown status, bad id) raises
-      :class:`~thinkray.storage.types.InvalidInputError` and writes nothing.
-    """
+class DuckDBInboxStore:
+    """:class:`~thinkray.storage.protocols.InboxStore` on a :class:`Database` (the
+    contract is the protocol's). Synchronous; one writer (the bound actor). Keep one
+    per database (:meth:`~thinkray.storage.protocols.Stores.inbox`): it keeps
+    ``created_at`` strictly increasing, which is what orders the inbox."""
 
     def __init__(self, db: Database) -> None:
-        self.db = db
+        self._db = db
         db.migrate("inbox", MIGRATIONS)
         row = db.fetchone("SELECT max(created_at) FROM inbox")
         self._last_ts: float = (row[0] if row else None) or 0.0
+
+    @property
+    def db(self) -> Database:
+        """The database, with this store's tables (made again if a rolled-back
+        transaction took them: they are created on first use, maybe inside one)."""
+        self._db.migrate("inbox", MIGRATIONS)
+        return self._db
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One transaction on the database; joins one that is open."""
+        with self.db.transaction():
+            yield
 
     def _now(self) -> float:
         # Strictly increasing: created_at orders the inbox (oldest first) totally.
@@ -309,16 +269,16 @@ class InboxStore:
         if not wanted:
             return 0
         with self.db.transaction() as con:
-            n = con.execute(
+            (n,) = con.execute(
                 "SELECT count(*) FROM inbox WHERE id IN (SELECT unnest(?::VARCHAR[]))", [wanted]
-            ).fetchone()[0]
+            ).fetchone() or (0,)
             con.execute("DELETE FROM inbox WHERE id IN (SELECT unnest(?::VARCHAR[]))", [wanted])
         return int(n)
 
     def purge(self, *, older_than: float | None = None) -> int:
         """Delete finished rows (optionally only those finished before ``older_than``,
         epoch seconds). Pending and processing rows are never purged."""
-        finished = self.rows(status=list(FINISHED))
+        finished = self.rows(status=list(INBOX_FINISHED))
         doomed = [r.id for r in finished if older_than is None or r.updated_at < older_than]
         return self.delete(doomed)
 

@@ -15,19 +15,16 @@ the msgpack ``info`` blob; no PRIMARY KEY, ids are checked inside the insert.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 import duckdb
 from thinkray.storage.codec import pack as _pack
 from thinkray.storage.codec import unpack as _unpack
 from thinkray.storage.db import Database, Migration
+from thinkray.storage.records import JOB_STATUSES, JobRecord
 from thinkray.storage.types import InvalidInputError
-
-JobStatus = Literal["running", "completed", "failed", "cancelled", "interrupted"]
-JOB_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "cancelled", "interrupted")
-JOB_FINISHED: tuple[str, ...] = ("completed", "failed", "cancelled", "interrupted")
 
 
 def _v1(con: duckdb.DuckDBPyConnection) -> None:
@@ -45,36 +42,6 @@ def _v1(con: duckdb.DuckDBPyConnection) -> None:
 
 MIGRATIONS = [Migration(1, _v1)]
 _COLS = "id, status, updated_at, info"
-
-
-@dataclass
-class JobRecord:
-    id: str
-    status: str
-    kind: str = ""
-    input: Any = None
-    result: Any = None
-    error: str | None = None
-    parent: dict[str, Any] = field(default_factory=dict)
-    created_at: float = 0.0
-    updated_at: float = 0.0
-
-    @property
-    def finished(self) -> bool:
-        return self.status in JOB_FINISHED
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "job_id": self.id,
-            "status": self.status,
-            "kind": self.kind,
-            "input": self.input,
-            "result": self.result,
-            "error": self.error,
-            "parent": self.parent,
-            "created_at": self.created_at,
-            "updated_at": self.updated_at,
-        }
 
 
 def _record(values: Sequence[Any]) -> JobRecord:
@@ -109,17 +76,27 @@ def _check_status(status: str) -> None:
         raise InvalidInputError(f"unknown job status {status!r}; one of {JOB_STATUSES}")
 
 
-class JobStore:
-    """Jobs of one agent database. Synchronous; one writer.
-
-    Contract: ``insert`` refuses an existing id; ``update`` of an unknown id returns
-    None; values must be msgpack-serializable (else :class:`InvalidInputError`, nothing
-    written); ``interrupt_running`` is the wake path for jobs of a dead incarnation.
-    """
+class DuckDBJobStore:
+    """:class:`~thinkray.storage.protocols.JobStore` on a :class:`Database` (the
+    contract is the protocol's). Synchronous; one writer. Get one from
+    :meth:`~thinkray.storage.protocols.Stores.jobs`."""
 
     def __init__(self, db: Database) -> None:
-        self.db = db
+        self._db = db
         db.migrate("jobs", MIGRATIONS)
+
+    @property
+    def db(self) -> Database:
+        """The database, with this store's tables (made again if a rolled-back
+        transaction took them: they are created on first use, maybe inside one)."""
+        self._db.migrate("jobs", MIGRATIONS)
+        return self._db
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One transaction on the database; joins one that is open."""
+        with self.db.transaction():
+            yield
 
     def insert(self, rec: JobRecord) -> JobRecord:
         _check_status(rec.status)

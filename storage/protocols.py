@@ -3,12 +3,45 @@
 All methods are synchronous: a store lives inside one actor, is used by one writer,
 and its calls take microseconds to a few milliseconds. Callers in an event loop call
 them directly (the per-chunk path is batched through :meth:`SessionStore.flush_stream`).
+
+One database holds all of an agent's state: a :class:`SessionStore` and the
+:class:`Stores` it hands out (:meth:`SessionStore.stores`: fibers and schedules, jobs,
+inbox, sub-agent registry, key/value, workspace) share it, and so share one
+transaction scope. Code outside ``thinkray.storage`` reaches the database only through
+these protocols; the records they take and return live in
+:mod:`thinkray.storage.records` (re-exported here).
+
+**Transactions** (the same rule for every ``transaction()`` in this module): the block
+commits everything written through any store of the database when it exits normally,
+and nothing when it raises (the exception propagates). A ``transaction()`` entered
+inside another one joins it: nothing commits before the outermost block exits, and an
+exception leaving the outermost block undoes the inner blocks too (an exception caught
+inside the outer block undoes nothing: what the inner block wrote commits with the
+outer one). Each method call is atomic on its own. Other callers do not see the
+block's writes before it commits; the block holds the database (calls from other
+threads wait), so keep it short and never ``await`` inside it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
+from thinkray.storage.records import (
+    DEFAULT_MAX_ENTRIES,
+    DEFAULT_MAX_FILE_BYTES,
+    DEFAULT_MAX_TOTAL_BYTES,
+    EntryInfo,
+    FiberRecord,
+    FiberStatus,
+    InboxRow,
+    JobRecord,
+    ScheduleKind,
+    ScheduleRecord,
+    SubAgentRecord,
+    WorkspaceLimits,
+)
 from thinkray.storage.types import (
     Message,
     MessageRow,
@@ -17,6 +50,26 @@ from thinkray.storage.types import (
     StreamFlush,
     UnrewindInfo,
 )
+
+__all__ = [
+    "HEAD",
+    "EntryInfo",
+    "FiberRecord",
+    "FiberStore",
+    "InboxRow",
+    "InboxStore",
+    "JobRecord",
+    "JobStore",
+    "KeyValueStore",
+    "RegistryStore",
+    "ScheduleRecord",
+    "SessionStore",
+    "Stores",
+    "SubAgentRecord",
+    "Thread",
+    "WorkspaceLimits",
+    "WorkspaceStore",
+]
 
 HEAD: Any = object()
 """Sentinel for ``parent_id``: attach the new message to the session's current head."""
@@ -44,9 +97,31 @@ class SessionStore(Protocol):
       parts keep their ``index`` order; chunks keep their ``index`` order.
     - **Atomic flush.** :meth:`flush_stream` writes the whole batch in one
       transaction or nothing.
+    - **Transactions.** :meth:`transaction` groups calls (of this store and of its
+      :meth:`stores`) into one commit, by the module's rule: everything or nothing,
+      nested blocks join the outer one.
     - **Close.** :meth:`close` flushes, checkpoints and releases the file; it is
-      idempotent.
+      idempotent. Afterwards every call, :meth:`stores` included, raises
+      :class:`~thinkray.storage.errors.DatabaseClosedError`, and so do the stores it
+      handed out when this store opened the file.
     """
+
+    # -- transactions and the stores beside it ----------------------------------------
+
+    def transaction(self) -> AbstractContextManager[None]:
+        """A block whose writes, through this store and its :meth:`stores`, commit
+        together or not at all; nested blocks join the outer one (see the module)."""
+        ...
+
+    def stores(self) -> Stores:
+        """The other stores of this store's database (fibers, jobs, inbox, registry,
+        key/value, workspace). They share its transaction scope and its lifetime: they
+        are closed when it is. The same object on every call.
+
+        Raises:
+            DatabaseClosedError: the store is closed.
+        """
+        ...
 
     # -- sessions -------------------------------------------------------------------
 
@@ -266,6 +341,715 @@ class SessionStore(Protocol):
     # -- lifecycle ------------------------------------------------------------------
 
     def close(self) -> None: ...
+
+
+# -- the stores beside the session store ------------------------------------------------
+
+
+@runtime_checkable
+class FiberStore(Protocol):
+    """Durable fibers (long-running method calls that survive eviction) and schedules
+    (method calls due once, every N seconds, or on a cron expression) of one database.
+
+    Contract (checked by ``tests/conformance/fiber_store_suite.py``):
+
+    - **Validation before writes.** A bad method name, status, kind, retry count,
+      interval or cron expression, or a payload, checkpoint or result msgpack cannot
+      encode, raises :class:`~thinkray.storage.errors.InvalidInputError` (a
+      ``ValueError``) and writes nothing.
+    - **Inserts are not idempotent.** An id that exists is refused
+      (:class:`~thinkray.storage.errors.InvalidInputError`, nothing written); without
+      an id the store makes a fresh one (``fbr_...``, ``sch_...``).
+    - **Not found.** ``get_*`` return ``None`` for an unknown id and ``delete_*``
+      return ``False``. Updating a fiber that does not exist raises
+      :class:`~thinkray.storage.errors.FiberNotFoundError`; :meth:`mark_ran` returns
+      ``None`` instead (a schedule cancelled while it ran is not an error).
+    - **Guarded updates.** :meth:`update_fiber` with ``expect_status`` writes only if
+      the fiber has that status, so a fiber cancelled meanwhile is never overwritten
+      as completed.
+    - **Ordering.** Fibers are listed oldest first (``created_at``, then ``id``);
+      schedules by ``next_run_at`` (then ``id``), disabled ones last.
+    - **Times** are epoch seconds; every method taking ``now`` uses the clock when it
+      is ``None``. Cron expressions are evaluated in UTC.
+    - **Transactions** follow the module's rule; each method is atomic.
+    """
+
+    def transaction(self) -> AbstractContextManager[None]:
+        """Writes inside commit together or not at all; nested blocks join."""
+        ...
+
+    # -- fibers ------------------------------------------------------------------------
+
+    def insert_fiber(
+        self,
+        method: str,
+        payload: Any = None,
+        *,
+        fiber_id: str | None = None,
+        max_retries: int = 3,
+        status: FiberStatus = "running",
+        now: float | None = None,
+    ) -> FiberRecord:
+        """Record a new fiber (``attempts`` 1, created and updated at ``now``).
+
+        Args:
+            method: the host method the fiber runs (a non-empty string).
+            payload: its argument; msgpack-serializable.
+            fiber_id: the id to use; a fresh one when ``None``.
+            max_retries: restarts allowed after the first attempt (an int >= 0).
+            status: the initial status.
+            now: the creation time.
+
+        Returns:
+            The stored record.
+
+        Raises:
+            InvalidInputError: bad input, or ``fiber_id`` exists; nothing written.
+        """
+        ...
+
+    def get_fiber(self, fiber_id: str) -> FiberRecord | None:
+        """The fiber, or ``None`` if there is no such id."""
+        ...
+
+    def list_fibers(self, status: str | Iterable[str] | None = None) -> list[FiberRecord]:
+        """Fibers oldest first, optionally only those with this status (or one of
+        these). An empty collection of statuses gives ``[]``.
+
+        Raises:
+            InvalidInputError: an unknown status.
+        """
+        ...
+
+    def update_fiber(
+        self,
+        fiber_id: str,
+        *,
+        status: FiberStatus | None = None,
+        attempts: int | None = None,
+        error: str | None = ...,
+        result: Any = ...,
+        recovery_handled: bool | None = None,
+        expect_status: str | Collection[str] | None = None,
+        now: float | None = None,
+    ) -> FiberRecord | None:
+        """Change the given fields (``error``/``result`` only when passed, ``None``
+        included) and stamp ``updated_at``, in one transaction.
+
+        Returns:
+            The updated record, or ``None`` (nothing written) when ``expect_status``
+            is given and the fiber's current status is not it / not among them.
+
+        Raises:
+            FiberNotFoundError: no such fiber.
+            InvalidInputError: an unknown status or an unencodable result.
+        """
+        ...
+
+    def set_status(self, fiber_id: str, status: FiberStatus, **kwargs: Any) -> FiberRecord | None:
+        """:meth:`update_fiber` with ``status`` (same keywords, same errors)."""
+        ...
+
+    def set_checkpoint(self, fiber_id: str, data: Any, *, now: float | None = None) -> None:
+        """Replace the fiber's checkpoint (what a restart resumes from).
+
+        Raises:
+            FiberNotFoundError: no such fiber.
+            InvalidInputError: ``data`` is not msgpack-serializable; nothing written.
+        """
+        ...
+
+    def mark_interrupted(self, fiber_ids: Collection[str], *, now: float | None = None) -> int:
+        """Move those of these fibers that are ``running`` to ``interrupted`` (the wake
+        path: they belonged to a dead incarnation). Other and unknown ids are left
+        alone. Returns how many moved."""
+        ...
+
+    def delete_fiber(self, fiber_id: str) -> bool:
+        """Delete the fiber; ``False`` if there was none."""
+        ...
+
+    def delete_finished(self, older_than: float, *, now: float | None = None) -> int:
+        """Delete completed, failed and cancelled fibers (and interrupted ones whose
+        ``recovery_handled`` is set) last updated more than ``older_than`` seconds
+        before ``now``. Running fibers are never deleted. Returns the count."""
+        ...
+
+    # -- schedules ---------------------------------------------------------------------
+
+    def insert_schedule(
+        self,
+        method: str,
+        payload: Any = None,
+        *,
+        kind: ScheduleKind,
+        next_run_at: float | None = None,
+        interval_seconds: float | None = None,
+        cron: str | None = None,
+        schedule_id: str | None = None,
+        now: float | None = None,
+    ) -> ScheduleRecord:
+        """Record a schedule.
+
+        ``once`` needs ``next_run_at``; ``interval`` needs ``interval_seconds`` (a
+        positive finite number; first run at ``next_run_at`` or ``now + interval``);
+        ``cron`` needs a 5-field ``cron`` expression (first run at its next fire time
+        after ``now`` unless ``next_run_at`` is given).
+
+        Raises:
+            InvalidInputError: bad input, or ``schedule_id`` exists; nothing written.
+        """
+        ...
+
+    def get_schedule(self, schedule_id: str) -> ScheduleRecord | None:
+        """The schedule, or ``None`` if there is no such id."""
+        ...
+
+    def list_schedules(self, *, include_disabled: bool = False) -> list[ScheduleRecord]:
+        """Enabled schedules by next run time; with ``include_disabled``, the
+        disabled ones (once-schedules that ran) after them."""
+        ...
+
+    def delete_schedule(self, schedule_id: str) -> bool:
+        """Delete the schedule; ``False`` if there was none."""
+        ...
+
+    def due_schedules(
+        self, now: float | None = None, *, exclude: Collection[str] = ()
+    ) -> list[ScheduleRecord]:
+        """Enabled schedules with ``next_run_at <= now`` and an id not in
+        ``exclude``, earliest first."""
+        ...
+
+    def next_due_at(self, *, exclude: Collection[str] = ()) -> float | None:
+        """The earliest ``next_run_at`` of an enabled schedule not in ``exclude``
+        (what a waker sleeps until), or ``None`` when there is none."""
+        ...
+
+    def mark_ran(
+        self,
+        schedule_id: str,
+        *,
+        ran_at: float | None = None,
+        error: str | None = None,
+        now: float | None = None,
+    ) -> ScheduleRecord | None:
+        """Record a run (a failure when ``error`` is given) and compute the next one:
+        ``once`` is disabled; ``interval`` advances by whole intervals past ``now``
+        (missed runs coalesce into one, the phase is kept); ``cron`` goes to its next
+        fire time after ``now``. ``ran_at`` defaults to ``now``.
+
+        Returns:
+            The updated record, or ``None`` if the schedule no longer exists.
+        """
+        ...
+
+    def delete_disabled_schedules(self, older_than: float, *, now: float | None = None) -> int:
+        """Delete disabled schedules whose last run is more than ``older_than`` seconds
+        before ``now``. Returns the count."""
+        ...
+
+
+@runtime_checkable
+class JobStore(Protocol):
+    """Background jobs (the work an async tool started and returned from at once).
+
+    Contract (checked by ``tests/conformance/job_store_suite.py``):
+
+    - **Statuses.** ``running`` → ``completed`` | ``failed`` | ``cancelled``; a job
+      found ``running`` by a new incarnation becomes ``interrupted``
+      (:meth:`interrupt_running`). An unknown status raises
+      :class:`~thinkray.storage.errors.InvalidInputError`.
+    - **Inserts are not idempotent.** :meth:`insert` refuses an id that exists
+      (:class:`~thinkray.storage.errors.InvalidInputError`, nothing written);
+      idempotent starts are the job registry's business, above the store.
+    - **Not found.** :meth:`get` and :meth:`update` return ``None`` for an unknown
+      id, :meth:`delete` returns ``False``.
+    - **Values** (input, result, parent) must be msgpack-serializable, else
+      :class:`~thinkray.storage.errors.InvalidInputError` and nothing written.
+    - **Ordering.** :meth:`rows` lists oldest first (``created_at``, then ``id``).
+    - **Transactions** follow the module's rule; each method is atomic except
+      :meth:`interrupt_running`, which updates job by job.
+    """
+
+    def transaction(self) -> AbstractContextManager[None]:
+        """Writes inside commit together or not at all; nested blocks join."""
+        ...
+
+    def insert(self, rec: JobRecord) -> JobRecord:
+        """Store a new job. Sets ``created_at`` (when 0) and ``updated_at`` on ``rec``
+        and returns it.
+
+        Raises:
+            InvalidInputError: the id exists, an unknown status, or an unencodable
+                value; nothing written.
+        """
+        ...
+
+    def update(
+        self, job_id: str, status: str, *, result: Any = None, error: str | None = None
+    ) -> JobRecord | None:
+        """Set the job's status, result and error (all three replaced: an omitted
+        ``result`` or ``error`` becomes ``None``) and stamp ``updated_at``.
+
+        Returns:
+            The updated record, or ``None`` if there is no such job.
+
+        Raises:
+            InvalidInputError: an unknown status or an unencodable result.
+        """
+        ...
+
+    def get(self, job_id: str) -> JobRecord | None:
+        """The job, or ``None``."""
+        ...
+
+    def rows(self, status: str | Iterable[str] | None = None) -> list[JobRecord]:
+        """Jobs oldest first, optionally only those with this status (or one of
+        these).
+
+        Raises:
+            InvalidInputError: an unknown status.
+        """
+        ...
+
+    def interrupt_running(self, reason: str) -> int:
+        """Mark every ``running`` job ``interrupted`` with ``reason`` as its error (the
+        wake path: those jobs belonged to a dead incarnation). Returns how many."""
+        ...
+
+    def delete(self, job_id: str) -> bool:
+        """Delete the job; ``False`` if there was none."""
+        ...
+
+
+@runtime_checkable
+class InboxStore(Protocol):
+    """The inbox of a persistent agent: messages sent to it, answered by its loop.
+
+    Contract (checked by ``tests/conformance/inbox_store_suite.py``):
+
+    - **Statuses.** ``pending`` → ``processing`` (claimed by a generation cycle) →
+      ``done`` (reply on the row) | ``failed`` (error on the row).
+    - **Idempotent insert.** :meth:`insert` with an id that exists returns the stored
+      row unchanged with ``created=False`` and writes nothing (the first write wins).
+      It returns only after the row is committed, so an id handed back is an
+      acknowledgement.
+    - **Claim once.** :meth:`claim` moves rows ``pending`` → ``processing`` in one
+      transaction and returns only the rows it moved, so a row claimed twice is
+      processed once. :meth:`complete` and :meth:`fail` leave finished rows alone
+      (a second call returns ``[]``). Unknown ids are ignored by all three.
+    - **Crash path.** :meth:`requeue_processing` returns rows a dead incarnation left
+      ``processing`` to ``pending``, or fails them once they used up their attempts
+      (a message that kills the agent cannot crash-loop it).
+    - **Ordering.** Rows are listed oldest first: in insertion order, also across a
+      reopen of the same database.
+    - **Not found.** :meth:`get` returns ``None``; :meth:`require` raises
+      :class:`~thinkray.storage.errors.InboxMessageNotFoundError`.
+    - **Validation.** Unencodable content, an unknown status, a bad id (empty, not a
+      string, over 256 characters) or a bad limit raise
+      :class:`~thinkray.storage.errors.InvalidInputError` and write nothing.
+    - **Transactions** follow the module's rule; each method is atomic.
+    """
+
+    def transaction(self) -> AbstractContextManager[None]:
+        """Writes inside commit together or not at all; nested blocks join."""
+        ...
+
+    def insert(
+        self,
+        content: Any,
+        *,
+        sender: str | None = None,
+        message_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> tuple[InboxRow, bool]:
+        """Insert a ``pending`` row (a fresh ``inb_...`` id when ``message_id`` is
+        ``None``).
+
+        Returns:
+            ``(row, created)``; ``created`` is ``False`` when the id existed (the
+            stored row is returned unchanged).
+
+        Raises:
+            InvalidInputError: a bad id, sender, metadata or unencodable content.
+        """
+        ...
+
+    def claim(self, ids: Iterable[str]) -> list[InboxRow]:
+        """Mark those of these rows that are still ``pending`` as ``processing``,
+        incrementing ``attempts``. Returns the rows claimed, oldest first."""
+        ...
+
+    def complete(
+        self, ids: Iterable[str], reply: str | None, *, extra: dict[str, Any] | None = None
+    ) -> list[InboxRow]:
+        """Mark unfinished rows ``done`` with ``reply`` (``extra`` merged into the
+        row's extra fields). Returns the rows changed."""
+        ...
+
+    def fail(self, ids: Iterable[str], error: str) -> list[InboxRow]:
+        """Mark unfinished rows ``failed`` with ``error``. Returns the rows changed."""
+        ...
+
+    def requeue_processing(self, *, max_attempts: int | None = None) -> tuple[int, int]:
+        """Rows left ``processing`` go back to ``pending``; with ``max_attempts``,
+        rows already claimed that many times are failed instead.
+
+        Returns:
+            ``(requeued, failed)``.
+        """
+        ...
+
+    def delete(self, ids: Iterable[str]) -> int:
+        """Delete these rows, whatever their status. Returns how many existed."""
+        ...
+
+    def purge(self, *, older_than: float | None = None) -> int:
+        """Delete finished rows (only those last updated before ``older_than``, epoch
+        seconds, when given). Pending and processing rows are never purged. Returns
+        the count."""
+        ...
+
+    def get(self, message_id: str) -> InboxRow | None:
+        """The row, or ``None``."""
+        ...
+
+    def require(self, message_id: str) -> InboxRow:
+        """The row.
+
+        Raises:
+            InboxMessageNotFoundError: no such row.
+        """
+        ...
+
+    def pending(self, limit: int | None = None) -> list[InboxRow]:
+        """Pending rows, oldest first, at most ``limit`` (a positive int)."""
+        ...
+
+    def rows(self, status: str | Iterable[str] | None = None) -> list[InboxRow]:
+        """Rows oldest first, optionally only those with this status (or one of
+        these)."""
+        ...
+
+    def count(self, status: str | None = None) -> int:
+        """How many rows (of this status)."""
+        ...
+
+    def has_pending(self) -> bool:
+        """Whether any row is ``pending``."""
+        ...
+
+
+@runtime_checkable
+class RegistryStore(Protocol):
+    """An orchestrator's registry of sub-agents, keyed by name.
+
+    Contract (checked by ``tests/conformance/registry_store_suite.py``):
+
+    - **Add refuses duplicates.** :meth:`add` with a name that exists raises
+      :class:`~thinkray.storage.errors.InvalidInputError` and writes nothing.
+    - **Not found is an error.** :meth:`get`, :meth:`update` and :meth:`remove` raise
+      :class:`~thinkray.storage.errors.SubAgentNotFoundError` for an unknown name;
+      :meth:`has` answers without raising.
+    - **Validation.** :meth:`update` with a field the record does not have, or a
+      value msgpack cannot encode, raises
+      :class:`~thinkray.storage.errors.InvalidInputError` and writes nothing.
+    - **Ordering.** :meth:`list` returns records by name.
+    - **Transactions** follow the module's rule; each method is atomic.
+    """
+
+    def transaction(self) -> AbstractContextManager[None]:
+        """Writes inside commit together or not at all; nested blocks join."""
+        ...
+
+    def add(self, record: SubAgentRecord) -> SubAgentRecord:
+        """Store a new sub-agent; returns ``record``.
+
+        Raises:
+            InvalidInputError: the name exists or a value is unencodable.
+        """
+        ...
+
+    def get(self, name: str) -> SubAgentRecord:
+        """The record.
+
+        Raises:
+            SubAgentNotFoundError: no such sub-agent.
+        """
+        ...
+
+    def has(self, name: str) -> bool:
+        """Whether a sub-agent of this name exists."""
+        ...
+
+    def update(self, name: str, **fields: Any) -> SubAgentRecord:
+        """Replace the given fields; returns the updated record.
+
+        Raises:
+            SubAgentNotFoundError: no such sub-agent.
+            InvalidInputError: an unknown field or an unencodable value.
+        """
+        ...
+
+    def list(self) -> list[SubAgentRecord]:
+        """Every record, by name."""
+        ...
+
+    def remove(self, name: str) -> None:
+        """Delete the sub-agent.
+
+        Raises:
+            SubAgentNotFoundError: no such sub-agent.
+        """
+        ...
+
+
+@runtime_checkable
+class KeyValueStore(Protocol):
+    """String keys to msgpack-serializable values (e.g. a bridge's grants).
+
+    Contract (checked by ``tests/conformance/kv_store_suite.py``):
+
+    - :meth:`set` replaces (last write wins); :meth:`delete` of a missing key is a
+      no-op; :meth:`get` of a missing key returns ``default`` (no error).
+    - A value msgpack cannot encode raises
+      :class:`~thinkray.storage.errors.InvalidInputError` and writes nothing. Values
+      come back as msgpack returns them (tuples as lists).
+    - :meth:`items` is ordered by key.
+    - **Transactions** follow the module's rule; each method is atomic.
+    """
+
+    def transaction(self) -> AbstractContextManager[None]:
+        """Writes inside commit together or not at all; nested blocks join."""
+        ...
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The value of ``key``, or ``default`` when it is not set."""
+        ...
+
+    def set(self, key: str, value: Any) -> None:
+        """Set (or replace) ``key``.
+
+        Raises:
+            InvalidInputError: ``value`` is not msgpack-serializable; nothing written.
+        """
+        ...
+
+    def delete(self, key: str) -> None:
+        """Remove ``key`` (nothing happens when it is not set)."""
+        ...
+
+    def items(self, prefix: str = "") -> dict[str, Any]:
+        """Every key starting with ``prefix`` and its value, ordered by key."""
+        ...
+
+
+@runtime_checkable
+class WorkspaceStore(Protocol):
+    """Files and directories of one namespace: a small durable filesystem.
+
+    Contract (checked by ``tests/conformance/workspace_store_suite.py``):
+
+    - **Canonical paths.** Paths are relative, ``/``-separated, without ``.``/``..``
+      or empty segments, a leading or trailing ``/``, or NUL; anything else raises
+      :class:`~thinkray.storage.errors.WorkspacePathError` (normalize hostile input
+      with ``thinkray.runtime.tools.paths`` first). ``""`` is the root: it always
+      exists, is a directory and cannot be written or deleted.
+    - **Writes** create missing parent directories and replace an existing file
+      (keeping its creation time). Every check happens before anything changes: a
+      refused write (a directory in the way, a file where a parent should be, a
+      limit) leaves the store as it was.
+    - **Errors** are the ``Workspace*Error`` classes of
+      :mod:`thinkray.storage.errors`, which are also the matching built-in ``OSError``
+      subclasses: not found (``FileNotFoundError``), exists, is a directory, not a
+      directory, not empty, limit. Content that is neither ``str`` nor bytes raises
+      :class:`~thinkray.storage.errors.InvalidTypeError`.
+    - **Limits** (:attr:`limits`: file size, total bytes, entry count) are per
+      namespace and checked on every write and mkdir.
+    - **Namespaces** sharing a database are isolated from each other.
+    - **Ordering.** :meth:`list` and :meth:`walk` return entries sorted by path (a
+      directory before its contents).
+    - **Transactions** follow the module's rule; each method is atomic.
+    """
+
+    @property
+    def namespace(self) -> str:
+        """Which filesystem of the database this is."""
+        ...
+
+    @property
+    def limits(self) -> WorkspaceLimits:
+        """The limits checked on writes."""
+        ...
+
+    def transaction(self) -> AbstractContextManager[None]:
+        """Writes inside commit together or not at all; nested blocks join (a
+        read-modify-write inside one sees no other writer)."""
+        ...
+
+    # -- reads -------------------------------------------------------------------------
+
+    def exists(self, path: str) -> bool:
+        """Whether ``path`` is a file or directory (the root always is)."""
+        ...
+
+    def stat(self, path: str) -> EntryInfo:
+        """Metadata of ``path``.
+
+        Raises:
+            WorkspaceNotFoundError: nothing at ``path``.
+        """
+        ...
+
+    def try_stat(self, path: str) -> EntryInfo | None:
+        """Metadata of ``path``, or ``None`` if nothing is there."""
+        ...
+
+    def read(self, path: str) -> bytes:
+        """The bytes of a file.
+
+        Raises:
+            WorkspaceNotFoundError: nothing at ``path``.
+            WorkspaceIsADirectoryError: ``path`` is a directory.
+        """
+        ...
+
+    def read_text(self, path: str, encoding: str = "utf-8") -> str:
+        """:meth:`read`, decoded."""
+        ...
+
+    def list(self, path: str = "") -> list[EntryInfo]:
+        """Direct children of a directory, sorted by path.
+
+        Raises:
+            WorkspaceNotFoundError: no such directory.
+            WorkspaceNotADirectoryError: ``path`` is a file.
+        """
+        ...
+
+    def walk(self, path: str = "", *, include_dirs: bool = False) -> Iterator[EntryInfo]:
+        """Every file (and directory, with ``include_dirs``) below ``path``, not
+        ``path`` itself, sorted by path. Metadata only; the same errors as
+        :meth:`list`."""
+        ...
+
+    def iter_contents(self, paths: Sequence[str]) -> Iterator[tuple[EntryInfo, bytes]]:
+        """``(info, content)`` of the given files in the given order; paths that are
+        missing or directories are skipped."""
+        ...
+
+    def usage(self) -> dict[str, int]:
+        """``{"entries": n, "bytes": total}`` of this namespace."""
+        ...
+
+    # -- writes ------------------------------------------------------------------------
+
+    def write(self, path: str, content: str | bytes, *, mime_type: str | None = None) -> EntryInfo:
+        """Create or replace a file (``str`` is stored as UTF-8; the MIME type is
+        guessed when not given). Returns its metadata.
+
+        Raises:
+            WorkspaceIsADirectoryError: ``path`` is a directory.
+            WorkspaceNotADirectoryError: a parent of ``path`` is a file.
+            WorkspaceLimitError: the write would break a limit.
+        """
+        ...
+
+    def mkdir(self, path: str, *, exist_ok: bool = True) -> EntryInfo:
+        """Create a directory and its missing parents.
+
+        Raises:
+            WorkspaceExistsError: ``path`` is a file, or a directory and not
+                ``exist_ok``.
+            WorkspaceLimitError: the entries would break the limit.
+        """
+        ...
+
+    def delete(self, path: str, *, recursive: bool = False) -> int:
+        """Delete a file, or a directory (a non-empty one needs ``recursive``).
+        Returns how many entries were removed.
+
+        Raises:
+            WorkspaceNotFoundError: nothing at ``path``.
+            WorkspaceNotEmptyError: a non-empty directory without ``recursive``.
+        """
+        ...
+
+    def clear(self) -> int:
+        """Delete everything in this namespace. Returns how many entries were removed."""
+        ...
+
+
+@runtime_checkable
+class Stores(Protocol):
+    """The stores that share one database (and so one transaction scope) with a
+    session store: what :meth:`SessionStore.stores` returns, or what
+    :func:`thinkray.storage.stores.open_stores` opens on a file of its own.
+
+    Contract (checked by ``tests/conformance/stores_suite.py``):
+
+    - **One object per kind.** :meth:`fibers`, :meth:`jobs`, :meth:`inbox`,
+      :meth:`registry` and :meth:`kv` return the same store on every call;
+      :meth:`workspace` the same store for the same namespace and limits. Tables are
+      created on first use.
+    - **One transaction scope.** :meth:`transaction`, the ``transaction()`` of every
+      store handed out here and that of the session store (if any) are one scope:
+      writes to several stores in one block commit together or not at all.
+    - **Lifetime.** :meth:`close` releases the database when these stores opened it
+      (:func:`~thinkray.storage.stores.open_stores`): afterwards every store handed
+      out here raises :class:`~thinkray.storage.errors.DatabaseClosedError`, and what
+      was committed is there when the file is opened again. The stores of a session
+      store belong to it: their :meth:`close` does nothing, closing the session
+      store closes them. Idempotent.
+    """
+
+    def transaction(self) -> AbstractContextManager[None]:
+        """Writes inside, through any of these stores (and the session store's),
+        commit together or not at all; nested blocks join."""
+        ...
+
+    def fibers(self) -> FiberStore:
+        """Fibers and schedules."""
+        ...
+
+    def jobs(self) -> JobStore:
+        """Background jobs."""
+        ...
+
+    def inbox(self) -> InboxStore:
+        """A persistent agent's inbox."""
+        ...
+
+    def registry(self) -> RegistryStore:
+        """An orchestrator's sub-agent registry."""
+        ...
+
+    def kv(self) -> KeyValueStore:
+        """Key/value pairs (for actors that keep no sessions; a session store has its
+        own config)."""
+        ...
+
+    def workspace(
+        self,
+        namespace: str = "default",
+        *,
+        limits: WorkspaceLimits | None = None,
+        max_file_bytes: int | None = DEFAULT_MAX_FILE_BYTES,
+        max_total_bytes: int | None = DEFAULT_MAX_TOTAL_BYTES,
+        max_entries: int | None = DEFAULT_MAX_ENTRIES,
+    ) -> WorkspaceStore:
+        """The workspace ``namespace`` with these limits (``limits`` wins over the
+        three numbers; ``None`` disables a limit).
+
+        Raises:
+            InvalidInputError: an empty namespace.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release the database if these stores opened it, else nothing. Idempotent."""
+        ...
 
 
 class Thread:

@@ -2,36 +2,18 @@
 
 from __future__ import annotations
 
-import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 from thinkray.storage.codec import pack, unpack
 from thinkray.storage.db import Database, Migration
+from thinkray.storage.records import SubAgentRecord
 from thinkray.storage.types import InvalidInputError, NotFoundError
-
-SubAgentStatus = Literal["idle", "busy", "error"]
 
 
 class SubAgentNotFoundError(NotFoundError):
     pass
-
-
-@dataclass
-class SubAgentRecord:
-    name: str
-    id: str
-    config: dict[str, Any] = field(default_factory=dict)
-    access: str = "read-write"
-    status: SubAgentStatus = "idle"
-    last_task: str | None = None
-    last_error: str | None = None
-    message_count: int = 0
-    created_at: float = field(default_factory=time.time)
-    last_active: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _create(con: Any) -> None:
@@ -42,10 +24,27 @@ def _create(con: Any) -> None:
 MIGRATIONS = [Migration(1, _create)]
 
 
-class RegistryStore:
+class DuckDBRegistryStore:
+    """:class:`~thinkray.storage.protocols.RegistryStore` on a :class:`Database` (the
+    contract is the protocol's). Get one from
+    :meth:`~thinkray.storage.protocols.Stores.registry`."""
+
     def __init__(self, db: Database) -> None:
-        self.db = db
+        self._db = db
         db.migrate("registry", MIGRATIONS)
+
+    @property
+    def db(self) -> Database:
+        """The database, with this store's tables (made again if a rolled-back
+        transaction took them: they are created on first use, maybe inside one)."""
+        self._db.migrate("registry", MIGRATIONS)
+        return self._db
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One transaction on the database; joins one that is open."""
+        with self.db.transaction():
+            yield
 
     def _encode(self, record: SubAgentRecord) -> bytes:
         return pack(record.to_dict(), "sub-agent record")

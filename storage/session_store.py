@@ -65,7 +65,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import duckdb
 import msgpack
@@ -73,6 +73,7 @@ from thinkray.storage.codec import pack as _pack
 from thinkray.storage.codec import unpack as _unpack
 from thinkray.storage.db import Database, DatabaseClosedError, Migration
 from thinkray.storage.protocols import HEAD, Thread
+from thinkray.storage.stores import DuckDBStores
 from thinkray.storage.types import (
     DEFAULT_SETTINGS_KEY,
     DEFAULT_THREAD_KEY,
@@ -358,7 +359,7 @@ def _envelope(message: Any) -> tuple[str, str, bytes]:
     # The whole message but its parts: loading it back is one dict from msgpack,
     # with nothing to merge (an absent ``metadata`` stays absent).
     envelope = {k: v for k, v in message.items() if k != "parts"}
-    return mid, role, _pack(envelope, f"message {mid!r}")
+    return cast(str, mid), cast(str, role), _pack(envelope, f"message {mid!r}")
 
 
 def _part_row(message_id: str, index: int, part: Any) -> tuple[Any, ...]:
@@ -462,6 +463,7 @@ class DuckDBSessionStore:
     Given a path, the store owns its :class:`Database` and closes it in :meth:`close`;
     given a :class:`Database`, it shares it (other stores use the same connection so a
     flush touching several tables commits once) and leaves closing it to the owner.
+    :meth:`stores` hands out the other stores of that database.
     """
 
     def __init__(
@@ -474,6 +476,7 @@ class DuckDBSessionStore:
             self._database = Database(db, lock_retry_seconds=lock_retry_seconds)
             self._owns = True
         self._closed = False
+        self._stores: DuckDBStores | None = None
         try:
             db_ = self._database
             db_.migrate(COMPONENT, MIGRATIONS)
@@ -499,6 +502,20 @@ class DuckDBSessionStore:
         if self._closed:
             raise DatabaseClosedError("session store is closed")
         return self._database
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One transaction on the database, covering the :meth:`stores` too; joins
+        one that is open."""
+        with self.db.transaction():
+            yield
+
+    def stores(self) -> DuckDBStores:
+        """The other stores of this database (one object, made on first use)."""
+        db = self.db  # closed: DatabaseClosedError
+        if self._stores is None:
+            self._stores = DuckDBStores(db)
+        return self._stores
 
     @contextmanager
     def _tx(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -980,7 +997,7 @@ class DuckDBSessionStore:
             )
 
         with self._tx() as con:
-            wanted = [mid for mid, _ in latest]
+            wanted: list[str | None] = [mid for mid, _ in latest]
             wanted += [envelope[0] if envelope else None, flush.parent_id, target]
             head, owners = self._lookup(con, sid, wanted)
             now = self._now()

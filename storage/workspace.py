@@ -30,19 +30,21 @@ import builtins
 import mimetypes
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from contextlib import contextmanager
+from typing import Any
 
 import duckdb
 import msgpack
 from thinkray.storage.db import Database, Migration
+from thinkray.storage.records import (
+    DEFAULT_MAX_ENTRIES,
+    DEFAULT_MAX_FILE_BYTES,
+    DEFAULT_MAX_TOTAL_BYTES,
+    EntryInfo,
+    WorkspaceLimits,
+)
 from thinkray.storage.types import StorageError
 
-EntryKind = Literal["file", "dir"]
-
-DEFAULT_MAX_FILE_BYTES = 4 * 1024 * 1024
-DEFAULT_MAX_TOTAL_BYTES = 256 * 1024 * 1024
-DEFAULT_MAX_ENTRIES = 10_000
 _BATCH = 64  # files fetched per query when iterating contents (grep)
 
 
@@ -76,48 +78,6 @@ class WorkspaceNotEmptyError(WorkspaceError, OSError):
 
 class WorkspaceLimitError(WorkspaceError):
     """A write would exceed the file size, total size or entry count limit."""
-
-
-@dataclass(frozen=True)
-class WorkspaceLimits:
-    """``None`` disables a limit."""
-
-    max_file_bytes: int | None = DEFAULT_MAX_FILE_BYTES
-    max_total_bytes: int | None = DEFAULT_MAX_TOTAL_BYTES
-    max_entries: int | None = DEFAULT_MAX_ENTRIES
-
-
-@dataclass(frozen=True)
-class EntryInfo:
-    """Metadata of one file or directory. ``created``/``modified`` are epoch seconds."""
-
-    path: str
-    kind: EntryKind
-    size: int
-    mime_type: str | None
-    created: float
-    modified: float
-
-    @property
-    def name(self) -> str:
-        return self.path.rpartition("/")[2]
-
-    @property
-    def is_dir(self) -> bool:
-        return self.kind == "dir"
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: ``{path, name, type: "file"|"directory", size, mime_type,
-        created, modified}``."""
-        return {
-            "path": self.path,
-            "name": self.name,
-            "type": "directory" if self.kind == "dir" else "file",
-            "size": self.size,
-            "mime_type": self.mime_type,
-            "created": self.created,
-            "modified": self.modified,
-        }
 
 
 def _create_v1(con: duckdb.DuckDBPyConnection) -> None:
@@ -193,19 +153,15 @@ def _ancestors(path: str) -> list[str]:
     return ["/".join(parts[:i]) for i in range(1, len(parts))]
 
 
-class WorkspaceStore:
-    """Files and directories of one namespace in a :class:`Database`.
+class DuckDBWorkspaceStore:
+    """:class:`~thinkray.storage.protocols.WorkspaceStore`: one namespace of the
+    ``workspace_files`` table of a :class:`Database` (the contract is the protocol's;
+    paths are checked by :func:`check_canonical`). Safe to share between threads (the
+    :class:`Database` serializes calls). Get one from
+    :meth:`~thinkray.storage.protocols.Stores.workspace`.
 
-    Contract:
-    - Paths are canonical (see :func:`check_canonical`); ``""`` is the root, which
-      always exists, is a directory and cannot be written or deleted.
-    - ``write`` creates missing parent directories and replaces an existing file; it
-      refuses a path that is a directory or lies under a file. Every check happens
-      before anything changes: a refused write leaves the store as it was.
-    - Limits are per namespace and checked on every write and mkdir.
-    - ``list`` and ``walk`` return entries sorted by path (a directory before its
-      contents).
-    - Safe to share between threads (the :class:`Database` serializes calls).
+    Raises:
+        InvalidInputError: an empty namespace.
     """
 
     def __init__(
@@ -220,10 +176,23 @@ class WorkspaceStore:
     ) -> None:
         if not namespace or not isinstance(namespace, str):
             raise ValueError("namespace must be a non-empty string")
-        self.db = db
+        self._db = db
         self.namespace = namespace
         self.limits = limits or WorkspaceLimits(max_file_bytes, max_total_bytes, max_entries)
         db.migrate("workspace", MIGRATIONS)
+
+    @property
+    def db(self) -> Database:
+        """The database, with this store's tables (made again if a rolled-back
+        transaction took them: they are created on first use, maybe inside one)."""
+        self._db.migrate("workspace", MIGRATIONS)
+        return self._db
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One transaction on the database; joins one that is open."""
+        with self.db.transaction():
+            yield
 
     # -- reads ---------------------------------------------------------------------
 
@@ -398,10 +367,10 @@ class WorkspaceStore:
                     [self.namespace, path],
                 )
                 return 1
-            children = con.execute(
+            (children,) = con.execute(
                 "SELECT count(*) FROM workspace_files WHERE namespace = ? AND starts_with(path, ?)",
                 [self.namespace, path + "/"],
-            ).fetchone()[0]
+            ).fetchone() or (0,)
             if children and not recursive:
                 raise WorkspaceNotEmptyError(
                     f"directory {path!r} is not empty ({children} entries); "
@@ -457,7 +426,7 @@ class WorkspaceStore:
 
     def _usage(self, con: duckdb.DuckDBPyConnection | None = None) -> tuple[int, int]:
         sql = "SELECT count(*), coalesce(sum(size), 0) FROM workspace_files WHERE namespace = ?"
-        row = (con or self.db).execute(sql, [self.namespace]).fetchone()
+        row = (con or self.db).execute(sql, [self.namespace]).fetchone() or (0, 0)
         return int(row[0]), int(row[1])
 
     def _check_quota(

@@ -15,8 +15,7 @@ from thinkray.runtime.tools.extensions import (
     extension_tools,
 )
 from thinkray.runtime.tools.workspace import LocalWorkspace
-from thinkray.storage.db import Database
-from thinkray.storage.workspace import WorkspaceStore
+from thinkray.storage.stores import open_stores
 
 # Runs that are not about timeouts get a generous limit: a loaded CI machine can take
 # seconds to start a process.
@@ -76,22 +75,22 @@ async def call(tool: Tool, raw: dict) -> object:
 
 
 @pytest.fixture
-def db():
-    database = Database()  # in memory: the persistence tests open files themselves
-    yield database
-    database.close()
+def stores():
+    opened = open_stores(":memory:")  # the persistence tests open files themselves
+    yield opened
+    opened.close()
 
 
 @pytest.fixture
-def ws(db):
-    workspace = LocalWorkspace(WorkspaceStore(db))
+def ws(stores):
+    workspace = LocalWorkspace(stores.workspace())
     workspace.write_file("doc.txt", "one two three four")
     return workspace
 
 
 @pytest.fixture
-def manager(db, ws):
-    return ExtensionManager(db, ws, timeout=SLOW_MACHINE_TIMEOUT)
+def manager(stores, ws):
+    return ExtensionManager(stores, ws, timeout=SLOW_MACHINE_TIMEOUT)
 
 
 async def test_load_lists_and_calls_tools(manager, ws):
@@ -158,16 +157,16 @@ async def test_no_workspace_and_no_network_by_default(manager):
         server.close()
 
 
-async def test_network_permission_is_granted_only_if_declared_and_allowed(db, ws):
+async def test_network_permission_is_granted_only_if_declared_and_allowed(stores, ws):
     source = ISOLATED.replace(
         '"description": "No workspace, no network"',
         '"description": "net", "permissions": {"network": True}',
     )
-    strict = ExtensionManager(db, ws, timeout=SLOW_MACHINE_TIMEOUT, allow_network=False)
+    strict = ExtensionManager(stores, ws, timeout=SLOW_MACHINE_TIMEOUT, allow_network=False)
     with pytest.raises(ExtensionError, match="network access is not permitted"):
         await strict.load(source)
 
-    manager = ExtensionManager(db, ws, timeout=SLOW_MACHINE_TIMEOUT)
+    manager = ExtensionManager(stores, ws, timeout=SLOW_MACHINE_TIMEOUT)
     await manager.load(source)
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -219,18 +218,18 @@ async def test_invalid_source_is_rejected_cleanly(manager, source, fragment):
     assert manager.get_tools() == {}
 
 
-async def test_workspace_permission_needs_a_workspace(db):
-    manager = ExtensionManager(db, None, timeout=SLOW_MACHINE_TIMEOUT)
+async def test_workspace_permission_needs_a_workspace(stores):
+    manager = ExtensionManager(stores, None, timeout=SLOW_MACHINE_TIMEOUT)
     with pytest.raises(ExtensionError, match="no workspace"):
         await manager.load(TEXTSTATS)
 
 
 async def test_unload_and_restore_after_reopening(tmp_path):
     path = tmp_path / "hibernating.duckdb"
-    db = Database(path)
-    ws = LocalWorkspace(WorkspaceStore(db))
+    stores = open_stores(path)
+    ws = LocalWorkspace(stores.workspace())
     ws.write_file("doc.txt", "a b c")
-    manager = ExtensionManager(db, ws, timeout=SLOW_MACHINE_TIMEOUT)
+    manager = ExtensionManager(stores, ws, timeout=SLOW_MACHINE_TIMEOUT)
     await manager.load(TEXTSTATS)
     await manager.load(ISOLATED)
     assert [m["name"] for m in manager.list()] == ["isolated", "textstats"]
@@ -240,11 +239,11 @@ async def test_unload_and_restore_after_reopening(tmp_path):
         manager.unload("isolated")
     # Records live in a reserved namespace, not in the agent's workspace.
     assert [e["name"] for e in ws.list_directory()] == ["doc.txt"]
-    db.close()
+    stores.close()
 
-    db = Database(path)  # the wake: a new manager rebuilds everything from the file
-    ws = LocalWorkspace(WorkspaceStore(db))
-    restored = ExtensionManager(db, ws, timeout=SLOW_MACHINE_TIMEOUT)
+    stores = open_stores(path)  # the wake: a new manager rebuilds everything from the file
+    ws = LocalWorkspace(stores.workspace())
+    restored = ExtensionManager(stores, ws, timeout=SLOW_MACHINE_TIMEOUT)
     assert [m["name"] for m in restored.list()] == ["textstats"]
     assert set(restored.get_tools()) == {
         "textstats__count_words",
@@ -252,8 +251,8 @@ async def test_unload_and_restore_after_reopening(tmp_path):
         "textstats__scribble",
     }
     assert await call(restored.get_tools()["textstats__count_words"], {"path": "doc.txt"}) == 3
-    assert WorkspaceStore(db, EXTENSIONS_NAMESPACE).usage()["entries"] == 1
-    db.close()
+    assert stores.workspace(EXTENSIONS_NAMESPACE).usage()["entries"] == 1
+    stores.close()
 
 
 async def test_reloading_replaces_an_extension(manager):
@@ -301,9 +300,9 @@ async def test_tools_loaded_on_one_turn_appear_on_the_next(tmp_path):
 
     class Agent(Think):
         def on_start(self) -> None:
-            db = self.store.db  # the actor's one database file
-            self.workspace = LocalWorkspace(WorkspaceStore(db))
-            self.extensions = ExtensionManager(db, self.workspace, timeout=SLOW_MACHINE_TIMEOUT)
+            stores = self.store.stores()  # the actor's one database file
+            self.workspace = LocalWorkspace(stores.workspace())
+            self.extensions = ExtensionManager(stores, self.workspace, timeout=SLOW_MACHINE_TIMEOUT)
             self.sandbox = CodeSandbox(self.workspace, timeout=SLOW_MACHINE_TIMEOUT)
 
         def get_workspace(self):

@@ -1,4 +1,5 @@
-"""Durable fibers (seed 000): spawn, stash, cancel, retries, recovery, table creation."""
+"""Durable fibers (seed 000): spawn, stash, cancel, retries, recovery (the fiber
+store itself: ``conformance/fiber_store_suite.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from thinkray.runtime.abort import AbortError
 from thinkray.runtime.agents.think import Think
 from thinkray.runtime.durable.fibers import FiberContext, FiberManager, current_fiber
 from thinkray.storage.db import Database
-from thinkray.storage.fibers import FiberStore
+from thinkray.storage.fibers import DuckDBFiberStore
 from thinkray.storage.types import InvalidInputError
 
 
@@ -101,23 +102,9 @@ def db(tmp_path: Any) -> Any:
 def make(db: Database, host: Host | None = None, **kwargs: Any) -> tuple[Host, FiberManager]:
     host = host or Host()
     kwargs.setdefault("retry_backoff", 0.005)
-    manager = FiberManager(FiberStore(db), host, **kwargs)
+    manager = FiberManager(DuckDBFiberStore(db), host, **kwargs)
     host.manager = manager
     return host, manager
-
-
-def test_tables_created_on_first_use(tmp_path: Any) -> None:
-    db = Database(tmp_path / "fresh.duckdb")
-    tables = lambda: {r[0] for r in db.fetchall("SELECT table_name FROM information_schema.tables")}  # noqa: E731
-    assert "fibers" not in tables()
-    FiberStore(db)
-    assert {"fibers", "schedules"} <= tables()
-    assert db.fetchone("SELECT version FROM schema_version WHERE component = 'fibers'") == (1,)
-    FiberStore(db)  # idempotent
-    db.close()
-    reopened = Database(tmp_path / "fresh.duckdb")
-    assert FiberStore(reopened).list_fibers() == []
-    reopened.close()
 
 
 async def test_spawn_completes_with_result(db: Database) -> None:
@@ -152,7 +139,7 @@ async def test_stash_checkpoints_persisted(db: Database) -> None:
     fid = manager.spawn_fiber("stepper")
     await until(lambda: (manager.get_fiber(fid).checkpoint or {}).get("step") == 2)
     # Read back through a second store on the same connection: it is in the table.
-    assert FiberStore(db).get_fiber(fid).checkpoint == {"step": 2}
+    assert DuckDBFiberStore(db).get_fiber(fid).checkpoint == {"step": 2}
     assert manager.get_fiber(fid).status == "running"
     host.release.set()
     record = await manager.wait(fid, 2)
@@ -254,7 +241,7 @@ def test_recovery_deferred_until_a_loop_runs(tmp_path: Any) -> None:
     """A Ray actor's constructor has no running loop: orphans are marked interrupted
     at once, and restarted by ``start()``."""
     db = Database(tmp_path / "agent.duckdb")
-    store = FiberStore(db)
+    store = DuckDBFiberStore(db)
     orphan = store.insert_fiber("long_job", {"items": ["z"]})
     store.set_checkpoint(orphan.id, {"progress": 10})
     host, manager = make(db)
@@ -275,7 +262,7 @@ def test_recovery_deferred_until_a_loop_runs(tmp_path: Any) -> None:
 
 
 async def test_recovery_fails_when_method_vanished(db: Database) -> None:
-    store = FiberStore(db)
+    store = DuckDBFiberStore(db)
     orphan = store.insert_fiber("renamed_in_new_deploy", {"x": 1})
     _, manager = make(db)
     record = await manager.wait(orphan.id, 2)
@@ -285,7 +272,7 @@ async def test_recovery_fails_when_method_vanished(db: Database) -> None:
 
 
 async def test_recovery_fails_when_retries_exhausted(db: Database) -> None:
-    store = FiberStore(db)
+    store = DuckDBFiberStore(db)
     orphan = store.insert_fiber("long_job", {"items": []}, max_retries=1)
     store.update_fiber(orphan.id, attempts=2)
     _, manager = make(db)
@@ -308,7 +295,7 @@ class HookHost(Host):
 
 
 async def test_recovery_hook_can_take_over(db: Database) -> None:
-    store = FiberStore(db)
+    store = DuckDBFiberStore(db)
     a = store.insert_fiber("renamed_in_new_deploy")
     host, manager = make(db, HookHost(handled=True))
     await manager.start()
@@ -324,7 +311,7 @@ async def test_recovery_hook_can_take_over(db: Database) -> None:
 
 
 async def test_recovery_hook_falsy_means_default(db: Database) -> None:
-    store = FiberStore(db)
+    store = DuckDBFiberStore(db)
     orphan = store.insert_fiber("long_job", {"items": []})
     store.set_checkpoint(orphan.id, {"progress": 90})
     host, manager = make(db, HookHost(handled=False))
@@ -336,7 +323,7 @@ async def test_recovery_hook_falsy_means_default(db: Database) -> None:
 
 
 async def test_recover_false_marks_but_does_not_restart(db: Database) -> None:
-    store = FiberStore(db)
+    store = DuckDBFiberStore(db)
     orphan = store.insert_fiber("long_job", {"items": []})
     store.set_checkpoint(orphan.id, {"progress": 1})
     host, manager = make(db, recover=False)
@@ -349,7 +336,7 @@ async def test_recover_false_marks_but_does_not_restart(db: Database) -> None:
 
 
 async def test_cancel_interrupted_fiber(db: Database) -> None:
-    store = FiberStore(db)
+    store = DuckDBFiberStore(db)
     orphan = store.insert_fiber("long_job", {"items": []})
     host, manager = make(db, recover=False)
     assert manager.cancel_fiber(orphan.id) is True
@@ -384,37 +371,11 @@ async def test_abort_error_without_cancel_is_a_failure(db: Database) -> None:
     await manager.close()
 
 
-def test_store_statuses_and_pruning(db: Database) -> None:
-    store = FiberStore(db)
-    done = store.insert_fiber("m", now=100.0)
-    store.update_fiber(done.id, status="completed", result={"ok": True}, now=100.0)
-    old_failed = store.insert_fiber("m", now=101.0)
-    store.update_fiber(old_failed.id, status="failed", error="x", now=101.0)
-    fresh = store.insert_fiber("m", now=900.0)
-    store.update_fiber(fresh.id, status="completed", now=900.0)
-    running = store.insert_fiber("m", now=100.0)
-    # expect_status guards against overwriting a status that changed meanwhile
-    assert store.update_fiber(done.id, status="running", expect_status="running") is None
-    assert store.get_fiber(done.id).result == {"ok": True}
-    assert [f.id for f in store.list_fibers(["completed", "failed"])] == [
-        done.id,
-        old_failed.id,
-        fresh.id,
-    ]
-    with pytest.raises(InvalidInputError):
-        store.list_fibers("bogus")
-    assert store.delete_finished(older_than=500.0, now=1000.0) == 2
-    assert {f.id for f in store.list_fibers()} == {fresh.id, running.id}
-    assert store.delete_fiber(running.id) is True
-    assert store.delete_fiber(running.id) is False
-    assert store.get_fiber(running.id) is None
-
-
 class FiberAgent(Think):
     """The integration recipe: fibers live next to the sessions in the agent's file."""
 
     def on_start(self) -> None:
-        self.fibers = FiberManager(FiberStore(self.store.db), self, retry_backoff=0.005)
+        self.fibers = FiberManager(self.store.stores().fibers(), self, retry_backoff=0.005)
 
     async def summarize(self, payload: Any, ctx: FiberContext) -> dict[str, Any]:
         if ctx.checkpoint is None:

@@ -11,7 +11,7 @@ from thinkray.runtime.tools.paths import (
 )
 from thinkray.runtime.tools.workspace import LocalWorkspace
 from thinkray.storage.db import Database
-from thinkray.storage.workspace import WorkspaceStore
+from thinkray.storage.workspace import DuckDBWorkspaceStore
 
 # (bad input, a fragment of the expected reason)
 BAD_PATHS: list[tuple[object, str]] = [
@@ -138,7 +138,7 @@ def test_root_only_when_allowed() -> None:
 
 def test_refused_paths_write_nothing(tmp_path) -> None:
     db = Database(tmp_path / "ws.duckdb")
-    store = WorkspaceStore(db)
+    store = DuckDBWorkspaceStore(db)
     ws = LocalWorkspace(store)
     for bad, _ in BAD_PATHS:
         if not isinstance(bad, str):

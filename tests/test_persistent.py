@@ -26,7 +26,7 @@ from thinkray.runtime.models.testing import (
     reply,
     tool_call,
 )
-from thinkray.storage.inbox import InboxStore
+from thinkray.storage.protocols import InboxStore
 
 
 def user_texts(request: ModelRequest) -> list[str]:

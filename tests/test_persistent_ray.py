@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 from thinkray.runtime.agents.persistent import ScriptedPersistentAgent
-from thinkray.storage.db import Database
-from thinkray.storage.inbox import InboxStore
 from thinkray.storage.layout import session_path
+from thinkray.storage.stores import open_stores
 
 from tests.helpers import wait_until
 
@@ -33,9 +32,8 @@ def test_send_reply_hibernate_and_wake_on_send(namespace_factory):
 
     # a row written straight into the hibernated agent's file (a webhook, say) is
     # drained on the next wake, without any send
-    db = Database(session_path(ns.storage_root, ns.name, "ada"))
-    InboxStore(db).insert("from the webhook", sender="webhook", message_id="hook-1")
-    db.close()
+    with open_stores(session_path(ns.storage_root, ns.name, "ada")) as stores:
+        stores.inbox().insert("from the webhook", sender="webhook", message_id="hook-1")
     ns.wake(agent.name)
     assert agent.wait_reply.remote("hook-1", timeout=10).result() == (
         "ada got: from the webhook (message 3)"

@@ -18,7 +18,6 @@ from thinkray.runtime.capabilities.prompt import (
 )
 from thinkray.runtime.models.testing import ScriptedModel, reply
 from thinkray.runtime.tools.workspace import LocalWorkspace
-from thinkray.storage.workspace import WorkspaceStore
 
 
 @tool
@@ -49,7 +48,7 @@ class Agent(_Agent):
 
 @pytest.fixture
 def ws(store):
-    workspace = LocalWorkspace(WorkspaceStore(store.db))
+    workspace = LocalWorkspace(store.stores().workspace())
     workspace.write_file("AGENTS.md", "root agents")
     workspace.write_file("CONTEXT.md", "root context")
     workspace.write_file("pkg/CLAUDE.md", "pkg claude")
@@ -118,7 +117,7 @@ async def test_instructions_walk_outermost_to_innermost(store, ws):
 
 
 async def test_missing_files_and_workspace_are_fine(store):
-    bare = LocalWorkspace(WorkspaceStore(store.db, "empty"))
+    bare = LocalWorkspace(store.stores().workspace("empty"))
     assert await find_project_instructions(bare, "no/such/dir") == []
     assert await find_project_instructions(None, "x") == []
     agent = make(store, None)

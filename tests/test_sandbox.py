@@ -12,8 +12,7 @@ from thinkray.runtime.abort import AbortSignal
 from thinkray.runtime.tools.base import ToolContext, ToolExecutionError
 from thinkray.runtime.tools.sandbox import CodeSandbox, _RunState, execute_tool
 from thinkray.runtime.tools.workspace import LocalWorkspace
-from thinkray.storage.db import Database
-from thinkray.storage.workspace import WorkspaceStore
+from thinkray.storage.stores import open_stores
 
 # Runs that are not about timeouts get a generous limit: a loaded CI machine can take
 # seconds to start a process.
@@ -22,9 +21,9 @@ SLOW_MACHINE_TIMEOUT = 30
 
 @pytest.fixture
 def ws():
-    db = Database()
-    yield LocalWorkspace(WorkspaceStore(db))
-    db.close()
+    stores = open_stores(":memory:")
+    yield LocalWorkspace(stores.workspace())
+    stores.close()
 
 
 def children() -> set[int]:

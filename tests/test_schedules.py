@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from thinkray.runtime.durable.schedules import CronExpression, Scheduler
 from thinkray.storage.db import Database
-from thinkray.storage.fibers import FiberStore
+from thinkray.storage.fibers import DuckDBFiberStore
 
 
 async def until(cond: Any, timeout: float = 2.0) -> None:
@@ -56,7 +56,7 @@ def db(tmp_path: Any) -> Any:
 
 def make(db: Database) -> tuple[Host, Scheduler]:
     host = Host()
-    return host, Scheduler(FiberStore(db), host)
+    return host, Scheduler(DuckDBFiberStore(db), host)
 
 
 def utc(*args: int) -> datetime:
@@ -202,22 +202,6 @@ async def test_interval_recurs(db: Database) -> None:
     assert record.next_run_at > record.last_run_at
 
 
-def test_interval_keeps_phase_and_coalesces_missed_runs(db: Database) -> None:
-    store = FiberStore(db)
-    rec = store.insert_schedule("tick", kind="interval", interval_seconds=10, now=1000.0)
-    assert rec.next_run_at == 1010.0
-    assert store.due_schedules(1005.0) == []
-    assert [r.id for r in store.due_schedules(1010.0)] == [rec.id]
-    assert store.mark_ran(rec.id, now=1011.0).next_run_at == 1020.0
-    # The actor slept through four runs: one run now, the next on the original phase.
-    assert store.mark_ran(rec.id, now=1065.0).next_run_at == 1070.0
-    once = store.insert_schedule("tick", kind="once", next_run_at=1100.0, now=1000.0)
-    assert store.next_due_at() == 1070.0
-    marked = store.mark_ran(once.id, now=1100.0)
-    assert marked.next_run_at is None and not marked.enabled and marked.runs == 1
-    assert store.mark_ran("sch_gone") is None
-
-
 async def test_cron_schedule(db: Database) -> None:
     host, scheduler = make(db)
     before = time.time()
@@ -301,7 +285,7 @@ async def test_failing_task_recurs_via_timer(db: Database) -> None:
 
 
 async def test_method_removed_after_scheduling_is_recorded(db: Database) -> None:
-    store = FiberStore(db)
+    store = DuckDBFiberStore(db)
     sid = store.insert_schedule("gone", kind="once", next_run_at=time.time() - 1).id
     _, scheduler = make(db)
     assert await scheduler.run_due() == [sid]

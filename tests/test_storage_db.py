@@ -199,6 +199,27 @@ def test_failed_migration_leaves_the_old_version(tmp_path: Path) -> None:
     db.close()
 
 
+def test_a_migration_rolled_back_with_its_transaction_is_redone() -> None:
+    """A store's tables are made on first use, which may be inside a transaction that
+    then rolls back: the next migrate must make them again, not trust its memory."""
+    with Database() as db:
+        with pytest.raises(RuntimeError), db.transaction():
+            assert db.migrate("t", [Migration(1, _create_t)]) == 1
+            db.execute("INSERT INTO t VALUES ('lost', 1)")
+            raise RuntimeError("boom")
+        tables = "SELECT count(*) FROM information_schema.tables WHERE table_name = 't'"
+        assert db.fetchone(tables) == (0,)
+        assert db.migrate("t", [Migration(1, _create_t)]) == 1
+        db.execute("INSERT INTO t VALUES ('kept', 2)")
+        with db.transaction():  # committed: remembered, not redone
+            db.migrate("u", [Migration(1, lambda con: con.execute("CREATE TABLE u (x INT)"))])
+        assert db.fetchone("SELECT count(*) FROM t") == (1,)
+        assert db.fetchall("SELECT component, version FROM schema_version ORDER BY 1") == [
+            ("t", 1),
+            ("u", 1),
+        ]
+
+
 def test_use_after_close(tmp_path: Path) -> None:
     db = Database(tmp_path / "c.duckdb")
     db.close()

@@ -30,8 +30,8 @@ from thinkray.runtime.models.testing import (
     tool_call,
 )
 from thinkray.runtime.tools.base import tool
-from thinkray.storage.db import Database
 from thinkray.storage.session_store import DuckDBSessionStore
+from thinkray.storage.stores import open_stores
 
 
 class Verdict(BaseModel):
@@ -269,13 +269,13 @@ async def test_async_tool_with_check_job_and_push(store):
     assert result.text == "done: report on tides"
     assert pushed == [("job-c1", "running"), ("job-c1", "completed")]
     # persisted in the agent's database: a new registry on it sees the result
-    again = JobRegistry(store.db)
+    again = JobRegistry(store.stores().jobs())
     assert again.get("job-c1").result == "report on tides"
 
 
 async def test_job_registry_interrupts_jobs_of_a_dead_incarnation(tmp_path):
-    db = Database(tmp_path / "jobs.duckdb")
-    registry = JobRegistry(db)
+    stores = open_stores(tmp_path / "jobs.duckdb")
+    registry = JobRegistry(stores.jobs())
 
     async def forever(signal):
         await asyncio.sleep(60)
@@ -283,10 +283,10 @@ async def test_job_registry_interrupts_jobs_of_a_dead_incarnation(tmp_path):
     registry.start(forever, kind="test", job_id="j1")
     await asyncio.sleep(0)
     # no aclose: the process "died"; the next incarnation finds the row running
-    fresh = JobRegistry(db)
+    fresh = JobRegistry(stores.jobs())
     assert fresh.interrupted == 1 and fresh.get("j1").status == "interrupted"
     await registry.aclose()
-    db.close()
+    stores.close()
 
 
 async def test_job_cancel_and_failure():

@@ -1,4 +1,5 @@
-"""The durable workspace: store, LocalWorkspace and the seven tools."""
+"""The durable workspace: LocalWorkspace and the seven tools (the store itself:
+``conformance/workspace_store_suite.py``)."""
 
 from __future__ import annotations
 
@@ -18,16 +19,11 @@ from thinkray.runtime.tools.workspace import (
     error_kind,
     workspace_tools,
 )
-from thinkray.storage.db import Database
+from thinkray.storage.stores import open_stores
 from thinkray.storage.workspace import (
-    WorkspaceExistsError,
-    WorkspaceIsADirectoryError,
     WorkspaceLimitError,
-    WorkspaceNotADirectoryError,
     WorkspaceNotEmptyError,
     WorkspaceNotFoundError,
-    WorkspacePathError,
-    WorkspaceStore,
 )
 
 ALL_TOOLS = {
@@ -43,15 +39,15 @@ READ_TOOLS = {"read_file", "list_directory", "find_files", "grep"}
 
 
 @pytest.fixture
-def db():
-    database = Database()  # in memory: the persistence tests open files themselves
-    yield database
-    database.close()
+def stores():
+    opened = open_stores(":memory:")
+    yield opened
+    opened.close()
 
 
 @pytest.fixture
-def store(db):
-    return WorkspaceStore(db)
+def store(stores):
+    return stores.workspace()
 
 
 @pytest.fixture
@@ -73,125 +69,6 @@ def ctx() -> ToolContext:
 
 async def call(tool: Tool, raw: Any) -> Any:
     return await tool.execute(tool.validate(raw), ctx())
-
-
-# -- store ---------------------------------------------------------------------------
-
-
-def test_store_write_read_stat_and_implicit_parents(store):
-    info = store.write("src/pkg/mod.py", "print('hi')\n")
-    assert info.kind == "file" and info.size == 12 and info.mime_type == "text/x-python"
-    assert store.read("src/pkg/mod.py") == b"print('hi')\n"
-    assert store.stat("src").kind == "dir"
-    assert store.stat("src/pkg").kind == "dir"
-    assert store.exists("src/pkg") and store.exists("") and not store.exists("nope")
-    assert [e.name for e in store.list("")] == ["src"]
-    assert [e.path for e in store.list("src")] == ["src/pkg"]
-    assert [e.path for e in store.walk(include_dirs=True)] == [
-        "src",
-        "src/pkg",
-        "src/pkg/mod.py",
-    ]
-    assert store.usage() == {"entries": 3, "bytes": 12}
-
-
-def test_store_overwrite_keeps_created_and_updates_modified(store):
-    first = store.write("a.txt", "one")
-    second = store.write("a.txt", b"\x00\x01binary")
-    assert second.created == first.created
-    assert second.modified >= first.modified
-    assert store.stat("a.txt").size == 8
-    assert store.stat("a.txt").mime_type == "text/plain"  # by extension
-    assert store.write("blob", b"\xff\x00").mime_type == "application/octet-stream"
-    assert store.usage()["entries"] == 2
-
-
-def test_store_type_conflicts(store):
-    store.write("a/b.txt", "x")
-    with pytest.raises(WorkspaceIsADirectoryError):
-        store.write("a", "x")
-    with pytest.raises(WorkspaceNotADirectoryError):
-        store.write("a/b.txt/c", "x")
-    with pytest.raises(WorkspaceExistsError):
-        store.mkdir("a/b.txt")
-    with pytest.raises(WorkspaceIsADirectoryError):
-        store.read("a")
-    with pytest.raises(WorkspaceNotADirectoryError):
-        store.list("a/b.txt")
-    with pytest.raises(WorkspaceNotFoundError):
-        store.read("missing")
-    with pytest.raises(WorkspaceNotFoundError):
-        store.delete("missing")
-    assert store.mkdir("a").kind == "dir"  # exist_ok
-    store.mkdir("x/y/z")
-    assert store.stat("x/y").kind == "dir"
-
-
-def test_store_delete_recursive(store):
-    store.write("d/one.txt", "1")
-    store.write("d/sub/two.txt", "2")
-    store.write("dx.txt", "sibling with a common prefix")
-    with pytest.raises(WorkspaceNotEmptyError, match="recursive"):
-        store.delete("d")
-    assert store.delete("d", recursive=True) == 4
-    assert [e.path for e in store.walk(include_dirs=True)] == ["dx.txt"]
-    assert store.delete("dx.txt") == 1
-
-
-def test_store_refuses_non_canonical_paths(store):
-    for bad in ("/abs", "a/../b", "a//b", "a/", "./a", "a\x00"):
-        with pytest.raises(WorkspacePathError):
-            store.write(bad, "x")
-    with pytest.raises(WorkspacePathError):
-        store.delete("")
-    assert store.usage()["entries"] == 0
-
-
-def test_store_limits_refuse_and_change_nothing(db):
-    store = WorkspaceStore(db, "limited", max_file_bytes=10, max_total_bytes=25, max_entries=4)
-    with pytest.raises(WorkspaceLimitError, match="limit is 10 bytes"):
-        store.write("big.txt", "x" * 11)
-    store.write("a.txt", "x" * 10)
-    store.write("b.txt", "x" * 10)
-    with pytest.raises(WorkspaceLimitError, match="25 bytes"):
-        store.write("c.txt", "x" * 6)
-    store.write("a.txt", "x" * 5)  # shrinking a file frees room
-    store.write("c.txt", "x" * 10)
-    with pytest.raises(WorkspaceLimitError, match="entries"):
-        store.write("dir/d.txt", "")  # needs two entries: dir and file
-    assert store.usage() == {"entries": 3, "bytes": 25}
-    assert not store.exists("dir")
-    store.write("d.txt", "")
-    with pytest.raises(WorkspaceLimitError):
-        store.mkdir("e")
-
-
-def test_namespaces_are_isolated(db):
-    a = WorkspaceStore(db, "a")
-    b = WorkspaceStore(db, "b")
-    a.write("same.txt", "from a")
-    b.write("same.txt", "from b")
-    assert a.read("same.txt") == b"from a"
-    b.clear()
-    assert a.exists("same.txt") and not b.exists("same.txt")
-
-
-def test_persistence_across_reopening_the_database(tmp_path):
-    path = tmp_path / "persist.duckdb"
-    db = Database(path)
-    ws = LocalWorkspace(WorkspaceStore(db))
-    ws.write_file("notes/todo.md", "- ship it\n")
-    created = ws.stat("notes/todo.md")["created"]
-    db.close()
-    assert not (tmp_path / "persist.duckdb.wal").exists()
-
-    db = Database(path)
-    ws = LocalWorkspace(WorkspaceStore(db))
-    assert ws.read_file("notes/todo.md") == "- ship it\n"
-    assert ws.stat("notes/todo.md")["created"] == created
-    assert ws.stat("notes/todo.md")["mime_type"] == "text/markdown"
-    assert [e["name"] for e in ws.list_directory("notes")] == ["todo.md"]
-    db.close()
 
 
 # -- LocalWorkspace ------------------------------------------------------------------
@@ -418,8 +295,8 @@ async def test_list_find_grep_delete_tools(tools, ws):
     assert ws.find_files("**") == ["src/a.py"]
 
 
-async def test_write_limit_surfaces_as_tool_error(db):
-    ws = LocalWorkspace(WorkspaceStore(db, max_file_bytes=8))
+async def test_write_limit_surfaces_as_tool_error(stores):
+    ws = LocalWorkspace(stores.workspace(max_file_bytes=8))
     tools = workspace_tools(ws)
     with pytest.raises(WorkspaceLimitError, match="limit"):
         await call(tools["write_file"], {"path": "big.txt", "content": "123456789"})

@@ -2,7 +2,7 @@
 
 A :class:`PersistentAgent` is a :class:`~thinkray.runtime.agents.think.Think` whose turns are not
 started by a caller but by its own reactive loop over the ``inbox`` table of its
-database (:mod:`thinkray.storage.inbox`):
+database (:class:`~thinkray.storage.protocols.InboxStore`):
 
 - :meth:`~PersistentAgent.send` inserts a ``pending`` row (idempotent on the message
   id; the id is returned only after the commit) and kicks the loop.
@@ -65,8 +65,8 @@ from thinkray.runtime.status import SessionBusyError
 from thinkray.runtime.tools.base import ModelTool, Tool, ToolContext, ToolExecutionError
 from thinkray.runtime.turn.persistence import prepare_message
 from thinkray.storage.db import DatabaseClosedError
-from thinkray.storage.inbox import InboxMessageNotFoundError, InboxRow, InboxStore
-from thinkray.storage.protocols import SessionStore
+from thinkray.storage.inbox import InboxMessageNotFoundError
+from thinkray.storage.protocols import InboxRow, InboxStore, SessionStore
 
 log = logging.getLogger("thinkray.persistent")
 
@@ -119,10 +119,7 @@ class PersistentAgent(Think):
         context: AgentContext | None = None,
     ) -> None:
         store = _open_store(store)
-        db = getattr(store, "db", None)
-        if db is None:
-            raise TypeError("PersistentAgent needs a store with a database (DuckDBSessionStore)")
-        self.inbox = InboxStore(db)
+        self.inbox: InboxStore = store.stores().inbox()
         # The constructor is the wake path: nobody else holds this file, so a row
         # still `processing` belongs to a dead incarnation.
         self.recovered, self.gave_up = self.inbox.requeue_processing(max_attempts=self.max_attempts)

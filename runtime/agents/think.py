@@ -54,7 +54,6 @@ from thinkray.runtime.turn.persistence import prepare_message
 from thinkray.runtime.turn.recorder import DEFAULT_FLUSH_INTERVAL
 from thinkray.runtime.turn.stream import RunStream
 from thinkray.runtime.usage import Usage
-from thinkray.storage.fibers import FiberStore
 from thinkray.storage.protocols import HEAD, SessionStore
 from thinkray.storage.types import SessionInfo
 
@@ -131,10 +130,7 @@ class Think(metaclass=_StartsAfterInit):
         self.status = StatusBoard()
         self.turns = TurnRunner(self, self.status)
         self.sessions = SessionManager(store, self.turns)
-        db = getattr(store, "db", None)
-        self.durable = DurableServices(
-            FiberStore(db) if db is not None else None, self, recover=self.recover_fibers
-        )
+        self.durable = DurableServices(store.stores().fibers(), self, recover=self.recover_fibers)
 
     # -- identity ---------------------------------------------------------------------
 
@@ -582,17 +578,17 @@ class Think(metaclass=_StartsAfterInit):
     # -- fibers and alarms (seed 000 "Durable fibers"; DurableServices) ---------------
 
     @property
-    def fibers(self) -> FiberManager | None:
-        """The fiber manager (None for a store without a database)."""
+    def fibers(self) -> FiberManager:
+        """The fiber manager (fibers live in the agent's database)."""
         return self.durable.fibers
 
     @fibers.setter
-    def fibers(self, manager: FiberManager | None) -> None:
+    def fibers(self, manager: FiberManager) -> None:
         self.durable.fibers = manager
 
     @property
-    def scheduler(self) -> Scheduler | None:
-        """The scheduler (None for a store without a database)."""
+    def scheduler(self) -> Scheduler:
+        """The scheduler (schedules live in the agent's database)."""
         return self.durable.scheduler
 
     @remote

@@ -59,7 +59,9 @@ from thinkray.runtime.turn.loop import LoopResult, RetryPolicy, run_loop
 from thinkray.runtime.turn.persistence import PersistCache, prepare_message
 from thinkray.runtime.turn.recorder import Recorder
 from thinkray.runtime.usage import Usage
-from thinkray.storage.jobs import JOB_FINISHED, JobRecord, JobStore
+from thinkray.storage.db import DatabaseClosedError
+from thinkray.storage.protocols import JobRecord, JobStore, SessionStore
+from thinkray.storage.records import JOB_FINISHED
 
 if TYPE_CHECKING:
     from typing_extensions import TypeIs  # typing.TypeIs from Python 3.13
@@ -727,7 +729,7 @@ class JobRegistry:
     Contract:
     - ``start`` schedules the work and returns its ``running`` record at once; the id
       is an idempotency key (starting an existing id returns that job, nothing new).
-    - Every transition is written through (when a database is given) before listeners
+    - Every transition is written through (when a job store is given) before listeners
       run, so a job reported done is durable. Results must be JSON/msgpack-ready.
     - A job ends ``completed``, ``failed`` (the error text is kept), or ``cancelled``
       (:meth:`cancel`, or the signal it follows). Jobs found ``running`` in the database
@@ -736,8 +738,10 @@ class JobRegistry:
     - ``aclose`` (hibernation) stops running jobs and marks them ``interrupted``.
     """
 
-    def __init__(self, db: Any = None, *, listeners: Sequence[JobListener] = ()) -> None:
-        self._store = JobStore(db) if db is not None else None
+    def __init__(
+        self, store: JobStore | None = None, *, listeners: Sequence[JobListener] = ()
+    ) -> None:
+        self._store = store
         self._records: dict[str, JobRecord] = {}
         self._tasks: dict[str, asyncio.Task[Any]] = {}
         self._controllers: dict[str, AbortController] = {}
@@ -752,18 +756,17 @@ class JobRegistry:
     @classmethod
     def for_agent(cls, agent: Any) -> JobRegistry:
         """The registry of ``agent``, created on first use and persisted in the agent's
-        database when it has one (``agent.store.db``)."""
+        database when it has a session store (``agent.store.stores().jobs()``; kept in
+        memory only when it has none, or when that store is closed)."""
         registry = getattr(agent, _REGISTRY_ATTR, None)
         if isinstance(registry, JobRegistry):
             return registry
-        db = None
+        jobs: JobStore | None = None
         store = getattr(agent, "store", None)
-        if store is not None:
-            try:
-                db = getattr(store, "db", None)
-            except Exception:
-                db = None
-        registry = cls(db)
+        if isinstance(store, SessionStore):
+            with contextlib.suppress(DatabaseClosedError):
+                jobs = store.stores().jobs()
+        registry = cls(jobs)
         setattr(agent, _REGISTRY_ATTR, registry)
         return registry
 

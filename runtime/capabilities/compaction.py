@@ -781,8 +781,7 @@ class Compaction:
             "metadata": metadata,
             "parts": [{"type": "data-compaction", "data": data}],
         }
-        db = getattr(self.host.store, "db", None)
-        with db.transaction() if db is not None else contextlib.nullcontext():
+        with self.host.store.transaction():
             self.host.store.append_message(sid, message, parent_id=plan.leaf_id)
             self.host.store.set_hidden(sid, plan.hide_ids, now)
             self.host.store.set_usage(sid, rollup)

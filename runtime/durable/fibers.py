@@ -49,7 +49,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from thinkray.runtime.abort import AbortController, AbortError, AbortSignal
-from thinkray.storage.fibers import FiberNotFoundError, FiberRecord, FiberStore, pack
+from thinkray.storage.codec import pack
+from thinkray.storage.fibers import FiberNotFoundError
+from thinkray.storage.protocols import FiberRecord, FiberStore
+from thinkray.storage.records import FiberStatus
 
 log = logging.getLogger("thinkray.fibers")
 
@@ -252,7 +255,7 @@ class FiberManager:
             if self._active.get(fid) is active:
                 del self._active[fid]
 
-    def _finish(self, fiber_id: str, status: str, **fields: Any) -> None:
+    def _finish(self, fiber_id: str, status: FiberStatus, **fields: Any) -> None:
         try:
             self.store.update_fiber(fiber_id, status=status, expect_status="running", **fields)
         except FiberNotFoundError:

@@ -1,6 +1,6 @@
 """Scheduled tasks: call ``host.<method>(payload)`` at a time, every N seconds, or on cron.
 
-Schedules are rows in the actor's database (:class:`~thinkray.storage.fibers.FiberStore`), so
+Schedules are rows in the actor's database (:class:`~thinkray.storage.protocols.FiberStore`), so
 they outlive the process. Two ways to run them:
 
 - in process: :meth:`Scheduler.start` runs a timer loop that sleeps until the next due
@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import time
 from datetime import datetime, timedelta
 from typing import Any
 
-from thinkray.storage.fibers import CronExpression, FiberStore, ScheduleRecord
+from thinkray.storage.fibers import CronExpression
+from thinkray.storage.protocols import FiberStore, ScheduleRecord
 from thinkray.storage.types import InvalidInputError
 
 log = logging.getLogger("thinkray.schedules")
@@ -166,7 +168,7 @@ class Scheduler:
         for rec in due:
             task = loop.create_task(self._run_one(rec, now), name=f"schedule:{rec.id}")
             self._inflight[rec.id] = task
-            task.add_done_callback(lambda t, sid=rec.id: self._done(sid, t))
+            task.add_done_callback(functools.partial(self._done, rec.id))
             launched[rec.id] = task
         return launched
 

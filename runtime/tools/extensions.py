@@ -23,7 +23,7 @@ Lifecycle (mirrors the seed's describe/execute RPC):
   mode, always with no workspace and no network (discovery must not have side
   effects), validates the manifest and the discovered tools, and persists
   ``{manifest, source}`` in the actor's database (a reserved
-  :class:`~thinkray.storage.workspace.WorkspaceStore` namespace, invisible to the workspace
+  :class:`~thinkray.storage.protocols.WorkspaceStore` namespace, invisible to the workspace
   tools). Loading a name that exists replaces it.
 - :meth:`ExtensionManager.get_tools` exposes each tool as ``<extension>__<tool>``.
   Every call runs the source and then the function in a **fresh** sandbox process
@@ -52,8 +52,7 @@ from thinkray.runtime.tools.base import (
     tool_from_model,
 )
 from thinkray.runtime.tools.sandbox import CodeSandbox, SandboxAccess
-from thinkray.storage.db import Database
-from thinkray.storage.workspace import WorkspaceStore
+from thinkray.storage.protocols import Stores
 
 log = logging.getLogger("thinkray.extensions")
 
@@ -132,17 +131,16 @@ class ExtensionManifest(BaseModel):
 class ExtensionManager:
     """Loads, persists, restores and exposes extensions for one actor.
 
-    ``store`` is the actor's :class:`~thinkray.storage.db.Database` or any
-    :class:`~thinkray.storage.workspace.WorkspaceStore` on it (only its database is used: records
-    live in the reserved namespace :data:`EXTENSIONS_NAMESPACE`). ``ops`` are the
-    workspace operations extensions may be granted (``None``: extensions asking for
-    workspace access are refused at load). ``allow_network=False`` refuses extensions
-    that declare network access.
+    ``stores`` are the stores of the actor's database (``agent.store.stores()``):
+    records live in its workspace namespace :data:`EXTENSIONS_NAMESPACE`, reserved for
+    them. ``ops`` are the workspace operations extensions may be granted (``None``:
+    extensions asking for workspace access are refused at load).
+    ``allow_network=False`` refuses extensions that declare network access.
     """
 
     def __init__(
         self,
-        store: Database | WorkspaceStore,
+        stores: Stores,
         ops: Any = None,
         *,
         timeout: float = 10.0,
@@ -151,8 +149,7 @@ class ExtensionManager:
         max_source_bytes: int = MAX_SOURCE_BYTES,
         network_namespace: bool | None = None,
     ) -> None:
-        db = store.db if isinstance(store, WorkspaceStore) else store
-        self._store = WorkspaceStore(db, EXTENSIONS_NAMESPACE, max_entries=1000)
+        self._store = stores.workspace(EXTENSIONS_NAMESPACE, max_entries=1000)
         self.ops = ops
         self.timeout = timeout
         self.memory_mb = memory_mb

@@ -7,7 +7,7 @@ Three layers:
   implementation can live in another process: a Ray bridge actor that owns a shared
   workspace implements the same method names and returns awaitables (Ray
   ``ObjectRef``\\ s are awaitable), and every caller here awaits whatever is awaitable.
-- :class:`LocalWorkspace`: both protocols over a :class:`~thinkray.storage.workspace.WorkspaceStore`
+- :class:`LocalWorkspace`: both protocols over a :class:`~thinkray.storage.protocols.WorkspaceStore`
   in this actor's database.
 - :func:`workspace_tools`: ``read_file``, ``write_file``, ``edit_file``,
   ``list_directory``, ``find_files``, ``grep`` and ``delete`` as :class:`~thinkray.runtime.tools.base.Tool`\\ s
@@ -31,8 +31,8 @@ from typing import Annotated, Any, Literal, Protocol, TypedDict, runtime_checkab
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from thinkray.runtime.tools.base import Tool, tool_from_model
 from thinkray.runtime.tools.paths import UnsafePathError, normalize_path
+from thinkray.storage.protocols import EntryInfo, WorkspaceStore
 from thinkray.storage.workspace import (
-    EntryInfo,
     WorkspaceError,
     WorkspaceExistsError,
     WorkspaceIsADirectoryError,
@@ -41,7 +41,6 @@ from thinkray.storage.workspace import (
     WorkspaceNotEmptyError,
     WorkspaceNotFoundError,
     WorkspacePathError,
-    WorkspaceStore,
 )
 
 Access = Literal["read", "read-write"]
@@ -330,8 +329,8 @@ async def call_op(ops: Any, method: str, *args: Any, **kwargs: Any) -> Any:
 
 class LocalWorkspace:
     """:class:`ReadOperations` and :class:`WriteOperations` over a
-    :class:`~thinkray.storage.workspace.WorkspaceStore` (synchronous: each call is one or a few
-    DuckDB statements)."""
+    :class:`~thinkray.storage.protocols.WorkspaceStore` (synchronous: each call is one or a few
+    statements on the actor's database)."""
 
     def __init__(self, store: WorkspaceStore) -> None:
         self.store = store
@@ -414,7 +413,7 @@ class LocalWorkspace:
     ) -> EditResult:
         path = normalize_path(path)
         # Read and write in one transaction: no concurrent writer slips in between.
-        with self.store.db.transaction():
+        with self.store.transaction():
             text = self.read_file(path)
             new_text, count = apply_edit(
                 text, old_string, new_string, replace_all=replace_all, path=path

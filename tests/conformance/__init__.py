@@ -10,4 +10,8 @@ test module and provide the fixtures the suite documents::
 
     @pytest.fixture
     def reopen(): ...  # or return None for a store without a file
+
+The suites of the other stores (``*_store_suite.py``, ``stores_suite.py``) take a
+``stores`` fixture instead (see ``store_helpers.py``); ``tests/test_store_conformance.py``
+runs them on DuckDB.
 """

@@ -22,7 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from thinkray.storage.protocols import HEAD, SessionStore, Thread
+from thinkray.storage.db import DatabaseClosedError
+from thinkray.storage.protocols import HEAD, SessionStore, Stores, Thread
 from thinkray.storage.types import (
     DEFAULT_SETTINGS_KEY,
     DEFAULT_THREAD_KEY,
@@ -54,7 +55,9 @@ __all__ = [
     "TestResolutions",
     "TestRewind",
     "TestSessions",
+    "TestStores",
     "TestThreads",
+    "TestTransactions",
     "TestTreeAndHead",
     "TestUsage",
     "TestValidation",
@@ -1080,6 +1083,123 @@ class TestConfig:
 
 
 # -- lifecycle ---------------------------------------------------------------------
+
+
+class _Boom(Exception):
+    pass
+
+
+class TestTransactions:
+    def test_rollback_leaves_nothing_written(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "u1")
+        before = store.get_session(sid)
+        with pytest.raises(_Boom), store.transaction():
+            store.append_message(sid, msg("a1", "assistant"))
+            store.add_usage(sid, {"input": 5})
+            store.set_config("k", 1)
+            store.create_session("lost", session_id="lost")
+            store.stores().kv().set("k", 1)
+            raise _Boom
+        assert ids(store.get_history(sid)) == ["u1"]
+        after = store.get_session(sid)
+        assert (after.head_id, after.usage) == (before.head_id, before.usage)
+        assert store.get_config("k") is None
+        assert not store.has_session("lost")
+        assert store.stores().kv().get("k") is None
+        # Nothing of the rolled-back block is left behind: the ids are free again.
+        assert store.append_message(sid, msg("a1", "assistant")) is True
+
+    def test_commit_covers_the_session_store_and_its_stores(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        with store.transaction():
+            chain(store, sid, "u1", "a1")
+            store.stores().fibers().insert_fiber("m", fiber_id="f1")
+            assert ids(store.get_history(sid)) == ["u1", "a1"]  # reads see the block
+        assert ids(store.get_history(sid)) == ["u1", "a1"]
+        assert store.stores().fibers().get_fiber("f1") is not None
+
+    def test_the_stores_transaction_covers_the_session_store(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        with pytest.raises(_Boom), store.stores().transaction():
+            store.append_message(sid, msg("u1"))
+            store.stores().inbox().insert("x", message_id="i1")
+            raise _Boom
+        assert store.message_count(sid) == 0
+        assert store.stores().inbox().get("i1") is None
+
+    def test_nested_blocks_join_the_outer_one(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        with pytest.raises(_Boom), store.transaction():
+            chain(store, sid, "u1")
+            with store.transaction():
+                store.append_message(sid, msg("a1", "assistant"))
+            raise _Boom
+        assert store.message_count(sid) == 0
+        with store.transaction():
+            try:
+                with store.stores().transaction():
+                    chain(store, sid, "u1")
+                    raise _Boom
+            except _Boom:
+                pass
+            store.set_config("after", True)
+        assert ids(store.get_history(sid)) == ["u1"]  # the caught failure undid nothing
+        assert store.get_config("after") is True
+
+    def test_flush_inside_a_rolled_back_block_is_undone(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "u1")
+        with pytest.raises(_Boom), store.transaction():
+            store.flush_stream(
+                StreamFlush(
+                    sid,
+                    message=envelope("s1"),
+                    parts=[PartWrite("s1", 0, {"type": "text", "text": "x"})],
+                    chunks=[ChunkWrite("g", 0, {"type": "start"})],
+                )
+            )
+            raise _Boom
+        assert store.get_message("s1") is None and store.get_chunks("g") == []
+        assert store.get_session(sid).head_id == "u1"
+
+
+class TestStores:
+    def test_stores_is_one_object_on_the_same_database(self, store: SessionStore) -> None:
+        stores = store.stores()
+        assert isinstance(stores, Stores)
+        assert store.stores() is stores
+        stores.kv().set("k", "v")
+        assert store.stores().kv().get("k") == "v"
+        store.set_config("k", "config")  # the session store's config is its own
+        assert stores.kv().get("k") == "v"
+
+    def test_closing_the_stores_leaves_the_session_store_open(self, store: SessionStore) -> None:
+        stores = store.stores()
+        stores.close()
+        stores.close()
+        sid = store.create_session().id
+        stores.kv().set("k", 1)
+        assert store.has_session(sid) and stores.kv().get("k") == 1
+
+    def test_closed_store_has_no_stores(self, store: SessionStore) -> None:
+        store.close()
+        with pytest.raises(DatabaseClosedError):
+            store.stores()
+        with pytest.raises(DatabaseClosedError), store.transaction():
+            pass
+
+    def test_stores_close_with_their_file(self, store: SessionStore, reopen: Any) -> None:
+        if reopen is None:
+            pytest.skip("store has no file to reopen")
+        kv = store.stores().kv()
+        kv.set("k", [1, 2])
+        store.stores().fibers().insert_fiber("m", fiber_id="f1")
+        again = reopen(store)
+        with pytest.raises(DatabaseClosedError):
+            kv.get("k")
+        assert again.stores().kv().get("k") == [1, 2]
+        assert again.stores().fibers().get_fiber("f1") is not None
 
 
 class TestLifecycle:

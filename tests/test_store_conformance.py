@@ -1,0 +1,159 @@
+"""The store conformance suites (fibers and schedules, jobs, inbox, registry, key/value,
+workspace, and the :class:`~thinkray.storage.protocols.Stores` that groups them) on
+DuckDB: a file and ``:memory:`` opened with :func:`~thinkray.storage.stores.open_stores`,
+and the stores a :class:`~thinkray.storage.session_store.DuckDBSessionStore` hands out.
+Then what is specific to DuckDB: tables, components and ownership of the file."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conformance.fiber_store_suite import *  # noqa: F403
+from conformance.inbox_store_suite import *  # noqa: F403
+from conformance.job_store_suite import *  # noqa: F403
+from conformance.kv_store_suite import *  # noqa: F403
+from conformance.registry_store_suite import *  # noqa: F403
+from conformance.stores_suite import *  # noqa: F403
+from conformance.workspace_store_suite import *  # noqa: F403
+from thinkray.storage.db import Database, DatabaseClosedError
+from thinkray.storage.protocols import Stores
+from thinkray.storage.session_store import DuckDBSessionStore
+from thinkray.storage.stores import DuckDBStores, open_stores
+
+BACKENDS = ["file", "memory", "session"]
+"""``file``/``memory``: :func:`open_stores`; ``session``: the stores of a session store
+on a file (they belong to it: closing it closes them)."""
+
+
+class _Opened:
+    """Everything a test opened, closed at teardown."""
+
+    def __init__(self, backend: str, path: Path) -> None:
+        self.backend = backend
+        self.path = path
+        self.owners: list[DuckDBStores | DuckDBSessionStore] = []
+
+    def open(self) -> Stores:
+        if self.backend == "session":
+            session = DuckDBSessionStore(self.path)
+            self.owners.append(session)
+            return session.stores()
+        stores = open_stores(self.path if self.backend == "file" else ":memory:")
+        self.owners.append(stores)
+        return stores
+
+    def reopen(self, old: Stores) -> Stores:
+        owner = self.owners[-1]
+        assert owner is old or (isinstance(owner, DuckDBSessionStore) and owner.stores() is old)
+        owner.close()
+        return self.open()
+
+    def close_all(self) -> None:
+        for owner in self.owners:
+            owner.close()
+
+
+@pytest.fixture(params=BACKENDS)
+def opened(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[_Opened]:
+    o = _Opened(request.param, tmp_path / "agent.duckdb")
+    yield o
+    o.close_all()
+
+
+@pytest.fixture
+def stores(opened: _Opened) -> Stores:
+    return opened.open()
+
+
+@pytest.fixture
+def reopen(opened: _Opened) -> Callable[[Stores], Stores] | None:
+    return None if opened.backend == "memory" else opened.reopen
+
+
+# -- DuckDB specifics --------------------------------------------------------------------
+
+
+def _tables(db: Database) -> set[str]:
+    return {r[0] for r in db.fetchall("SELECT table_name FROM information_schema.tables")}
+
+
+def test_tables_are_created_on_first_use(tmp_path: Path) -> None:
+    path = tmp_path / "fresh.duckdb"
+    db = Database(path)
+    stores = DuckDBStores(db)
+    assert _tables(db) <= {"schema_version"}
+    stores.fibers()
+    assert {"fibers", "schedules"} <= _tables(db)
+    assert "jobs" not in _tables(db)
+    stores.jobs()
+    stores.inbox()
+    stores.registry()
+    stores.kv()
+    stores.workspace()
+    assert {"jobs", "inbox", "subagents", "kv", "workspace_files"} <= _tables(db)
+    versions = dict(db.fetchall("SELECT component, version FROM schema_version"))
+    assert versions == {
+        "fibers": 1,
+        "jobs": 1,
+        "inbox": 1,
+        "registry": 1,
+        "kv": 1,
+        "workspace": 1,
+    }
+    db.close()
+    again = open_stores(path)  # an existing file: nothing to migrate, nothing lost
+    assert again.fibers().list_fibers() == []
+    again.close()
+
+
+def test_open_stores_owns_its_file(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "bridge.duckdb"
+    stores = open_stores(path)  # creates the folder
+    kv = stores.kv()
+    kv.set("k", 1)
+    stores.close()
+    stores.close()
+    assert stores.closed
+    with pytest.raises(DatabaseClosedError):
+        kv.get("k")
+    assert not Path(str(path) + ".wal").exists()
+    with open_stores(path) as again:  # the lock was released
+        assert again.kv().get("k") == 1
+
+
+def test_stores_of_a_session_store_share_its_database(tmp_path: Path) -> None:
+    session = DuckDBSessionStore(tmp_path / "agent.duckdb")
+    stores = session.stores()
+    assert stores is session.stores()
+    stores.close()  # not theirs to close
+    assert not stores.closed
+    stores.kv().set("k", 1)
+    session.close()
+    assert stores.closed
+    with pytest.raises(DatabaseClosedError):
+        stores.kv().get("k")
+    with pytest.raises(DatabaseClosedError):
+        session.stores()
+
+
+def test_a_shared_database_outlives_the_session_store(tmp_path: Path) -> None:
+    db = Database(tmp_path / "shared.duckdb")
+    session = DuckDBSessionStore(db)
+    stores = session.stores()
+    session.close()
+    stores.kv().set("k", 1)  # the database belongs to whoever opened it
+    assert stores.kv().get("k") == 1
+    db.close()
+
+
+def test_one_inbox_per_database_keeps_the_order(stores: Any) -> None:
+    """The inbox orders by a strictly increasing creation time kept by the store
+    object: ``inbox()`` must hand out that one object."""
+    inbox = stores.inbox()
+    assert stores.inbox() is inbox
+    for i in range(20):
+        stores.inbox().insert(i, message_id=f"m{i:02d}")
+    assert [r.content for r in inbox.rows()] == list(range(20))
