@@ -19,6 +19,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import ray
+from thinkray.actors.errors import (  # re-exported: the errors live in thinkray.actors.errors
+    BridgeAccessError as BridgeAccessError,
+)
+from thinkray.actors.errors import InvalidArgumentError
 from thinkray.runtime.tools.workspace import LocalWorkspace
 from thinkray.storage.protocols import KeyValueStore, Stores
 from thinkray.storage.stores import open_stores
@@ -27,10 +31,6 @@ Access = Literal["none", "read", "read-write"]
 READ_METHODS = frozenset({"read_file", "stat", "list_directory", "find_files", "grep", "exists"})
 WRITE_METHODS = frozenset({"write_file", "edit_file", "delete", "mkdir"})
 _GRANT = "grant:"
-
-
-class BridgeAccessError(PermissionError):
-    """The caller's grant does not allow this operation."""
 
 
 class WorkspaceBridge:
@@ -49,7 +49,7 @@ class WorkspaceBridge:
     def grant(self, agent: str, access: Access) -> str:
         """Issue (or replace) ``agent``'s grant; returns its token."""
         if access not in ("none", "read", "read-write"):
-            raise ValueError(f"access must be none, read or read-write, not {access!r}")
+            raise InvalidArgumentError(f"access must be none, read or read-write, not {access!r}")
         for token, grant in self.kv.items(_GRANT).items():
             if grant["agent"] == agent:
                 self.kv.delete(token)

@@ -54,7 +54,11 @@ def demo(args: argparse.Namespace) -> int:
     from thinkray.actors.demo import DemoAgent
     from thinkray.actors.namespace import AgentNamespace
 
-    root = args.root or os.path.join(tempfile.gettempdir(), "thinkray-demo")
+    root = (
+        args.root
+        or os.environ.get("THINKRAY_STORAGE_ROOT")
+        or os.path.join(tempfile.gettempdir(), "thinkray-demo")
+    )
     if os.environ.get("ANTHROPIC_API_KEY"):
         print("ANTHROPIC_API_KEY is set: the agent talks to Claude.")
     else:
@@ -73,8 +77,8 @@ def demo(args: argparse.Namespace) -> int:
             for chunk in stream:
                 _print_chunk(chunk)
             print()
-        where = ns.where(agent.name)
-        print(f"\nSession {name!r} lives in actor pid {where['pid']}.")
+        where = ns.where(name) or {}
+        print(f"\nSession {name!r} lives in actor pid {where.get('pid')}.")
         assert ns.hibernate(name), "hibernate refused"
         path = Path(root) / "demo" / f"{name}.duckdb"
         wal = path.with_name(path.name + ".wal")
@@ -86,7 +90,7 @@ def demo(args: argparse.Namespace) -> int:
         history = agent.get_history.remote().result()
         print(
             f"Woke it with a call ({(time.perf_counter() - t0) * 1000:.0f} ms): "
-            f"now in pid {ns.where(agent.name)['pid']}. History rebuilt from DuckDB:"
+            f"now in pid {(ns.where(name) or {}).get('pid')}. History rebuilt from DuckDB:"
         )
         for message in history:
             parts = []
@@ -96,7 +100,7 @@ def demo(args: argparse.Namespace) -> int:
                 elif p["type"] == "dynamic-tool":
                     parts.append(f"[{p['toolName']} → {p['state']}]")
             print(f"  {message['role']:>9}: {' '.join(parts)}")
-        print(f"\nStatus: {agent.get_status.remote().result()['state']}.")
+        print(f"\nStatus: {agent.get_status.remote().result().state}.")
         _delegation_demo(root)
         print("\nDemo complete.")
     finally:
@@ -149,7 +153,8 @@ def _delegation_demo(root: str) -> None:
     ns = AgentNamespace(
         "demo-orch", Orchestrator, storage_root=root, pool_size=1, idle_timeout=None
     )
-    boss = ns.get(f"boss-{int(time.time())}")
+    boss_name = f"boss-{int(time.time())}"
+    boss = ns.get(boss_name)
     try:
         boss.create_subagent.remote(
             "researcher",
@@ -205,14 +210,14 @@ def _delegation_demo(root: str) -> None:
             for chunk in boss.view_task.remote(task_id):
                 show(chunk)
 
-        threads = [threading.Thread(target=watch, args=(a, t["task_id"])) for a, t in tasks.items()]
+        threads = [threading.Thread(target=watch, args=(a, t.task_id)) for a, t in tasks.items()]
         for th in threads:
             th.start()
         for th in threads:
             th.join()
         for agent in tasks:
-            status = boss.wait_task.remote(tasks[agent]["task_id"], 120).result()
-            print(f"  {agent}: {status['status']}")
+            status = boss.wait_task.remote(tasks[agent].task_id, 120).result()
+            print(f"  {agent}: {status.status}")
         client = boss.shared_workspace.remote().result()
         content = ray.get(client.read_file("notes/findings.md"))
         print("  shared workspace, notes/findings.md (read back through the bridge):")
@@ -220,7 +225,7 @@ def _delegation_demo(root: str) -> None:
             print(f"    {row}")
     finally:
         with contextlib.suppress(Exception):
-            AgentNamespace.connect(f"demo-orch.{boss.name}.subs").shutdown()
+            AgentNamespace.connect(f"demo-orch.{boss_name}.subs").shutdown()
         ns.shutdown()
 
 
@@ -228,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="thinkray", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p_demo = sub.add_parser("demo", help="stream a chat through a session actor, hibernate, wake")
-    p_demo.add_argument("--root", help="storage root (default: a temp folder)")
+    p_demo.add_argument(
+        "--root", help="storage root (default: $THINKRAY_STORAGE_ROOT, else a temp folder)"
+    )
     p_demo.set_defaults(func=demo)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

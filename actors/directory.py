@@ -25,8 +25,9 @@ from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from thinkray.actors.errors import InvalidStateError
 from thinkray.actors.session_actor import DEFAULT_PRELOAD, BindSpec, RemoteSessionActor
-from thinkray.storage.db import DatabaseLockedError
+from thinkray.storage.errors import DatabaseLockedError
 from thinkray.storage.layout import ensure_root, session_path, validate_name
 from thinkray.storage.types import SessionNotFoundError
 
@@ -77,7 +78,7 @@ class Directory:
         self.alarms: dict[str, float] = {}
         self._alarm_changed: asyncio.Event | None = None
         self._background: set[asyncio.Task[Any]] = set()
-        self.counters = defaultdict(int)
+        self.counters: defaultdict[str, int] = defaultdict(int)
         self._closed = False
 
     def _spawn(self, coro: Any) -> None:
@@ -228,7 +229,7 @@ class Directory:
             self.alarms.pop(name, None)
             self.counters["binds"] += 1
             return actor.handle, actor.actor_id
-        raise RuntimeError(f"could not bind {name!r}: {last_error}")
+        raise InvalidStateError(f"could not bind {name!r}: {last_error}")
 
     async def _make_room(self, incoming: str) -> None:
         """Admission at the live cap (binds in flight count too): hibernate the least

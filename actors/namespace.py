@@ -30,7 +30,7 @@ namespace's: ``ns.hibernate(name)``, ``ns.wake(name)``, ``ns.where(name)``.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeAlias, TypeVar, cast
 
 import ray
 from ray.actor import ActorHandle
@@ -109,7 +109,8 @@ class AgentNamespace(Generic[A]):
         }
         if detached:
             options["lifetime"] = "detached"
-        self.directory = RemoteDirectory.options(**options).remote(config)
+        # Any: Ray types a handle's methods only when they are declared with @ray.method
+        self.directory: Any = cast(Any, RemoteDirectory.options(**options).remote(config))
         if start:
             ray.get(self.directory.start.remote())
 
@@ -125,7 +126,7 @@ class AgentNamespace(Generic[A]):
         self = cls.__new__(cls)
         self.name = name
         self.directory = ray.get_actor(_directory_name(name), namespace=RAY_NAMESPACE)
-        stats = ray.get(self.directory.stats.remote())
+        stats: dict[str, Any] = ray.get(self.directory.stats.remote())
         self.storage_root = stats.get("storage_root", "")
         self.agent_cls = None
         return self
@@ -271,9 +272,10 @@ class HandleMethod:
             self.method,
         )
 
-    def remote(self, *args: Any, **kwargs: Any) -> Any:
-        """Send the call; returns an AgentResponse (a stream method: an
-        AgentResponseStream). Raises RemoteCallError when the arguments don't fit."""
+    def send(self, *args: Any, **kwargs: Any) -> AgentResponse[Any] | AgentResponseStream[Any]:
+        """Send the call (what ``.remote(...)`` does); returns an AgentResponse (a stream
+        method: an AgentResponseStream). Raises RemoteCallError when the arguments don't
+        fit the method's signature; nothing is sent then."""
         if self.marker is not None:
             check_arguments(self.marker, args, kwargs)
             if "callback" in self.marker.signature.parameters:
@@ -286,6 +288,16 @@ class HandleMethod:
         return AgentResponse(
             self.handle, lambda actor: actor.invoke.remote(name, method, args, kwargs)
         )
+
+    if TYPE_CHECKING:
+        # For a type checker this half of ``Handle`` adds nothing (``NoReturn`` drops out
+        # of the union): the agent class's @remote descriptor types the call and its
+        # result, so a streamed chunk is a ``UIChunk`` that narrows, not ``Any | UIChunk``.
+        def remote(self, *args: Any, **kwargs: Any) -> NoReturn:
+            """Send the call: see :meth:`send`."""
+            ...
+    else:
+        remote = send
 
 
 if TYPE_CHECKING:

@@ -15,15 +15,17 @@ Both classes are ``Think`` subclasses hosted by the generic session actors:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
 
 from thinkray.actors.bridge import BridgeClient, bridge_name, open_bridge
-from thinkray.actors.namespace import AgentHandle, AgentNamespace
+from thinkray.actors.errors import InvalidStateError, ModelNotConfiguredError, UnknownModelError
+from thinkray.actors.namespace import AgentNamespace, Handle
 from thinkray.runtime.abort import AbortSignal
 from thinkray.runtime.agents.agent import Agent
 from thinkray.runtime.agents.think import Think
@@ -34,9 +36,9 @@ from thinkray.runtime.remote import Batch, remote
 from thinkray.runtime.tools.base import Tool, ToolContext, tool
 from thinkray.runtime.tools.workspace import LocalWorkspace, workspace_tools
 from thinkray.runtime.turn.stream import RunStream
+from thinkray.storage.errors import SubAgentNotFoundError
 from thinkray.storage.layout import validate_name
 from thinkray.storage.protocols import RegistryStore, SubAgentRecord
-from thinkray.storage.registry import SubAgentNotFoundError
 from thinkray.storage.types import InvalidInputError
 
 log = logging.getLogger("thinkray.orchestrator")
@@ -44,8 +46,18 @@ BRIDGE_KEY = "bridge"
 
 
 def build_model(spec: dict[str, Any] | None, fallback: Model | None = None) -> Model:
-    """A model from config: ``{"provider": "anthropic", "model_id": ...}`` or
-    ``{"provider": "script", "steps": [...]}`` (see ``thinkray.runtime.models.testing.model_from_spec``)."""
+    """The model an agent's config names.
+
+    Args:
+        spec: ``{"provider": "anthropic", "model_id": ...}`` or ``{"provider": "script",
+            "steps": [...]}`` (see :func:`thinkray.runtime.models.testing.model_from_spec`);
+            ``None`` or ``{}`` when the config names none.
+        fallback: the model given to the agent's constructor, used when ``spec`` is empty.
+
+    Raises:
+        ModelNotConfiguredError: ``spec`` is empty and there is no ``fallback``.
+        UnknownModelError: ``spec`` names a provider that does not exist.
+    """
     spec = spec or {}
     provider = spec.get("provider")
     if provider == "anthropic":
@@ -56,11 +68,17 @@ def build_model(spec: dict[str, Any] | None, fallback: Model | None = None) -> M
         from thinkray.runtime.models.testing import model_from_spec
 
         return model_from_spec(spec)
+    if provider is not None:
+        raise UnknownModelError(
+            f"unknown model provider {provider!r}: use 'anthropic' (with 'model_id') or "
+            "'script' (with 'steps')"
+        )
     if fallback is not None:
         return fallback
-    from thinkray.actors.demo import DemoAgent
-
-    return DemoAgent.get_model(None)  # type: ignore[arg-type]
+    raise ModelNotConfiguredError(
+        "this agent has no model: put one in its config, e.g. create_subagent(name, "
+        "{'model': {'provider': 'anthropic', 'model_id': 'claude-sonnet-4-6'}})"
+    )
 
 
 class SubAgent(Agent):
@@ -117,7 +135,7 @@ class SubAgent(Agent):
 
 def _wait_for_file_tool(client: BridgeClient) -> Tool:
     @tool(name="shared_wait_for_file")
-    async def wait_for_file(path: str, timeout: float = 30.0, ctx: ToolContext = None) -> dict:  # type: ignore[assignment]
+    async def wait_for_file(path: str, timeout: float = 30.0) -> dict[str, Any]:
         """Wait until a file exists in the shared workspace (another agent may be writing it)."""
         deadline = time.monotonic() + min(timeout, 120.0)
         while time.monotonic() < deadline:
@@ -127,6 +145,36 @@ def _wait_for_file_tool(client: BridgeClient) -> Tool:
         return {"path": path, "exists": False, "timed_out": True}
 
     return wait_for_file
+
+
+TaskStatus = Literal["running", "completed", "aborted", "error"]
+"""``running`` until the sub-agent's turn ends; then how it ended."""
+
+
+@dataclass
+class TaskInfo:
+    """A delegated task, as :meth:`Orchestrator.delegate`, :meth:`~Orchestrator.task_status`,
+    :meth:`~Orchestrator.wait_task` and :meth:`~Orchestrator.list_tasks` return it.
+
+    ``text`` is the sub-agent's answer so far (all of it once finished); ``chunks`` how
+    many stream chunks the task's buffer holds; ``message`` the sub-agent's stored
+    assistant message, filled only by a blocking :meth:`~Orchestrator.delegate`."""
+
+    task_id: str
+    agent: str
+    task: str
+    run_id: str | None
+    status: TaskStatus
+    text: str
+    error: str | None
+    started_at: float
+    finished_at: float | None
+    chunks: int
+    message: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field (what the orchestrator's tools give its model)."""
+        return asdict(self)
 
 
 @dataclass
@@ -140,26 +188,27 @@ class Delegation:
     run_id: str | None = None
     message_id: str | None = None
     receiver: Any = None
-    status: str = "running"
+    status: TaskStatus = "running"
     text: str = ""
     error: str | None = None
     started_at: float = field(default_factory=time.time)
     finished_at: float | None = None
     consumer: asyncio.Task[Any] | None = None
 
-    def summary(self) -> dict[str, Any]:
-        return {
-            "task_id": self.task_id,
-            "agent": self.agent,
-            "task": self.task,
-            "run_id": self.run_id,
-            "status": self.status,
-            "text": self.text,
-            "error": self.error,
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
-            "chunks": len(self.stream.chunks),
-        }
+    def summary(self) -> TaskInfo:
+        """The task's public record (no message)."""
+        return TaskInfo(
+            task_id=self.task_id,
+            agent=self.agent,
+            task=self.task,
+            run_id=self.run_id,
+            status=self.status,
+            text=self.text,
+            error=self.error,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+            chunks=len(self.stream.chunks),
+        )
 
 
 class Orchestrator(Agent):
@@ -174,14 +223,14 @@ class Orchestrator(Agent):
         self._subs: AgentNamespace | None = None
         self._bridge: Any = None
         self._delegations: dict[str, Delegation] = {}
-        self._handles: dict[str, AgentHandle] = {}
+        self._handles: dict[str, Handle[Think]] = {}
 
     # -- infrastructure ------------------------------------------------------------------
 
     def _identity(self) -> tuple[str, str, str]:
         root = self.storage_root
         if root is None:
-            raise RuntimeError("an Orchestrator must run in a session actor (no storage root)")
+            raise InvalidStateError("an Orchestrator must run in a session actor (no storage root)")
         return self.namespace, self.agent_name, root
 
     async def subagents_namespace(self) -> AgentNamespace:
@@ -213,7 +262,7 @@ class Orchestrator(Agent):
         token = await bridge.grant.remote(f"{name}(orchestrator)", "read-write")
         return BridgeClient(bridge_name(namespace, name), token, "read-write")
 
-    async def _handle(self, name: str) -> AgentHandle:
+    async def _handle(self, name: str) -> Handle[Think]:
         if name not in self._handles:
             self._handles[name] = (await self.subagents_namespace()).get(name)
         return self._handles[name]
@@ -223,15 +272,15 @@ class Orchestrator(Agent):
     @remote
     async def create_subagent(
         self, name: str, config: dict[str, Any] | None = None, access: str = "read-write"
-    ) -> dict[str, Any]:
+    ) -> SubAgentRecord:
         validate_name(name, "sub-agent name")
         if access not in ("none", "read", "read-write"):
             raise InvalidInputError(f"access must be none, read or read-write, not {access!r}")
         if self.registry.has(name):
             raise InvalidInputError(f"sub-agent {name!r} already exists")
+        config = self._with_model(name, dict(config or {}))
         namespace, me, _ = self._identity()
         token = await (await self.shared_bridge()).grant.remote(name, access)
-        config = dict(config or {})
         config[BRIDGE_KEY] = BridgeClient(bridge_name(namespace, me), token, access).to_config()  # type: ignore[arg-type]
         record = SubAgentRecord(name=name, id=uuid.uuid4().hex, config=config, access=access)
         handle = await self._handle(name)
@@ -239,15 +288,31 @@ class Orchestrator(Agent):
         self.registry.add(record)
         return _public(record)
 
+    def _with_model(self, name: str, config: dict[str, Any]) -> dict[str, Any]:
+        """``config`` with a model: its own, else the orchestrator's (a sub-agent with no
+        model of its own uses its orchestrator's). Raises ModelNotConfiguredError when
+        neither has one and the sub-agent class takes its model from its config."""
+        if config.get("model") or self.subagent_cls.get_model is not SubAgent.get_model:
+            return config
+        inherited = (self.get_config() or {}).get("model")
+        if inherited:
+            return {**config, "model": inherited}
+        raise ModelNotConfiguredError(
+            f"sub-agent {name!r} has no model: give it one in its config, e.g. "
+            "{'model': {'provider': 'anthropic', 'model_id': 'claude-sonnet-4-6'}}, or "
+            "configure the orchestrator's own 'model', which sub-agents then share"
+        )
+
     @remote
-    async def configure_subagent(self, name: str, config: dict[str, Any]) -> dict[str, Any]:
+    async def configure_subagent(self, name: str, config: dict[str, Any]) -> SubAgentRecord:
         record = self.registry.get(name)
         merged = {**record.config, **config, BRIDGE_KEY: record.config.get(BRIDGE_KEY)}
+        merged = self._with_model(name, merged)
         await (await self._handle(name)).configure.remote(merged)
         return _public(self.registry.update(name, config=merged))
 
     @remote
-    async def set_access(self, name: str, access: str) -> dict[str, Any]:
+    async def set_access(self, name: str, access: str) -> SubAgentRecord:
         """Change what a sub-agent may do in the shared workspace (new grant)."""
         record = self.registry.get(name)
         namespace, me, _ = self._identity()
@@ -258,11 +323,11 @@ class Orchestrator(Agent):
         return _public(self.registry.update(name, config=config, access=access))
 
     @remote
-    def list_subagents(self) -> list[dict[str, Any]]:
+    def list_subagents(self) -> list[SubAgentRecord]:
         return [_public(r) for r in self.registry.list()]
 
     @remote
-    def get_subagent(self, name: str) -> dict[str, Any]:
+    def get_subagent(self, name: str) -> SubAgentRecord:
         return _public(self.registry.get(name))
 
     @remote
@@ -291,7 +356,7 @@ class Orchestrator(Agent):
         *,
         wait: bool = True,
         signal: AbortSignal | None = None,
-    ) -> dict[str, Any]:
+    ) -> TaskInfo:
         """Give ``task`` to sub-agent ``name``. Blocking returns its final message;
         ``wait=False`` returns at once with a task id whose chunks are relayed live and
         buffered (see :meth:`view_task`). ``signal``: the parent run's abort signal —
@@ -325,7 +390,7 @@ class Orchestrator(Agent):
             return await self._final(delegation, handle)
         return delegation.summary()
 
-    async def _relay(self, delegation: Delegation, stream: Any, handle: AgentHandle) -> None:
+    async def _relay(self, delegation: Delegation, stream: Any, handle: Handle[Think]) -> None:
         texts: list[str] = []
         try:
             async for chunk in stream:
@@ -347,6 +412,7 @@ class Orchestrator(Agent):
             delegation.text = "".join(texts)
             delegation.finished_at = time.time()
             delegation.stream.close(delegation.error)
+            count: int | None
             try:
                 count = await handle.message_count.remote()
             except Exception:
@@ -361,10 +427,10 @@ class Orchestrator(Agent):
             if self.registry.has(delegation.agent):
                 self.registry.update(delegation.agent, **fields)
 
-    async def _final(self, delegation: Delegation, handle: AgentHandle) -> dict[str, Any]:
+    async def _final(self, delegation: Delegation, handle: Handle[Think]) -> TaskInfo:
         result = delegation.summary()
         # The run's own message, by id: no read of the sub-agent's whole history.
-        result["message"] = (
+        result.message = (
             await handle.get_message.remote(delegation.message_id)
             if delegation.message_id
             else None
@@ -372,18 +438,18 @@ class Orchestrator(Agent):
         return result
 
     @remote
-    async def wait_task(self, task_id: str, timeout: float | None = None) -> dict[str, Any]:
+    async def wait_task(self, task_id: str, timeout: float | None = None) -> TaskInfo:
         delegation = self._delegation(task_id)
         if delegation.consumer is not None:
             await asyncio.wait_for(asyncio.shield(delegation.consumer), timeout)
         return delegation.summary()
 
     @remote
-    def task_status(self, task_id: str) -> dict[str, Any]:
+    def task_status(self, task_id: str) -> TaskInfo:
         return self._delegation(task_id).summary()
 
     @remote
-    def list_tasks(self) -> list[dict[str, Any]]:
+    def list_tasks(self) -> list[TaskInfo]:
         return [d.summary() for d in self._delegations.values()]
 
     @remote
@@ -427,31 +493,34 @@ class Orchestrator(Agent):
 
         @tool
         async def delegate_task(
-            agent: str, task: str, wait: bool = True, ctx: ToolContext = None
-        ) -> dict:  # type: ignore[assignment]
+            agent: str, task: str, wait: bool = True, *, ctx: ToolContext
+        ) -> dict[str, Any]:
             """Give a task to a sub-agent. wait=true returns its answer; wait=false
             returns a task id at once (check it with task_status)."""
             result = await orchestrator.delegate(agent, task, wait=wait, signal=ctx.signal)
-            result.pop("message", None)
-            return result
+            result.message = None  # the text is the answer; the parts stay with the sub-agent
+            return result.to_dict()
 
         @tool
-        def task_status(task_id: str) -> dict:
+        def task_status(task_id: str) -> dict[str, Any]:
             """Status and text so far of a delegated task."""
-            return orchestrator.task_status(task_id)
+            return orchestrator.task_status(task_id).to_dict()
 
         @tool
-        def list_agents() -> list:
+        def list_agents() -> list[dict[str, Any]]:
             """The sub-agents, their status and last task."""
-            return orchestrator.list_subagents()
+            return [r.to_dict() for r in orchestrator.list_subagents()]
 
         @tool
-        async def create_agent(name: str, instructions: str, access: str = "read-write") -> dict:
+        async def create_agent(
+            name: str, instructions: str, access: str = "read-write"
+        ) -> dict[str, Any]:
             """Create a sub-agent with the given instructions and shared-workspace access
             (none, read or read-write)."""
-            return await orchestrator.create_subagent(
+            record = await orchestrator.create_subagent(
                 name, {"instructions": instructions}, access=access
             )
+            return record.to_dict()
 
         return {t.name: t for t in (delegate_task, task_status, list_agents, create_agent)}
 
@@ -473,9 +542,11 @@ class Orchestrator(Agent):
             self._subs = None  # the directory actor lives on; handles re-resolve
 
 
-def _public(record: SubAgentRecord) -> dict[str, Any]:
-    data = record.to_dict()
-    bridge = data["config"].get(BRIDGE_KEY)
-    if bridge:  # never hand the token out
-        data["config"] = {**data["config"], BRIDGE_KEY: {"access": bridge["access"]}}
-    return data
+def _public(record: SubAgentRecord) -> SubAgentRecord:
+    """The record as callers see it: the bridge grant's token is never handed out."""
+    bridge = record.config.get(BRIDGE_KEY)
+    if not bridge:
+        return record
+    return dataclasses.replace(
+        record, config={**record.config, BRIDGE_KEY: {"access": bridge["access"]}}
+    )

@@ -16,24 +16,15 @@ from typing import Any
 
 import ray
 from ray.actor import ActorHandle
+from thinkray.actors.errors import (  # re-exported: the errors live in thinkray.actors.errors
+    ConsumerGone as ConsumerGone,
+)
+from thinkray.actors.errors import (
+    NotBoundError as NotBoundError,
+)
 from thinkray.runtime.chunks import UIChunk
 
 log = logging.getLogger("thinkray.relay")
-
-
-class ConsumerGone(RuntimeError):
-    """The relay's consumer failed; the run detaches it and goes on."""
-
-
-class NotBoundError(RuntimeError):
-    """This actor does not host that agent (any more): resolve the name again."""
-
-    def __init__(self, name: str = "", bound: str | None = None) -> None:
-        super().__init__(
-            f"actor does not host {name!r}" + (f" (it hosts {bound!r})" if bound else "")
-        )
-        self.name = name
-        self.bound = bound
 
 
 def _has_method(handle: ActorHandle, name: str) -> bool:

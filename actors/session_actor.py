@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from thinkray.actors.errors import RemoteCallError
+from thinkray.actors.errors import InvalidStateError, RemoteCallError
 from thinkray.actors.relay import AbortReceiver, NotBoundError, as_callback
 from thinkray.runtime.agents.context import AgentContext, constructing
 from thinkray.runtime.agents.think import Think
@@ -89,7 +89,7 @@ class SessionActor:
 
     async def bind(self, spec: BindSpec) -> dict[str, Any]:
         if self.agent is not None:
-            raise RuntimeError(f"actor already hosts {self.name!r}")
+            raise InvalidStateError(f"actor already hosts {self.name!r}")
         started = time.perf_counter()
         path = Path(spec.path)
         if not spec.create and not path.exists():

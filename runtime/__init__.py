@@ -22,6 +22,7 @@ from thinkray.runtime.agents.think import Think
 from thinkray.runtime.agents.worker import WorkerAgent
 from thinkray.runtime.capabilities.compaction import CompactionConfig, CompactionResult
 from thinkray.runtime.capabilities.permissions import PermissionRule
+from thinkray.runtime.chunks import UIChunk, is_data_chunk
 from thinkray.runtime.errors import ThinkrayError, UserError
 from thinkray.runtime.messages import InvalidMessageError, UIMessage, new_id, parse_message
 from thinkray.runtime.models.base import Model, ModelError, ModelRequest
@@ -55,11 +56,13 @@ __all__ = [
     "ThinkrayError",
     "Tool",
     "ToolContext",
+    "UIChunk",
     "UIMessage",
     "UnrewindResult",
     "Usage",
     "UserError",
     "WorkerAgent",
+    "is_data_chunk",
     "new_id",
     "parse_message",
     "remote",

@@ -13,15 +13,11 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
+from thinkray.runtime.errors import (  # re-exported: the errors live in thinkray.runtime.errors
+    AbortError as AbortError,
+)
+
 T = TypeVar("T")
-
-
-class AbortError(Exception):
-    """Raised inside a run when its signal fires."""
-
-    def __init__(self, reason: str = "aborted") -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 class AbortSignal:

@@ -2,9 +2,58 @@
 
 from __future__ import annotations
 
-from thinkray.storage.errors import ThinkrayError, UserError
+from typing import Any
 
-__all__ = ["RemoteCallError", "ThinkrayError", "UserError"]
+from thinkray.storage.errors import *  # noqa: F403  # the storage errors a runtime user meets
+from thinkray.storage.errors import ThinkrayError, UserError, WorkspaceError
+from thinkray.storage.errors import __all__ as _storage_errors
+
+CONTEXT_SWITCH_ERROR = (
+    "Switching to a model with a smaller context window would lose the conversation; "
+    "consider branching with the new model."
+)
+"""Seed 002's message for a model switch that compaction cannot make fit."""
+
+__all__ = [
+    *_storage_errors,
+    "AbortError",
+    "AccessDeniedError",
+    "AgentClosedError",
+    "ApprovalNotFoundError",
+    "BinaryFileError",
+    "CompactionError",
+    "CompactionSpecLimitError",
+    "DuplicateRunError",
+    "DurableUnavailableError",
+    "EditError",
+    "ExtensionError",
+    "InboxMessageFailedError",
+    "InvalidArgumentError",
+    "InvalidConfigError",
+    "InvalidMessageError",
+    "InvalidStateError",
+    "ModelError",
+    "ModelNotConfiguredError",
+    "ModelSwitchError",
+    "NoRunError",
+    "NothingToAnswerError",
+    "NothingToCompactError",
+    "OperationTimeoutError",
+    "RemoteCallError",
+    "SessionBusyError",
+    "SummarizerError",
+    "ToolExecutionError",
+    "ToolInputError",
+    "UnknownJobError",
+    "UnknownModelError",
+    "UnknownToolError",
+    "UnsafePathError",
+    "WorkerDepthError",
+    "WorkerError",
+    "WorkerInputError",
+    "WorkerOutputError",
+    "WorkerTimeoutError",
+]
 
 
 class RemoteCallError(UserError, AttributeError):
@@ -23,3 +72,207 @@ class RemoteCallError(UserError, AttributeError):
 
     def __str__(self) -> str:  # AttributeError would repr a non-str argument
         return str(self.args[0]) if self.args else ""
+
+
+class InvalidMessageError(UserError, ValueError):
+    """A message that is not a valid UIMessage. Raised before anything is written."""
+
+
+class WorkerError(ThinkrayError, RuntimeError):
+    """Base class of worker failures (other than abort, which stays AbortError)."""
+
+
+class WorkerInputError(WorkerError, UserError, ValueError):
+    """The input does not match the worker's ``input_type``. Raised before any model call."""
+
+
+class WorkerOutputError(WorkerError):
+    """No valid output within ``max_steps``: the last validation problem is included."""
+
+
+class WorkerTimeoutError(WorkerError, TimeoutError):
+    """The run exceeded the worker's ``timeout``; it was aborted."""
+
+
+class WorkerDepthError(WorkerError):
+    """Workers calling workers nested deeper than ``max_depth``."""
+
+
+class NoRunError(ThinkrayError, RuntimeError):
+    """Something that needs a run in flight was used outside one."""
+
+
+class NothingToAnswerError(UserError, ValueError):
+    """A turn without a message was asked of an empty session."""
+
+
+class DuplicateRunError(UserError, ValueError):
+    """A run id that is already in flight was given to a new turn."""
+
+
+class ModelSwitchError(ThinkrayError, RuntimeError):
+    """The selected model cannot hold the conversation, even after compaction."""
+
+    def __init__(self, message: str = CONTEXT_SWITCH_ERROR, **details: Any) -> None:
+        super().__init__(message)
+        self.details = details
+
+
+class ModelNotConfiguredError(UserError, NotImplementedError):
+    """An agent has no model: none was passed, none is in its config, and ``get_model``
+    is not overridden. Nothing falls back to a default model silently."""
+
+
+class UnknownModelError(UserError, ValueError):
+    """A model selection that ``resolve_model`` cannot map to a model."""
+
+
+class InvalidConfigError(UserError, TypeError):
+    """``configure`` was given something that is not a dict."""
+
+
+class InboxMessageFailedError(ThinkrayError, RuntimeError):
+    """The message was processed and its generation cycle failed (or was aborted)."""
+
+    def __init__(self, message_id: str, error: str | None) -> None:
+        super().__init__(f"message {message_id!r} failed: {error or 'unknown error'}")
+        self.message_id = message_id
+        self.error = error
+
+
+class AgentClosedError(ThinkrayError, RuntimeError):
+    """The agent closed (hibernation, dispose) while a caller waited for a reply. The
+    message is kept and will be answered after the next wake."""
+
+
+class CompactionError(ThinkrayError, RuntimeError):
+    """Compaction could not run. Nothing was written."""
+
+
+class NothingToCompactError(CompactionError, UserError):
+    """The session is empty, or nothing lies before the tail."""
+
+
+class CompactionSpecLimitError(CompactionError):
+    """The history exceeds the summarizer's input and no recovery rung is enabled."""
+
+
+class SummarizerError(CompactionError):
+    """The summarizer failed (``transient``: worth a retry)."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+class ApprovalNotFoundError(UserError, LookupError):
+    """No approval with this id is waiting (unknown, already answered, or expired)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "approval not found"
+
+
+class DurableUnavailableError(ThinkrayError, RuntimeError):
+    """Fibers or schedules were used on an agent whose store has no database."""
+
+
+class ModelError(ThinkrayError):
+    """A model call failed. ``transient`` errors are retried by the loop with backoff
+    (only while the step has emitted nothing, so no output is ever duplicated)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        transient: bool = False,
+        status_code: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.transient = transient
+        self.status_code = status_code
+        self.retry_after = retry_after
+
+
+class AbortError(ThinkrayError):
+    """Raised inside a run when its signal fires."""
+
+    def __init__(self, reason: str = "aborted") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class UnsafePathError(UserError, ValueError):
+    """A path that could escape the workspace or be misread by some layer.
+
+    ``path`` is the offending input, ``reason`` a short human-readable cause.
+    """
+
+    def __init__(self, path: object, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        shown = repr(path)
+        if len(shown) > 120:
+            shown = shown[:117] + "..."
+        super().__init__(f"unsafe path {shown}: {reason}")
+
+
+class ExtensionError(UserError, ValueError):
+    """An extension could not be loaded, found or run. The message is for the model."""
+
+
+class ToolInputError(UserError, ValueError):
+    """The model's arguments did not validate. Sent back to the model as a tool error."""
+
+
+class ToolExecutionError(ThinkrayError, RuntimeError):
+    """A tool failed. Its message is sent back to the model as a tool error."""
+
+
+class EditError(WorkspaceError, UserError, ValueError):
+    """``edit_file`` could not apply: ``old_string`` not found, ambiguous, or no-op."""
+
+
+class BinaryFileError(WorkspaceError, UserError, ValueError):
+    """``read_file`` on content that is not UTF-8 text."""
+
+
+class SessionBusyError(ThinkrayError, RuntimeError):
+    """A run is already in flight for this session (one run per session at a time)."""
+
+    def __init__(self, session_id: str, run_id: str | None = None) -> None:
+        super().__init__(
+            f"session {session_id!r} already has a run in flight"
+            + (f" ({run_id})" if run_id else "")
+            + "; wait for it to finish or abort it"
+        )
+        self.session_id = session_id
+        self.run_id = run_id
+
+
+class InvalidArgumentError(UserError, ValueError):
+    """An argument with a value the call cannot take (the message says which and why)."""
+
+
+class InvalidStateError(ThinkrayError, RuntimeError):
+    """The object cannot do that now: it is closed, detached, or used outside the run
+    or fiber the call needs."""
+
+
+class OperationTimeoutError(ThinkrayError, TimeoutError):
+    """A wait ran out of time before the thing waited for finished (it goes on)."""
+
+
+class AccessDeniedError(UserError, PermissionError):
+    """The caller's grant does not allow that operation."""
+
+
+class UnknownJobError(UserError, KeyError):
+    """No background job has that id."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
+        return str(self.args[0]) if self.args else "unknown job"
+
+
+class UnknownToolError(UserError, LookupError):
+    """No tool has that name."""

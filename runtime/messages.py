@@ -19,6 +19,9 @@ from pydantic import (
     ValidationError,
 )
 from pydantic.alias_generators import to_camel
+from thinkray.runtime.errors import (  # re-exported: the errors live in thinkray.runtime.errors
+    InvalidMessageError as InvalidMessageError,
+)
 
 Role = Literal["system", "user", "assistant"]
 ToolState = Literal[
@@ -121,10 +124,6 @@ class UIMessage(WireModel):
     role: Role
     metadata: dict[str, Any] | None = None
     parts: list[Part] = Field(default_factory=list)
-
-
-class InvalidMessageError(ValueError):
-    """A message that is not a valid UIMessage. Raised before anything is written."""
 
 
 def new_id(prefix: str = "msg") -> str:

@@ -31,7 +31,7 @@ from typing import (
     overload,
 )
 
-from thinkray.runtime.errors import RemoteCallError
+from thinkray.runtime.errors import InvalidTypeError, RemoteCallError
 
 __all__ = [
     "Batch",
@@ -73,11 +73,53 @@ class Response(Protocol[R_co]):
 
 class ResponseStream(Protocol[R_co]):
     """What ``handle.stream_method.remote(...)`` returns: the method's items, in order,
-    by ``for`` (sync) or ``async for``. Leaving early detaches; it never aborts."""
+    by ``for`` (sync) or ``async for``. Leaving early detaches; it never aborts.
+
+    A chat stream's header (``run_id``, ``session_id``, ``message_id``, ``receiver``)
+    is known once the stream opened: at once in sync code, after ``await
+    stream.start()`` (or the first item) in async code."""
 
     def __iter__(self) -> Iterator[R_co]: ...
 
     def __aiter__(self) -> AsyncIterator[R_co]: ...
+
+    async def start(self) -> ResponseStream[R_co]:
+        """Open the stream now (async code) and return it, header known."""
+        ...
+
+    @property
+    def header(self) -> dict[str, Any]:
+        """What the agent sent first (empty until the stream opened)."""
+        ...
+
+    @property
+    def run_id(self) -> str | None:
+        """The run a chat or resume stream follows, else None."""
+        ...
+
+    @property
+    def session_id(self) -> str | None:
+        """The session of a chat stream's run, else None."""
+        ...
+
+    @property
+    def message_id(self) -> str | None:
+        """The assistant message id of a chat stream's run, else None."""
+        ...
+
+    @property
+    def receiver(self) -> Any:
+        """The run's serializable abort receiver (chat streams), else None."""
+        ...
+
+    @property
+    def live(self) -> bool:
+        """False when a resume replays a run that already finished."""
+        ...
+
+    def abort(self, reason: str = "aborted") -> bool:
+        """Abort the run this stream follows; False if there is none or it ended."""
+        ...
 
 
 class RemoteMethod(Generic[S, P, T, R]):
@@ -116,8 +158,8 @@ class RemoteMethod(Generic[S, P, T, R]):
         """Unbound call (``Think.branch(agent, ...)``), as for a plain function."""
         return self.fn(obj, *args, **kwargs)
 
-    def _on_class(self) -> TypeError:
-        return TypeError(
+    def _on_class(self) -> InvalidTypeError:
+        return InvalidTypeError(
             f"{self.name}.remote() is called on an agent handle "
             f"(handle.{self.name}.remote(...)), not on the agent class"
         )
@@ -173,7 +215,7 @@ def remote(fn: Callable[..., Any]) -> Any:
     if isinstance(fn, RemoteMethod):
         return fn
     if not inspect.isfunction(fn):
-        raise TypeError(f"@remote decorates a function defined in a class, not {fn!r}")
+        raise InvalidTypeError(f"@remote decorates a function defined in a class, not {fn!r}")
     return _marker(fn, "stream" if inspect.isasyncgenfunction(fn) else "call")
 
 

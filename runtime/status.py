@@ -11,6 +11,9 @@ from collections.abc import Callable
 from typing import Literal
 
 from pydantic import BaseModel
+from thinkray.runtime.errors import (  # re-exported: the errors live in thinkray.runtime.errors
+    SessionBusyError as SessionBusyError,
+)
 
 StatusState = Literal["idle", "busy", "retrying", "error"]
 
@@ -21,19 +24,6 @@ class SessionStatus(BaseModel):
     message: str | None = None
     started_at: int | None = None  # epoch ms, when busy or retrying
     run_id: str | None = None
-
-
-class SessionBusyError(RuntimeError):
-    """A run is already in flight for this session (one run per session at a time)."""
-
-    def __init__(self, session_id: str, run_id: str | None = None) -> None:
-        super().__init__(
-            f"session {session_id!r} already has a run in flight"
-            + (f" ({run_id})" if run_id else "")
-            + "; wait for it to finish or abort it"
-        )
-        self.session_id = session_id
-        self.run_id = run_id
 
 
 StatusListener = Callable[[str, SessionStatus], None]

@@ -23,20 +23,17 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-from thinkray.storage.types import StorageError
+from thinkray.storage.errors import (
+    DatabaseClosedError as DatabaseClosedError,
+)
+from thinkray.storage.errors import (  # re-exported: the errors live in thinkray.storage.errors
+    DatabaseLockedError as DatabaseLockedError,
+)
 
 # 16 KiB blocks: an empty session file is ~28 KiB instead of ~780 KiB with the 256 KiB
 # default, which matters when thousands of hibernated sessions sit on shared storage.
 BLOCK_SIZE = 16384
 MEMORY_PATH = ":memory:"
-
-
-class DatabaseLockedError(StorageError):
-    """Another process holds the file (DuckDB allows one writer per file)."""
-
-
-class DatabaseClosedError(StorageError):
-    """The database was closed (the actor hibernated or is shutting down)."""
 
 
 @dataclass(frozen=True)

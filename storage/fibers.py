@@ -28,6 +28,13 @@ from typing import Any
 import duckdb
 from thinkray.storage.codec import pack, unpack
 from thinkray.storage.db import Database, Migration
+from thinkray.storage.errors import (  # re-exported: the errors live in thinkray.storage.errors
+    FiberNotFoundError as FiberNotFoundError,
+)
+from thinkray.storage.errors import InvalidInputError
+from thinkray.storage.errors import (
+    ScheduleNotFoundError as ScheduleNotFoundError,
+)
 from thinkray.storage.records import (
     FIBER_STATUSES,
     SCHEDULE_KINDS,
@@ -36,16 +43,6 @@ from thinkray.storage.records import (
     ScheduleKind,
     ScheduleRecord,
 )
-from thinkray.storage.types import InvalidInputError, NotFoundError
-
-
-class FiberNotFoundError(NotFoundError):
-    pass
-
-
-class ScheduleNotFoundError(NotFoundError):
-    pass
-
 
 # -- schema ----------------------------------------------------------------------------
 
@@ -655,10 +652,10 @@ def _parse_value(token: str, low: int, high: int, names: dict[str, int]) -> int:
     if token in names:
         return names[token]
     if not token.isdigit():
-        raise ValueError(f"{token!r} is not a number" + (" or a name" if names else ""))
+        raise InvalidInputError(f"{token!r} is not a number" + (" or a name" if names else ""))
     value = int(token)
     if not low <= value <= high:
-        raise ValueError(f"{value} is out of range {low}-{high}")
+        raise InvalidInputError(f"{value} is out of range {low}-{high}")
     return value
 
 
@@ -666,12 +663,12 @@ def _parse_field(text: str, low: int, high: int, names: dict[str, int]) -> froze
     values: set[int] = set()
     for item in text.split(","):
         if not item:
-            raise ValueError("empty list item")
+            raise InvalidInputError("empty list item")
         base, slash, step_text = item.partition("/")
         step = 1
         if slash:
             if not step_text.isdigit() or int(step_text) == 0:
-                raise ValueError(f"step {step_text!r} must be a positive integer")
+                raise InvalidInputError(f"step {step_text!r} must be a positive integer")
             step = int(step_text)
         if base == "*":
             start, end = low, high
@@ -680,7 +677,7 @@ def _parse_field(text: str, low: int, high: int, names: dict[str, int]) -> froze
             start = _parse_value(a, low, high, names)
             end = _parse_value(b, low, high, names)
             if start > end:
-                raise ValueError(f"range {base!r} runs backwards")
+                raise InvalidInputError(f"range {base!r} runs backwards")
         else:
             start = _parse_value(base, low, high, names)
             end = high if slash else start

@@ -27,14 +27,13 @@ import duckdb
 from thinkray.storage.codec import pack as _pack
 from thinkray.storage.codec import unpack as _unpack
 from thinkray.storage.db import Database, Migration
+from thinkray.storage.errors import (  # re-exported: the errors live in thinkray.storage.errors
+    InboxMessageNotFoundError as InboxMessageNotFoundError,
+)
 from thinkray.storage.records import INBOX_FINISHED, INBOX_STATUSES, InboxRow
-from thinkray.storage.types import InvalidInputError, NotFoundError
+from thinkray.storage.types import InvalidInputError
 
 MAX_ID_LENGTH = 256
-
-
-class InboxMessageNotFoundError(NotFoundError):
-    pass
 
 
 def _v1(con: duckdb.DuckDBPyConnection) -> None:

@@ -12,14 +12,13 @@ import re
 import tempfile
 from pathlib import Path
 
+from thinkray.storage.errors import (  # re-exported: the errors live in thinkray.storage.errors
+    StorageRootError as StorageRootError,
+)
 from thinkray.storage.types import InvalidInputError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 FILE_SUFFIX = ".duckdb"
-
-
-class StorageRootError(InvalidInputError):
-    """The storage root cannot be used (missing permissions, not a directory)."""
 
 
 def validate_name(name: str, what: str = "session name") -> str:

@@ -8,12 +8,11 @@ from typing import Any
 
 from thinkray.storage.codec import pack, unpack
 from thinkray.storage.db import Database, Migration
+from thinkray.storage.errors import (  # re-exported: the errors live in thinkray.storage.errors
+    SubAgentNotFoundError as SubAgentNotFoundError,
+)
 from thinkray.storage.records import SubAgentRecord
-from thinkray.storage.types import InvalidInputError, NotFoundError
-
-
-class SubAgentNotFoundError(NotFoundError):
-    pass
+from thinkray.storage.types import InvalidInputError
 
 
 def _create(con: Any) -> None:

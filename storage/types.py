@@ -14,6 +14,31 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from thinkray.storage.errors import (
+    InvalidInputError as InvalidInputError,
+)
+from thinkray.storage.errors import (
+    MessageNotFoundError as MessageNotFoundError,
+)
+from thinkray.storage.errors import (
+    NotFoundError as NotFoundError,
+)
+from thinkray.storage.errors import (
+    NotOnPathError as NotOnPathError,
+)
+from thinkray.storage.errors import (
+    SessionNotFoundError as SessionNotFoundError,
+)
+from thinkray.storage.errors import (  # re-exported: the errors live in thinkray.storage.errors
+    StorageError as StorageError,
+)
+from thinkray.storage.errors import (
+    ThreadExistsError as ThreadExistsError,
+)
+from thinkray.storage.errors import (
+    ThreadNotFoundError as ThreadNotFoundError,
+)
+
 Message = dict[str, Any]
 Part = dict[str, Any]
 
@@ -31,29 +56,6 @@ def empty_rollup() -> dict[str, Any]:
     rollup: dict[str, Any] = dict.fromkeys(USAGE_KEYS, 0)
     rollup["cost_usd"] = None  # only set when a writer supplies a cost
     return rollup
-
-
-class StorageError(Exception):
-    """Base class for storage errors (re-exported by :mod:`thinkray.storage.db`)."""
-
-
-class NotFoundError(StorageError, KeyError):
-    """A session, message or thread that does not exist. Never silently created."""
-
-    def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
-        return str(self.args[0]) if self.args else "not found"
-
-
-class SessionNotFoundError(NotFoundError):
-    pass
-
-
-class MessageNotFoundError(NotFoundError):
-    pass
-
-
-class InvalidInputError(StorageError, ValueError):
-    """Input rejected before anything was written."""
 
 
 @dataclass
@@ -180,19 +182,6 @@ caller of the session-id API) are not threads and are untouched by the thread AP
 DEFAULT_SETTINGS_KEY = "sessions.default_settings"
 """Config key of the store-wide default session settings (e.g. ``{"compaction": {...}}``)
 that a thread's or session's own ``settings`` override (see ``get_effective_settings``)."""
-
-
-class ThreadNotFoundError(NotFoundError):
-    pass
-
-
-class ThreadExistsError(InvalidInputError):
-    """A thread with this key exists (clone never overwrites)."""
-
-
-class NotOnPathError(InvalidInputError):
-    """The message exists but is not where the operation needs it: not on the
-    session's current path, hidden, or of the wrong role."""
 
 
 @dataclass

@@ -36,6 +36,31 @@ from typing import Any
 import duckdb
 import msgpack
 from thinkray.storage.db import Database, Migration
+from thinkray.storage.errors import InvalidInputError, InvalidTypeError
+from thinkray.storage.errors import (  # re-exported: the errors live in thinkray.storage.errors
+    WorkspaceError as WorkspaceError,
+)
+from thinkray.storage.errors import (
+    WorkspaceExistsError as WorkspaceExistsError,
+)
+from thinkray.storage.errors import (
+    WorkspaceIsADirectoryError as WorkspaceIsADirectoryError,
+)
+from thinkray.storage.errors import (
+    WorkspaceLimitError as WorkspaceLimitError,
+)
+from thinkray.storage.errors import (
+    WorkspaceNotADirectoryError as WorkspaceNotADirectoryError,
+)
+from thinkray.storage.errors import (
+    WorkspaceNotEmptyError as WorkspaceNotEmptyError,
+)
+from thinkray.storage.errors import (
+    WorkspaceNotFoundError as WorkspaceNotFoundError,
+)
+from thinkray.storage.errors import (
+    WorkspacePathError as WorkspacePathError,
+)
 from thinkray.storage.records import (
     DEFAULT_MAX_ENTRIES,
     DEFAULT_MAX_FILE_BYTES,
@@ -43,41 +68,8 @@ from thinkray.storage.records import (
     EntryInfo,
     WorkspaceLimits,
 )
-from thinkray.storage.types import StorageError
 
 _BATCH = 64  # files fetched per query when iterating contents (grep)
-
-
-class WorkspaceError(StorageError):
-    """Base class of workspace errors. ``str(exc)`` is a message fit for a model."""
-
-
-class WorkspacePathError(WorkspaceError, ValueError):
-    """A path that is not in canonical form (normalize it with ``thinkray.runtime.tools.paths``)."""
-
-
-class WorkspaceNotFoundError(WorkspaceError, FileNotFoundError):
-    pass
-
-
-class WorkspaceExistsError(WorkspaceError, FileExistsError):
-    pass
-
-
-class WorkspaceIsADirectoryError(WorkspaceError, IsADirectoryError):
-    pass
-
-
-class WorkspaceNotADirectoryError(WorkspaceError, NotADirectoryError):
-    pass
-
-
-class WorkspaceNotEmptyError(WorkspaceError, OSError):
-    pass
-
-
-class WorkspaceLimitError(WorkspaceError):
-    """A write would exceed the file size, total size or entry count limit."""
 
 
 def _create_v1(con: duckdb.DuckDBPyConnection) -> None:
@@ -175,7 +167,7 @@ class DuckDBWorkspaceStore:
         max_entries: int | None = DEFAULT_MAX_ENTRIES,
     ) -> None:
         if not namespace or not isinstance(namespace, str):
-            raise ValueError("namespace must be a non-empty string")
+            raise InvalidInputError("namespace must be a non-empty string")
         self._db = db
         self.namespace = namespace
         self.limits = limits or WorkspaceLimits(max_file_bytes, max_total_bytes, max_entries)
@@ -298,7 +290,7 @@ class DuckDBWorkspaceStore:
         elif isinstance(content, bytes | bytearray | memoryview):
             data = bytes(content)
         else:
-            raise TypeError(f"content must be str or bytes, got {type(content).__name__}")
+            raise InvalidTypeError(f"content must be str or bytes, got {type(content).__name__}")
         limit = self.limits.max_file_bytes
         if limit is not None and len(data) > limit:
             raise WorkspaceLimitError(

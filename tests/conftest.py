@@ -83,7 +83,7 @@ def namespace_factory(ray_local, tmp_path):
     counter = iter(range(10_000))
 
     def make(agent_cls=None, **kwargs):
-        from thinkray.actors.demo import ScriptAgent
+        from tests.agents import ScriptAgent
 
         kwargs.setdefault("storage_root", str(tmp_path / "root"))
         kwargs.setdefault("pool_size", 2)

@@ -20,3 +20,13 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 15.0, interval: fl
 
 def text_of(message: dict[str, Any]) -> str:
     return "".join(p.get("text", "") for p in message["parts"] if p["type"] == "text")
+
+
+class Raiser:
+    """A bare Ray actor body for error round trips: raises or returns what it is given."""
+
+    def raise_it(self, error: BaseException) -> None:
+        raise error
+
+    def echo(self, error: BaseException) -> BaseException:
+        return error

@@ -20,8 +20,9 @@ def main(root: str) -> int:
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)
     try:
-        from thinkray.actors.demo import ScriptAgent
         from thinkray.actors.namespace import AgentNamespace
+
+        from tests.agents import ScriptAgent
 
         nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
         assert len(nodes) == 2, nodes

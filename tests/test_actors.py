@@ -85,7 +85,7 @@ def test_concurrent_get_or_create_yields_one_actor(namespace_factory, ray_local)
 
 
 def test_callback_actor_receives_every_chunk_in_order(namespace_factory, collector_cls):
-    from thinkray.actors.demo import ScriptAgent  # noqa: F401
+    from tests.agents import ScriptAgent  # noqa: F401
 
     ns = namespace_factory(agent_kwargs={"chunks": 300})
     collector = collector_cls.remote(delay=0.01)  # a lagging consumer

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.ray
 
 @pytest.fixture
 def agent(namespace_factory):
-    from thinkray.actors.demo import SessionAgent
+    from tests.agents import SessionAgent
 
     ns = namespace_factory(SessionAgent, agent_kwargs={"context_window": 2_000})
     return ns, ns.get("lifecycle")

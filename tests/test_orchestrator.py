@@ -52,13 +52,13 @@ READ_PLAN = script(
 def test_registry_persists_and_configures(orchestrator):
     ns, boss = orchestrator
     created = boss.create_subagent.remote("writer", {"model": WRITE_PLAN}).result()
-    assert created["status"] == "idle" and created["access"] == "read-write"
-    assert "token" not in str(created["config"])  # grants are never handed out
+    assert created.status == "idle" and created.access == "read-write"
+    assert "token" not in str(created.config)  # grants are never handed out
     boss.configure_subagent.remote("writer", {"instructions": "be terse"}).result()
     assert ns.hibernate("boss")  # the registry lives in the orchestrator's file
     listed = boss.list_subagents.remote().result()
-    assert [r["name"] for r in listed] == ["writer"]
-    assert listed[0]["config"]["instructions"] == "be terse"
+    assert [r.name for r in listed] == ["writer"]
+    assert listed[0].config["instructions"] == "be terse"
     from thinkray.storage.types import InvalidInputError
 
     with pytest.raises(InvalidInputError):
@@ -73,16 +73,16 @@ def test_blocking_and_fire_and_forget_delegation_share_a_workspace(orchestrator)
     boss.create_subagent.remote("reader", {"model": READ_PLAN}, access="read").result()
     started = time.perf_counter()
     pending = boss.delegate.remote("reader", "read the plan", wait=False).result()
-    assert pending["status"] == "running"
+    assert pending.status == "running"
     assert time.perf_counter() - started < 5  # returned at once, while it waits
     done = boss.delegate.remote("writer", "write the plan", wait=True).result()
-    assert done["status"] == "completed" and done["text"] == "I wrote the plan."
-    assert done["message"]["role"] == "assistant"
-    read = boss.wait_task.remote(pending["task_id"], 20).result()
-    assert read["status"] == "completed" and read["text"] == "The plan has two steps."
-    records = {r["name"]: r for r in boss.list_subagents.remote().result()}
-    assert records["reader"]["last_task"] == "read the plan"
-    assert records["reader"]["message_count"] == 2 and records["reader"]["status"] == "idle"
+    assert done.status == "completed" and done.text == "I wrote the plan."
+    assert done.message["role"] == "assistant"
+    read = boss.wait_task.remote(pending.task_id, 20).result()
+    assert read.status == "completed" and read.text == "The plan has two steps."
+    records = {r.name: r for r in boss.list_subagents.remote().result()}
+    assert records["reader"].last_task == "read the plan"
+    assert records["reader"].message_count == 2 and records["reader"].status == "idle"
 
 
 def test_viewer_attaches_mid_turn_and_gets_buffer_then_tail(orchestrator):
@@ -91,14 +91,14 @@ def test_viewer_attaches_mid_turn_and_gets_buffer_then_tail(orchestrator):
     boss.create_subagent.remote("talker", {"model": slow}).result()
     task = boss.delegate.remote("talker", "talk", wait=False).result()
     time.sleep(0.4)  # mid-turn
-    first_view = boss.view_task.remote(task["task_id"])
+    first_view = boss.view_task.remote(task.task_id)
     early = [next(first_view) for _ in range(3)]
     del first_view  # a viewer detaches: the task goes on
-    view = list(boss.view_task.remote(task["task_id"]))
+    view = list(boss.view_task.remote(task.task_id))
     assert view[:3] == early and view[0]["type"] == "start"
     deltas = [c["delta"].strip() for c in view if c["type"] == "text-delta"]
     assert deltas == [f"w{i}" for i in range(60)]  # replay + tail: complete, in order
-    assert boss.task_status.remote(task["task_id"]).result()["status"] == "completed"
+    assert boss.task_status.remote(task.task_id).result().status == "completed"
     # any caller can view a sub-agent's stream through the orchestrator
     routed = list(boss.view_subagent.remote("talker"))
     assert routed == view
@@ -117,15 +117,15 @@ def test_bridge_enforces_access_and_path_safety(orchestrator):
         "blind", {"model": script([{"text": "ok"}])}, access="none"
     ).result()
     ro = boss.delegate.remote("ro", "write", wait=True).result()
-    parts = tool_parts(ro["message"])
+    parts = tool_parts(ro.message)
     assert all(p["state"] == "output-error" for p in parts)
     assert "unknown tool" in parts[0]["errorText"]  # read access: no write tool at all
     rw = boss.delegate.remote("rw", "write", wait=True).result()
-    first, second = tool_parts(rw["message"])
+    first, second = tool_parts(rw.message)
     assert first["state"] == "output-available"
     assert second["state"] == "output-error" and ".." in second["errorText"]
     blind_tools = boss.delegate.remote("blind", "hi", wait=True).result()
-    assert blind_tools["status"] == "completed"
+    assert blind_tools.status == "completed"
 
 
 def test_forged_and_revoked_grants_are_refused(orchestrator, ray_local):
@@ -151,9 +151,9 @@ def test_abort_task_reaches_the_sub_agent_tool_call(orchestrator):
     boss.create_subagent.remote("waiter", {"model": waits}).result()
     task = boss.delegate.remote("waiter", "wait", wait=False).result()
     time.sleep(1.0)
-    assert boss.abort_task.remote(task["task_id"]).result() is True
-    status = boss.wait_task.remote(task["task_id"], 20).result()
-    assert status["status"] == "aborted"
+    assert boss.abort_task.remote(task.task_id).result() is True
+    status = boss.wait_task.remote(task.task_id, 20).result()
+    assert status.status == "aborted"
     from thinkray.actors.namespace import AgentNamespace
 
     sub = AgentNamespace.connect(f"{boss.namespace}.boss.subs").existing("waiter")
@@ -171,14 +171,14 @@ def test_aborting_the_parent_turn_aborts_sub_agent_turns(orchestrator):
         {"model": script([{"tool": "delegate_task", "input": {"agent": "deep", "task": "wait"}}])}
     ).result()
     run = boss.stream_chat.remote("delegate it")
-    wait_until(lambda: any(t["status"] == "running" for t in boss.list_tasks.remote().result()))
+    wait_until(lambda: any(t.status == "running" for t in boss.list_tasks.remote().result()))
     time.sleep(0.3)
     assert run.receiver.abort("user pressed stop")
     tasks = wait_until(
-        lambda: [t for t in boss.list_tasks.remote().result() if t["status"] == "aborted"],
+        lambda: [t for t in boss.list_tasks.remote().result() if t.status == "aborted"],
         timeout=20,
     )
-    assert tasks[0]["agent"] == "deep"
+    assert tasks[0].agent == "deep"
     parent_part = tool_parts(boss.get_history.remote().result()[-1])[0]
     assert parent_part["state"] == "output-error"
 
@@ -204,11 +204,11 @@ def test_code_execution_in_sub_agent_stays_healthy(orchestrator):
         "coder", {"model": runs, "code_execution": True, "code_timeout": 1.5}
     ).result()
     result = boss.delegate.remote("coder", "compute", wait=True).result()
-    ok, looped, read = tool_parts(result["message"])
+    ok, looped, read = tool_parts(result.message)
     assert ok["state"] == "output-available" and "42" in str(ok["output"])
     assert looped["state"] == "output-error" and "timed out" in looped["errorText"]
     assert "computed 42" in str(read["output"])
-    assert result["status"] == "completed"  # the actor stayed healthy
+    assert result.status == "completed"  # the actor stayed healthy
 
 
 EXTENSION = """
@@ -233,12 +233,52 @@ def test_extension_written_on_one_turn_is_a_tool_on_the_next_and_survives_hibern
     )
     boss.create_subagent.remote("ext", {"model": steps, "extensions": True}).result()
     first = boss.delegate.remote("ext", "load it", wait=True).result()
-    assert tool_parts(first["message"])[0]["state"] == "output-available"
+    assert tool_parts(first.message)[0]["state"] == "output-available"
     subs = AgentNamespace.connect(f"{boss.namespace}.boss.subs")
     assert subs.hibernate("ext")
     use = script([{"tool": "calc__mul", "input": {"a": 6, "b": 7}}], [{"text": "42"}])
     boss.configure_subagent.remote("ext", {"model": use}).result()
     second = boss.delegate.remote("ext", "use it", wait=True).result()
-    part = tool_parts(second["message"])[0]
+    part = tool_parts(second.message)[0]
     assert part["state"] == "output-available" and "42" in str(part["output"])
     assert (Path(subs.storage_root) / subs.name / "ext.duckdb").exists()
+
+
+def test_sub_agent_without_a_model_is_a_clear_user_error(orchestrator):
+    from thinkray.runtime.errors import ModelNotConfiguredError, UserError
+
+    _, boss = orchestrator
+    with pytest.raises(ModelNotConfiguredError, match="sub-agent 'blank' has no model") as caught:
+        boss.create_subagent.remote("blank", {"instructions": "help"}).result()
+    assert isinstance(caught.value, UserError)
+    assert boss.list_subagents.remote().result() == []  # nothing was registered
+    # configuring it away later is refused too, and changes nothing
+    boss.create_subagent.remote("writer", {"model": WRITE_PLAN}).result()
+    with pytest.raises(ModelNotConfiguredError):
+        boss.configure_subagent.remote("writer", {"model": None}).result()
+    assert boss.get_subagent.remote("writer").result().config["model"] == WRITE_PLAN
+
+
+def test_a_sub_agent_without_its_own_model_uses_the_orchestrators(orchestrator):
+    _, boss = orchestrator
+    boss.configure.remote({"model": WRITE_PLAN}).result()
+    record = boss.create_subagent.remote("heir", {"instructions": "write"}).result()
+    assert record.config["model"] == WRITE_PLAN
+    done = boss.delegate.remote("heir", "write the plan").result()
+    assert done.status == "completed" and done.text == "I wrote the plan."
+
+
+def test_build_model_never_falls_back_to_a_demo_model():
+    from thinkray.actors.orchestrator import build_model
+    from thinkray.runtime.errors import ModelNotConfiguredError, UnknownModelError
+    from thinkray.runtime.models.testing import ScriptedModel
+
+    with pytest.raises(ModelNotConfiguredError):
+        build_model(None)
+    with pytest.raises(ModelNotConfiguredError):
+        build_model({})
+    with pytest.raises(UnknownModelError, match="'openai'"):
+        build_model({"provider": "openai"})
+    given = ScriptedModel([])
+    assert build_model({}, given) is given
+    assert build_model({"provider": "script", "steps": [[{"text": "hi"}]]}) is not given

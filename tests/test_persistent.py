@@ -9,7 +9,6 @@ import pytest
 from thinkray.runtime.agents.persistent import (
     InboxMessageFailedError,
     PersistentAgent,
-    ScriptedPersistentAgent,
     history_text,
     inbox_notifier,
     persistent_agent_tool,
@@ -27,6 +26,8 @@ from thinkray.runtime.models.testing import (
     tool_call,
 )
 from thinkray.storage.protocols import InboxStore
+
+from tests.agents import ScriptedPersistentAgent
 
 
 def user_texts(request: ModelRequest) -> list[str]:

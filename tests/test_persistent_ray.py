@@ -5,10 +5,10 @@ actor-hosted agent as a tool through HandleTarget."""
 from __future__ import annotations
 
 import pytest
-from thinkray.runtime.agents.persistent import ScriptedPersistentAgent
 from thinkray.storage.layout import session_path
 from thinkray.storage.stores import open_stores
 
+from tests.agents import ScriptedPersistentAgent
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.ray

@@ -396,3 +396,20 @@ def test_bad_configuration_is_refused():
         WorkerAgent("w", instructions="x", model=model, output_type=dict)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="mode"):
         WorkerAgent("w", instructions="x", model=model).as_tool("later")  # type: ignore[arg-type]
+
+
+def test_a_worker_without_a_model_is_refused_at_construction():
+    from thinkray.runtime.errors import ModelNotConfiguredError, UserError
+
+    with pytest.raises(ModelNotConfiguredError, match="worker 'w' has no model") as caught:
+        WorkerAgent("w", instructions="Do it.", model=None)  # type: ignore[arg-type]
+    assert isinstance(caught.value, UserError)
+
+
+def test_a_think_without_a_model_says_how_to_give_it_one(tmp_path):
+    from thinkray.runtime.agents.think import Think
+    from thinkray.runtime.errors import ModelNotConfiguredError
+
+    agent = Think(tmp_path / "a.duckdb")
+    with pytest.raises(ModelNotConfiguredError, match="Think has no model"):
+        agent.get_model()

@@ -8,7 +8,7 @@ pytestmark = pytest.mark.ray
 
 
 def test_worker_tool_inside_a_session_actor(namespace_factory):
-    from thinkray.actors.demo import WorkerHostAgent
+    from tests.agents import WorkerHostAgent
 
     ns = namespace_factory(WorkerHostAgent)
     agent = ns.get("host")

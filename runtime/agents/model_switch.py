@@ -14,6 +14,15 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any
 
+from thinkray.runtime.errors import (
+    CONTEXT_SWITCH_ERROR as CONTEXT_SWITCH_ERROR,
+)
+from thinkray.runtime.errors import (  # re-exported: the errors live in thinkray.runtime.errors
+    ModelSwitchError as ModelSwitchError,
+)
+from thinkray.runtime.errors import (
+    UnknownModelError as UnknownModelError,
+)
 from thinkray.runtime.models.base import Model
 from thinkray.storage.types import DEFAULT_SETTINGS_KEY
 
@@ -21,11 +30,6 @@ if TYPE_CHECKING:
     from thinkray.runtime.agents.runs import RunState
     from thinkray.runtime.agents.think import Think
 
-CONTEXT_SWITCH_ERROR = (
-    "Switching to a model with a smaller context window would lose the conversation; "
-    "consider branching with the new model."
-)
-"""Seed 002's message for a model switch that compaction cannot make fit."""
 
 DEFAULT_RESERVE_TOKENS = 20_000
 """Seed 002: reserve = min(20k tokens, model.max_output) unless configured."""
@@ -46,18 +50,6 @@ __all__ = [
     "model_info",
     "compact_for_model",
 ]
-
-
-class ModelSwitchError(RuntimeError):
-    """The selected model cannot hold the conversation, even after compaction."""
-
-    def __init__(self, message: str = CONTEXT_SWITCH_ERROR, **details: Any) -> None:
-        super().__init__(message)
-        self.details = details
-
-
-class UnknownModelError(ValueError):
-    """A model selection that ``resolve_model`` cannot map to a model."""
 
 
 # -- per-turn model --------------------------------------------------------------------

@@ -48,7 +48,6 @@ import dataclasses
 import inspect
 import logging
 import os
-import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -57,34 +56,25 @@ from pydantic import BaseModel, ConfigDict, Field
 from thinkray.runtime.agents.context import AgentContext, context_being_constructed
 from thinkray.runtime.agents.think import ChatOptions, ChatResult, Think
 from thinkray.runtime.agents.worker import JobRegistry
+from thinkray.runtime.errors import (
+    AgentClosedError as AgentClosedError,
+)
+from thinkray.runtime.errors import (  # re-exported: the errors live in thinkray.runtime.errors
+    InboxMessageFailedError as InboxMessageFailedError,
+)
+from thinkray.runtime.errors import InvalidArgumentError, InvalidTypeError, OperationTimeoutError
 from thinkray.runtime.messages import message_text, parse_message
-from thinkray.runtime.models.base import Model, ModelMessage, ModelRequest
-from thinkray.runtime.models.testing import FunctionModel, Reply, reply, tool_call
+from thinkray.runtime.models.base import Model, ModelMessage
 from thinkray.runtime.remote import remote
 from thinkray.runtime.status import SessionBusyError
 from thinkray.runtime.tools.base import ModelTool, Tool, ToolContext, ToolExecutionError
 from thinkray.runtime.turn.persistence import prepare_message
-from thinkray.storage.db import DatabaseClosedError
-from thinkray.storage.inbox import InboxMessageNotFoundError
+from thinkray.storage.errors import DatabaseClosedError, InboxMessageNotFoundError
 from thinkray.storage.protocols import InboxRow, InboxStore, SessionStore
 
 log = logging.getLogger("thinkray.persistent")
 
 INBOX_SESSION_KEY = "persistent.session"
-
-
-class InboxMessageFailedError(RuntimeError):
-    """The message was processed and its generation cycle failed (or was aborted)."""
-
-    def __init__(self, message_id: str, error: str | None) -> None:
-        super().__init__(f"message {message_id!r} failed: {error or 'unknown error'}")
-        self.message_id = message_id
-        self.error = error
-
-
-class AgentClosedError(RuntimeError):
-    """The agent closed (hibernation, dispose) while a caller waited for a reply. The
-    message is kept and will be answered after the next wake."""
 
 
 def _open_store(store: SessionStore | str | os.PathLike[str] | None) -> SessionStore:
@@ -193,12 +183,14 @@ class PersistentAgent(Think):
         changes nothing). ``content`` is text or a UIMessage dict (its parts are kept)."""
         if isinstance(content, str):
             if not content.strip():
-                raise ValueError("message content is empty")
+                raise InvalidArgumentError("message content is empty")
             stored: Any = content
         elif isinstance(content, dict):
             stored = parse_message(content, role="user")["parts"]
         else:
-            raise TypeError(f"content must be a string or a UIMessage dict, not {type(content)}")
+            raise InvalidTypeError(
+                f"content must be a string or a UIMessage dict, not {type(content)}"
+            )
         row, _created = self.inbox.insert(
             stored, sender=sender, message_id=message_id, metadata=metadata
         )
@@ -224,14 +216,16 @@ class PersistentAgent(Think):
                 self._kick()  # self-healing: a pending row always has a loop behind it
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
-                raise TimeoutError(f"no reply to {message_id!r} within {timeout}s")
+                raise OperationTimeoutError(f"no reply to {message_id!r} within {timeout}s")
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             waiters = self._waiters.setdefault(message_id, [])
             waiters.append(future)
             try:
                 await asyncio.wait_for(future, remaining)
             except TimeoutError:
-                raise TimeoutError(f"no reply to {message_id!r} within {timeout}s") from None
+                raise OperationTimeoutError(
+                    f"no reply to {message_id!r} within {timeout}s"
+                ) from None
             finally:
                 if future in waiters:
                     waiters.remove(future)
@@ -664,68 +658,6 @@ def inbox_notifier(target: Any, *, sender: str = "jobs") -> Any:
     return listener
 
 
-# -- a deterministic agent for tests and demos (importable by Ray workers) ------------------
-
-_ASK = re.compile(r"^ask (?P<peer>[A-Za-z0-9_-]+):\s*(?P<text>.+)$", re.S)
-
-
-class ScriptedPersistentAgent(PersistentAgent):
-    """A persistent agent with a deterministic model, shipped for tests and demos.
-
-    Each cycle answers ``"<name> got: <texts of the batch> (message <n>)"`` where ``n``
-    counts the user messages in its history (its memory). A message ``ask <peer>:
-    <text>`` makes it call the ``ask_<peer>`` tool (a blocking persistent-agent tool
-    over ``peers[peer]``: a local agent or a Ray ``AgentHandle``) and then answer
-    ``"<peer> replied: <reply>"``. ``delay`` slows every model event.
-    """
-
-    def __init__(
-        self,
-        store: Any = None,
-        *,
-        name: str | None = None,
-        delay: float = 0.0,
-        peers: Mapping[str, Any] | None = None,
-    ) -> None:
-        self.delay = delay
-        self.peers = dict(peers or {})
-        super().__init__(
-            store,
-            name=name,
-            model=FunctionModel(self._step, model_id="scripted-persistent", delay=delay),
-            instructions="You are a scripted persistent agent.",
-        )
-
-    def get_tools(self) -> dict[str, Tool]:
-        tools = super().get_tools()
-        for peer, target in self.peers.items():
-            if not hasattr(target, "send") or hasattr(target.send, "remote"):
-                target = HandleTarget(target)  # an actor handle: its methods go by .remote
-            tools[f"ask_{peer}"] = persistent_agent_tool(
-                target, name=f"ask_{peer}", description=f"Ask the agent {peer!r} and wait."
-            )
-        return tools
-
-    def _step(self, request: ModelRequest, step: int) -> Reply:
-        last = request.messages[-1] if request.messages else None
-        if last is not None and last.role == "tool":
-            result = last.content[0]
-            peer = result.tool_name.removeprefix("ask_")
-            return reply(f"{peer} replied: {result.output}")
-        batch: list[str] = []
-        for msg in reversed(request.messages):
-            if msg.role != "user":
-                break
-            batch.insert(0, "".join(getattr(c, "text", "") for c in msg.content))
-        tools = {t.name for t in request.tools}
-        for text in batch:
-            match = _ASK.match(text.strip())
-            if match and f"ask_{match['peer']}" in tools:
-                return reply(tool_call(f"ask_{match['peer']}", {"message": match["text"]}))
-        count = sum(1 for m in request.messages if m.role == "user")
-        return reply(f"{self.agent_name} got: {' | '.join(batch)} (message {count})")
-
-
 def history_text(agent: Think, session_id: str | None = None) -> list[tuple[str, str]]:
     """``(role, text)`` of a persistent agent's conversation (handy in tests)."""
     return [(m["role"], message_text(m)) for m in agent.get_history(session_id)]
@@ -736,7 +668,6 @@ __all__ = [
     "HandleTarget",
     "InboxMessageFailedError",
     "PersistentAgent",
-    "ScriptedPersistentAgent",
     "history_text",
     "inbox_notifier",
     "persistent_agent_tool",

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from thinkray.runtime.abort import AbortController, AbortSignal
 from thinkray.runtime.chunks import UIChunk
-from thinkray.runtime.errors import ThinkrayError
+from thinkray.runtime.errors import (  # re-exported: the errors live in thinkray.runtime.errors
+    NoRunError as NoRunError,
+)
 from thinkray.runtime.turn.loop import LoopHooks, LoopResult
 from thinkray.runtime.turn.stream import RunStream
 
@@ -82,10 +84,6 @@ class ChatOptions:
         if self.emitter is None:
             raise NoRunError("these ChatOptions belong to no run: nothing to emit into")
         await self.emitter(chunk)
-
-
-class NoRunError(ThinkrayError, RuntimeError):
-    """Something that needs a run in flight was used outside one."""
 
 
 @dataclass

@@ -42,7 +42,10 @@ from thinkray.runtime.chunks import UIChunk, from_chunk_log
 from thinkray.runtime.durable.fibers import FiberManager
 from thinkray.runtime.durable.schedules import Scheduler
 from thinkray.runtime.durable.services import DurableServices
-from thinkray.runtime.errors import UserError
+from thinkray.runtime.errors import (  # re-exported: the errors live in thinkray.runtime.errors
+    InvalidConfigError as InvalidConfigError,
+)
+from thinkray.runtime.errors import ModelNotConfiguredError
 from thinkray.runtime.messages import Role, parse_message
 from thinkray.runtime.models.base import Model, ModelMessage
 from thinkray.runtime.remote import remote
@@ -70,10 +73,6 @@ __all__ = [
 ]
 
 CONFIG_KEY = "think.config"
-
-
-class InvalidConfigError(UserError, TypeError):
-    """``configure`` was given something that is not a dict."""
 
 
 class _StartsAfterInit(type):
@@ -152,10 +151,16 @@ class Think(metaclass=_StartsAfterInit):
     # -- override points --------------------------------------------------------------
 
     def get_model(self) -> Model:
-        """The default model. Raises NotImplementedError unless overridden or given."""
+        """The default model: the one given as ``model=``, unless overridden.
+
+        Raises:
+            ModelNotConfiguredError: no model was given and this is not overridden.
+        """
         if self._model is not None:
             return self._model
-        raise NotImplementedError("override get_model() or pass model= to Think")
+        raise ModelNotConfiguredError(
+            f"{type(self).__name__} has no model: override get_model() or pass model="
+        )
 
     def get_system_prompt(self) -> str:
         """The system prompt (may be async in a subclass)."""

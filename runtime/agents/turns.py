@@ -31,7 +31,12 @@ from thinkray.runtime.agents import model_switch
 from thinkray.runtime.agents.runs import ChatOptions, ChatResult, RunState, RunStatus
 from thinkray.runtime.agents.runs import StreamCallback as StreamCallback
 from thinkray.runtime.chunks import UIChunk, tool_output_error
-from thinkray.runtime.errors import UserError
+from thinkray.runtime.errors import (
+    DuplicateRunError as DuplicateRunError,
+)
+from thinkray.runtime.errors import (  # re-exported: the errors live in thinkray.runtime.errors
+    NothingToAnswerError as NothingToAnswerError,
+)
 from thinkray.runtime.messages import Role, new_id, parse_message
 from thinkray.runtime.models.base import ModelError
 from thinkray.runtime.status import SessionBusyError, SessionStatus, StatusBoard
@@ -51,14 +56,6 @@ log = logging.getLogger("thinkray.think")
 ORPHAN_ERROR = "aborted by restart: the tool call did not complete before the agent restarted"
 
 __all__ = ["ORPHAN_ERROR", "DuplicateRunError", "NothingToAnswerError", "TurnRunner"]
-
-
-class NothingToAnswerError(UserError, ValueError):
-    """A turn without a message was asked of an empty session."""
-
-
-class DuplicateRunError(UserError, ValueError):
-    """A run id that is already in flight was given to a new turn."""
 
 
 class TurnRunner:

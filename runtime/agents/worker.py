@@ -44,6 +44,29 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from thinkray.runtime.abort import AbortController, AbortError, AbortSignal
 from thinkray.runtime.chunks import tool_output_error
+from thinkray.runtime.errors import (
+    InvalidArgumentError,
+    InvalidStateError,
+    InvalidTypeError,
+    ModelNotConfiguredError,
+    OperationTimeoutError,
+    UnknownJobError,
+)
+from thinkray.runtime.errors import (
+    WorkerDepthError as WorkerDepthError,
+)
+from thinkray.runtime.errors import (  # re-exported: the errors live in thinkray.runtime.errors
+    WorkerError as WorkerError,
+)
+from thinkray.runtime.errors import (
+    WorkerInputError as WorkerInputError,
+)
+from thinkray.runtime.errors import (
+    WorkerOutputError as WorkerOutputError,
+)
+from thinkray.runtime.errors import (
+    WorkerTimeoutError as WorkerTimeoutError,
+)
 from thinkray.runtime.messages import new_id
 from thinkray.runtime.models.base import Model, ModelMessage, TextContent
 from thinkray.runtime.tools.base import (
@@ -59,7 +82,7 @@ from thinkray.runtime.turn.loop import LoopResult, RetryPolicy, run_loop
 from thinkray.runtime.turn.persistence import PersistCache, prepare_message
 from thinkray.runtime.turn.recorder import Recorder
 from thinkray.runtime.usage import Usage
-from thinkray.storage.db import DatabaseClosedError
+from thinkray.storage.errors import DatabaseClosedError
 from thinkray.storage.protocols import JobRecord, JobStore, SessionStore
 from thinkray.storage.records import JOB_FINISHED
 
@@ -85,26 +108,6 @@ _FINAL_DESCRIPTION = (
     "The final response which ends this task. Call it exactly once, when you are "
     "done, with input matching this schema."
 )
-
-
-class WorkerError(RuntimeError):
-    """Base class of worker failures (other than abort, which stays AbortError)."""
-
-
-class WorkerInputError(WorkerError, ValueError):
-    """The input does not match the worker's ``input_type``. Raised before any model call."""
-
-
-class WorkerOutputError(WorkerError):
-    """No valid output within ``max_steps``: the last validation problem is included."""
-
-
-class WorkerTimeoutError(WorkerError, TimeoutError):
-    """The run exceeded the worker's ``timeout``; it was aborted."""
-
-
-class WorkerDepthError(WorkerError):
-    """Workers calling workers nested deeper than ``max_depth``."""
 
 
 MessagesBuilder = Callable[[Any], Any]
@@ -152,7 +155,7 @@ def _is_model(value: Model | Callable[[], Model]) -> TypeIs[Model]:
 def _check_type(kind: str, value: Any) -> type:
     if value is str or (isinstance(value, type) and issubclass(value, BaseModel)):
         return value
-    raise TypeError(f"{kind} must be str or a pydantic BaseModel subclass, got {value!r}")
+    raise InvalidTypeError(f"{kind} must be str or a pydantic BaseModel subclass, got {value!r}")
 
 
 class WorkerAgent(Generic[T]):
@@ -182,16 +185,20 @@ class WorkerAgent(Generic[T]):
         max_depth: int = DEFAULT_MAX_DEPTH,
     ) -> None:
         if not isinstance(name, str) or not _TOOL_NAME.match(name):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"invalid worker name {name!r}: 1-64 letters, digits, '_' or '-' "
                 "(it is also the tool name)"
             )
         if not isinstance(max_steps, int) or max_steps < 1:
-            raise ValueError("max_steps must be an int >= 1")
+            raise InvalidArgumentError("max_steps must be an int >= 1")
         if timeout is not None and timeout <= 0:
-            raise ValueError("timeout must be > 0 seconds")
+            raise InvalidArgumentError("timeout must be > 0 seconds")
         self.name = name
         self.instructions = instructions
+        if model is None:
+            raise ModelNotConfiguredError(
+                f"worker {name!r} has no model: pass model= (a Model or a factory of one)"
+            )
         self._model = model
         self.input_type = _check_type("input_type", input_type)
         self.output_type = _check_type("output_type", output_type)
@@ -210,7 +217,9 @@ class WorkerAgent(Generic[T]):
                 t = t.as_tool() if isinstance(t, WorkerAgent) else t
                 self.tools[t.name] = t
         if self.structured and FINAL_RESULT_TOOL in self.tools:
-            raise ValueError(f"the tool name {FINAL_RESULT_TOOL!r} is reserved for the output")
+            raise InvalidArgumentError(
+                f"the tool name {FINAL_RESULT_TOOL!r} is reserved for the output"
+            )
         self.jobs = JobRegistry()  # used by async tools when there is no owning agent
 
     def __repr__(self) -> str:
@@ -505,7 +514,7 @@ class WorkerAgent(Generic[T]):
         aborts it with the calling turn instead.
         """
         if mode not in ("blocking", "async"):
-            raise ValueError(f"mode must be 'blocking' or 'async', got {mode!r}")
+            raise InvalidArgumentError(f"mode must be 'blocking' or 'async', got {mode!r}")
         return WorkerTool(
             self,
             mode,
@@ -790,7 +799,7 @@ class JobRegistry:
     ) -> JobRecord:
         """Start ``await work(signal)`` in the background."""
         if self._closing:
-            raise RuntimeError("the job registry is closed")
+            raise InvalidStateError("the job registry is closed")
         if job_id is not None:
             existing = self.get(job_id)
             if existing is not None:
@@ -908,7 +917,7 @@ class JobRegistry:
         ``timeout`` seconds (the job goes on)."""
         record = self.get(job_id)
         if record is None:
-            raise KeyError(f"unknown job {job_id!r}")
+            raise UnknownJobError(f"unknown job {job_id!r}")
         task = self._tasks.get(job_id)
         if task is not None and not record.finished:
             try:
@@ -917,7 +926,9 @@ class JobRegistry:
                 if not task.cancelled():
                     raise
             except TimeoutError:
-                raise TimeoutError(f"job {job_id!r} still running after {timeout}s") from None
+                raise OperationTimeoutError(
+                    f"job {job_id!r} still running after {timeout}s"
+                ) from None
             record = self.get(job_id) or record
         return record
 

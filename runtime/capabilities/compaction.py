@@ -102,6 +102,19 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 from thinkray.runtime.abort import AbortController, AbortError, AbortSignal
 from thinkray.runtime.chunks import DataChunk, UIChunk
+from thinkray.runtime.errors import (  # re-exported: the errors live in thinkray.runtime.errors
+    CompactionError as CompactionError,
+)
+from thinkray.runtime.errors import (
+    CompactionSpecLimitError as CompactionSpecLimitError,
+)
+from thinkray.runtime.errors import InvalidArgumentError
+from thinkray.runtime.errors import (
+    NothingToCompactError as NothingToCompactError,
+)
+from thinkray.runtime.errors import (
+    SummarizerError as SummarizerError,
+)
 from thinkray.runtime.messages import new_id
 from thinkray.runtime.models.base import ModelError, ModelMessage, TextContent
 from thinkray.runtime.remote import remote
@@ -245,7 +258,7 @@ def summarized_ids(store: Any, session_id: str, compaction_message_id: str) -> l
     rows = store.get_path(session_id, leaf_id=compaction_message_id)
     part = compaction_part(rows[-1].message) if rows else None
     if part is None:
-        raise ValueError(f"message {compaction_message_id!r} is not a compaction")
+        raise InvalidArgumentError(f"message {compaction_message_id!r} is not a compaction")
     data = part.get("data") or {}
     covers = data.get("covers") or {}
     if isinstance(covers, dict):
@@ -340,26 +353,6 @@ class CompactionConfig(BaseModel):
         merged = CompactionConfig.model_validate(data)
         merged.summary_model = self.summary_model
         return merged
-
-
-class CompactionError(RuntimeError):
-    """Compaction could not run. Nothing was written."""
-
-
-class NothingToCompactError(CompactionError):
-    """The session is empty, or nothing lies before the tail."""
-
-
-class CompactionSpecLimitError(CompactionError):
-    """The history exceeds the summarizer's input and no recovery rung is enabled."""
-
-
-class SummarizerError(CompactionError):
-    """The summarizer failed (``transient``: worth a retry)."""
-
-    def __init__(self, message: str, *, transient: bool = False) -> None:
-        super().__init__(message)
-        self.transient = transient
 
 
 @dataclass

@@ -55,6 +55,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from thinkray.runtime.errors import (  # re-exported: the errors live in thinkray.runtime.errors
+    ApprovalNotFoundError as ApprovalNotFoundError,
+)
+from thinkray.runtime.errors import InvalidArgumentError
 from thinkray.runtime.messages import new_id
 from thinkray.runtime.turn.loop import ToolDenial
 
@@ -306,18 +310,13 @@ class StoreProjectRules:
 
 def _scoped(rule: PermissionRule, scope: Scope) -> PermissionRule:
     if rule.pin and scope != "manifest":
-        raise ValueError(f"pin is only meaningful in the manifest scope, not the {scope} scope")
+        raise InvalidArgumentError(
+            f"pin is only meaningful in the manifest scope, not the {scope} scope"
+        )
     return rule
 
 
 # -- approvals --------------------------------------------------------------------------
-
-
-class ApprovalNotFoundError(LookupError):
-    """No approval with this id is waiting (unknown, already answered, or expired)."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else "approval not found"
 
 
 @dataclass
@@ -476,7 +475,9 @@ class Permissions:
         pending asks that the new rule now allows are released too. A manifest pin
         still wins over the new rule on later calls."""
         if decision not in ("deny", "once", "session", "always"):
-            raise ValueError(f"decision must be deny, once, session or always, not {decision!r}")
+            raise InvalidArgumentError(
+                f"decision must be deny, once, session or always, not {decision!r}"
+            )
         approval = self._approvals.get(approval_id)
         if approval is None or approval.status != "pending":
             raise ApprovalNotFoundError(f"no pending approval {approval_id!r}")

@@ -49,8 +49,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from thinkray.runtime.abort import AbortController, AbortError, AbortSignal
+from thinkray.runtime.errors import InvalidArgumentError, InvalidStateError, OperationTimeoutError
 from thinkray.storage.codec import pack
-from thinkray.storage.fibers import FiberNotFoundError
+from thinkray.storage.errors import FiberNotFoundError
 from thinkray.storage.protocols import FiberRecord, FiberStore
 from thinkray.storage.records import FiberStatus
 
@@ -85,7 +86,7 @@ class FiberContext:
         """Persist ``data`` as this fiber's checkpoint (msgpack-able). A restart after
         a failure or an eviction gets it back as ``ctx.checkpoint``."""
         if self._stash is None:
-            raise RuntimeError("this fiber context is detached")
+            raise InvalidStateError("this fiber context is detached")
         self._stash(self.fiber_id, data)
         self.checkpoint = data
 
@@ -151,7 +152,7 @@ class FiberManager:
         self._check_open()
         asyncio.get_running_loop()  # RuntimeError outside a loop, before any write
         if not callable(getattr(self.host, method, None)):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"{type(self.host).__name__} has no method {method!r} to run as a fiber"
             )
         record = self.store.insert_fiber(method, payload, max_retries=max_retries)
@@ -271,7 +272,7 @@ class FiberManager:
         Raises RuntimeError outside a fiber of this manager."""
         cur = _current.get()
         if cur is None or cur[0] is not self:
-            raise RuntimeError("stash_fiber() called outside a running fiber")
+            raise InvalidStateError("stash_fiber() called outside a running fiber")
         cur[1].stash(data)
 
     # -- control -----------------------------------------------------------------------
@@ -336,7 +337,7 @@ class FiberManager:
                 break
             done, _ = await asyncio.wait({target}, timeout=remaining)
             if not done:
-                raise TimeoutError(f"fiber {fiber_id} still running after {timeout}s")
+                raise OperationTimeoutError(f"fiber {fiber_id} still running after {timeout}s")
         record = self.store.get_fiber(fiber_id)
         if record is None:
             raise FiberNotFoundError(f"fiber {fiber_id!r} not found")
@@ -459,7 +460,7 @@ class FiberManager:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError("fiber manager is closed")
+            raise InvalidStateError("fiber manager is closed")
 
     @property
     def closed(self) -> bool:

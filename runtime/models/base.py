@@ -13,6 +13,9 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
+from thinkray.runtime.errors import (  # re-exported: the errors live in thinkray.runtime.errors
+    ModelError as ModelError,
+)
 from thinkray.runtime.usage import Usage
 
 FinishReason = Literal["stop", "length", "content-filter", "tool-calls", "error", "other"]
@@ -176,24 +179,6 @@ ModelEvent = Annotated[
 
 
 # -- errors ------------------------------------------------------------------------------
-
-
-class ModelError(Exception):
-    """A model call failed. ``transient`` errors are retried by the loop with backoff
-    (only while the step has emitted nothing, so no output is ever duplicated)."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        transient: bool = False,
-        status_code: int | None = None,
-        retry_after: float | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.transient = transient
-        self.status_code = status_code
-        self.retry_after = retry_after
 
 
 # -- the protocol --------------------------------------------------------------------------

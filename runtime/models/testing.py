@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from thinkray.runtime.errors import InvalidArgumentError
 from thinkray.runtime.models.base import (
     FinishReason,
     ModelError,
@@ -319,7 +320,7 @@ def model_from_spec(spec: dict[str, Any]) -> ScriptedModel:
             elif "pause" in item:
                 items.append(pause(float(item["pause"])))
             else:
-                raise ValueError(f"unknown script item {item!r}")
+                raise InvalidArgumentError(f"unknown script item {item!r}")
         replies.append(reply(*items))
     return ScriptedModel(
         replies, delay=float(spec.get("delay", 0.0)), model_id=spec.get("model_id", "scripted")

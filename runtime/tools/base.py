@@ -15,15 +15,14 @@ from typing import Any, Protocol, get_type_hints, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from thinkray.runtime.abort import AbortSignal
+from thinkray.runtime.errors import InvalidTypeError
+from thinkray.runtime.errors import (
+    ToolExecutionError as ToolExecutionError,
+)
+from thinkray.runtime.errors import (  # re-exported: the errors live in thinkray.runtime.errors
+    ToolInputError as ToolInputError,
+)
 from thinkray.runtime.models.base import ToolSpec
-
-
-class ToolInputError(ValueError):
-    """The model's arguments did not validate. Sent back to the model as a tool error."""
-
-
-class ToolExecutionError(RuntimeError):
-    """A tool failed. Its message is sent back to the model as a tool error."""
 
 
 @dataclass
@@ -145,7 +144,7 @@ def tool(
             if pname == "ctx":
                 continue
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-                raise TypeError(f"tool {f.__name__}: *args/**kwargs are not supported")
+                raise InvalidTypeError(f"tool {f.__name__}: *args/**kwargs are not supported")
             annotation = hints.get(pname, Any)
             default = param.default if param.default is not param.empty else ...
             fields[pname] = (annotation, default)

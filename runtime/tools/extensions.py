@@ -44,6 +44,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from thinkray.runtime.errors import (  # re-exported: the errors live in thinkray.runtime.errors
+    ExtensionError as ExtensionError,
+)
+from thinkray.runtime.errors import InvalidArgumentError
 from thinkray.runtime.tools.base import (
     ModelTool,
     ToolContext,
@@ -63,10 +67,6 @@ MAX_TOOL_NAME = 64  # Anthropic's limit for a tool name
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 _TOOL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
-
-
-class ExtensionError(ValueError):
-    """An extension could not be loaded, found or run. The message is for the model."""
 
 
 class ExtensionPermissions(BaseModel):
@@ -89,7 +89,7 @@ class ExtensionToolSpec(BaseModel):
     @classmethod
     def _check_name(cls, value: str) -> str:
         if not _TOOL_NAME.match(value) or SEPARATOR in value:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"tool name {value!r} must start with a letter, use only letters, digits "
                 f"and single underscores, and be at most 64 characters"
             )
@@ -101,7 +101,7 @@ class ExtensionToolSpec(BaseModel):
         value = dict(value)
         value.setdefault("type", "object")
         if value["type"] != "object":
-            raise ValueError("input_schema must describe an object (type 'object')")
+            raise InvalidArgumentError("input_schema must describe an object (type 'object')")
         json.dumps(value)
         return value
 
@@ -121,7 +121,7 @@ class ExtensionManifest(BaseModel):
     @classmethod
     def _check_name(cls, value: str) -> str:
         if not _NAME.match(value) or SEPARATOR in value:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"extension name {value!r} must be lowercase letters, digits and single "
                 "underscores, start with a letter, at most 32 characters"
             )

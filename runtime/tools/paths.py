@@ -33,26 +33,15 @@ from __future__ import annotations
 import re
 import unicodedata
 
+from thinkray.runtime.errors import (  # re-exported: the errors live in thinkray.runtime.errors
+    UnsafePathError as UnsafePathError,
+)
+
 MAX_SEGMENT_BYTES = 255
 MAX_PATH_BYTES = 4096
 
 ROOT = ""
 """The canonical form of the workspace root (only with ``allow_root=True``)."""
-
-
-class UnsafePathError(ValueError):
-    """A path that could escape the workspace or be misread by some layer.
-
-    ``path`` is the offending input, ``reason`` a short human-readable cause.
-    """
-
-    def __init__(self, path: object, reason: str) -> None:
-        self.path = path
-        self.reason = reason
-        shown = repr(path)
-        if len(shown) > 120:
-            shown = shown[:117] + "..."
-        super().__init__(f"unsafe path {shown}: {reason}")
 
 
 _PERCENT_ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")

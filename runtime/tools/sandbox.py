@@ -58,6 +58,10 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from thinkray.runtime.errors import (
+    InvalidArgumentError,
+    InvalidTypeError,
+)
 from thinkray.runtime.tools.base import ModelTool, ToolExecutionError, tool_from_model
 from thinkray.runtime.tools.workspace import READ_METHODS, WRITE_METHODS, call_op, error_kind
 
@@ -445,11 +449,13 @@ class CodeSandbox:
         if access is None:
             access = "read-write" if ops is not None else "none"
         if access not in ("none", "read", "read-write"):
-            raise ValueError(f"access must be 'none', 'read' or 'read-write', not {access!r}")
+            raise InvalidArgumentError(
+                f"access must be 'none', 'read' or 'read-write', not {access!r}"
+            )
         if access != "none" and ops is None:
-            raise ValueError(f"access {access!r} needs workspace operations (ops)")
+            raise InvalidArgumentError(f"access {access!r} needs workspace operations (ops)")
         if timeout <= 0 or memory_mb <= 0:
-            raise ValueError("timeout and memory_mb must be positive")
+            raise InvalidArgumentError("timeout and memory_mb must be positive")
         self.ops = ops
         self.access: SandboxAccess = access
         self.timeout = float(timeout)
@@ -477,7 +483,7 @@ class CodeSandbox:
     async def run(self, code: str) -> ExecutionResult:
         """Run ``code``; never raises for anything the code does."""
         if not isinstance(code, str):
-            raise TypeError("code must be a string")
+            raise InvalidTypeError("code must be a string")
         return await self._execute({"mode": "exec", "code": code, "filename": "<sandbox>"})
 
     async def describe_extension(
@@ -627,7 +633,7 @@ class CodeSandbox:
             try:
                 message = json.loads(line)
                 if not isinstance(message, dict):
-                    raise ValueError("not an object")
+                    raise InvalidArgumentError("not an object")
             except ValueError:
                 state.violation = "the sandbox sent a malformed message"
                 return

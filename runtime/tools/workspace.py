@@ -14,7 +14,7 @@ Three layers:
   over any implementation.
 
 Errors: operations raise exceptions whose ``str()`` is a message for the model
-(:mod:`thinkray.storage.workspace` errors, :class:`~thinkray.runtime.tools.paths.UnsafePathError`,
+(``Workspace*Error`` of :mod:`thinkray.storage.errors`, :class:`~thinkray.runtime.tools.paths.UnsafePathError`,
 :class:`EditError`, :class:`BinaryFileError`). :func:`error_kind` maps any of them to a
 short stable code for transports that cannot carry exception types.
 """
@@ -29,11 +29,16 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, Protocol, TypedDict, runtime_checkable
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from thinkray.runtime.errors import (
+    BinaryFileError as BinaryFileError,
+)
+from thinkray.runtime.errors import (  # re-exported: the errors live in thinkray.runtime.errors
+    EditError as EditError,
+)
+from thinkray.runtime.errors import InvalidArgumentError, InvalidTypeError
 from thinkray.runtime.tools.base import Tool, tool_from_model
 from thinkray.runtime.tools.paths import UnsafePathError, normalize_path
-from thinkray.storage.protocols import EntryInfo, WorkspaceStore
-from thinkray.storage.workspace import (
-    WorkspaceError,
+from thinkray.storage.errors import (
     WorkspaceExistsError,
     WorkspaceIsADirectoryError,
     WorkspaceLimitError,
@@ -42,6 +47,7 @@ from thinkray.storage.workspace import (
     WorkspaceNotFoundError,
     WorkspacePathError,
 )
+from thinkray.storage.protocols import EntryInfo, WorkspaceStore
 
 Access = Literal["read", "read-write"]
 """What a tool set or a sandbox may do: ``"read"`` produces only the read tools."""
@@ -55,14 +61,6 @@ MAX_LINE_CHARS = 2000
 GREP_LINE_CHARS = 300
 MAX_FIND_RESULTS = 1000
 MAX_GREP_MATCHES = 500
-
-
-class EditError(WorkspaceError, ValueError):
-    """``edit_file`` could not apply: ``old_string`` not found, ambiguous, or no-op."""
-
-
-class BinaryFileError(WorkspaceError, ValueError):
-    """``read_file`` on content that is not UTF-8 text."""
 
 
 # -- result shapes -------------------------------------------------------------------
@@ -375,7 +373,7 @@ class LocalWorkspace:
         try:
             regex = re.compile(pattern, re.IGNORECASE if ignore_case else 0)
         except re.error as exc:
-            raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
+            raise InvalidArgumentError(f"invalid regular expression {pattern!r}: {exc}") from None
         limit = max(1, int(limit))
         if glob:
             candidates = [e.path for e in self._glob(glob, base, None)]
@@ -403,7 +401,7 @@ class LocalWorkspace:
     def write_file(self, path: str, content: str) -> WriteResult:
         path = normalize_path(path)
         if not isinstance(content, str):
-            raise TypeError("content must be a string")
+            raise InvalidTypeError("content must be a string")
         existed = self.store.exists(path)
         info = self.store.write(path, content)
         return {"path": path, "size": info.size, "created": not existed}
@@ -549,7 +547,7 @@ class GrepInput(_Input):
         try:
             re.compile(value)
         except re.error as exc:
-            raise ValueError(f"invalid regular expression: {exc}") from None
+            raise InvalidArgumentError(f"invalid regular expression: {exc}") from None
         return value
 
     @field_validator("glob")
@@ -581,7 +579,7 @@ def workspace_tools(
     workspace). Results are JSON-ready dicts.
     """
     if access not in ("read", "read-write"):
-        raise ValueError(f"access must be 'read' or 'read-write', not {access!r}")
+        raise InvalidArgumentError(f"access must be 'read' or 'read-write', not {access!r}")
 
     async def read_file(input: ReadFileInput) -> dict[str, Any]:
         text = await call_op(ops, "read_file", input.path)

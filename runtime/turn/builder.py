@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from thinkray.runtime.chunks import UIChunk
+from thinkray.runtime.errors import InvalidArgumentError
 
 
 class MessageBuilder:
@@ -58,13 +59,13 @@ class MessageBuilder:
     def apply(self, chunk: UIChunk) -> int | None:
         """Fold ``chunk`` into the message; the index of the part it changed, or None.
 
-        Raises ``ValueError`` for a delta whose start is missing."""
+        Raises :class:`InvalidArgumentError` for a delta whose start is missing."""
         if "data" in chunk:  # data-* chunks, the one kind with a data field
             return self._apply_data(chunk)
         if chunk["type"] == "text-delta" or chunk["type"] == "reasoning-delta":
             idx = self._by_block.get(chunk["id"])
             if idx is None:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"{chunk['type']} for unknown block {chunk['id']!r}: its start is missing"
                 )
             self._text[idx].append(chunk["delta"])
@@ -103,7 +104,7 @@ class MessageBuilder:
         if chunk["type"] == "tool-input-delta":
             idx = self._by_call.get(chunk["toolCallId"])
             if idx is None:
-                raise ValueError("tool-input-delta before its tool-input-start")
+                raise InvalidArgumentError("tool-input-delta before its tool-input-start")
             self._tool_input_text[idx].append(chunk["inputTextDelta"])
             return None  # partial JSON is not worth a row write; input lands when available
         if chunk["type"] == "tool-input-available" or chunk["type"] == "tool-input-error":

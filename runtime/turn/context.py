@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from thinkray.runtime.errors import InvalidArgumentError
 from thinkray.runtime.models.base import (
     FileContent,
     ModelMessage,
@@ -149,7 +150,7 @@ def prune_tool_calls(messages: list[ModelMessage], keep_last: int = 2) -> list[M
     """Drop tool calls and results from every message but the last ``keep_last``;
     messages left empty are dropped."""
     if keep_last < 0:
-        raise ValueError("keep_last must be >= 0")
+        raise InvalidArgumentError("keep_last must be >= 0")
     cutoff = max(0, len(messages) - keep_last)
     out: list[ModelMessage] = []
     for i, msg in enumerate(messages):

@@ -41,8 +41,9 @@ def main() -> int:
     quick = args.quick
 
     import ray
-    from thinkray.actors.demo import ScriptAgent
     from thinkray.actors.namespace import AgentNamespace
+
+    from tests.agents import ScriptAgent
 
     ray.init(
         num_cpus=2,

@@ -85,13 +85,13 @@ def main() -> int:
         counts[task_id] = n
         rates.append(n / (time.perf_counter() - started))
 
-    threads = [threading.Thread(target=view, args=(t["task_id"],)) for t in tasks]
+    threads = [threading.Thread(target=view, args=(t.task_id,)) for t in tasks]
     for th in threads:
         th.start()
     for th in threads:
         th.join()
     all_done = time.perf_counter() - t0
-    statuses = [boss.task_status.remote(t["task_id"]).result()["status"] for t in tasks]
+    statuses = [boss.task_status.remote(t.task_id).result().status for t in tasks]
     print("\nfan-out: 8 sub-agents, one 400-delta scripted turn each, 8 live viewers")
     line("all started (8 fire-and-forget delegations)", f"{all_started * 1000:.0f} ms")
     line("all done (every viewer saw its finish)", f"{all_done * 1000:.0f} ms")

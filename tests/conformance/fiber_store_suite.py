@@ -9,9 +9,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from thinkray.storage.fibers import FiberNotFoundError
+from thinkray.storage.errors import FiberNotFoundError, InvalidInputError
 from thinkray.storage.protocols import FiberStore, Stores
-from thinkray.storage.types import InvalidInputError
 
 from conformance.store_helpers import (
     Reopen,

@@ -7,9 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from thinkray.storage.inbox import InboxMessageNotFoundError
+from thinkray.storage.errors import InboxMessageNotFoundError, InvalidInputError
 from thinkray.storage.protocols import InboxStore, Stores
-from thinkray.storage.types import InvalidInputError
 
 from conformance.store_helpers import (
     Reopen,

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import pytest
+from thinkray.storage.errors import InvalidInputError
 from thinkray.storage.protocols import JobRecord, JobStore, Stores
-from thinkray.storage.types import InvalidInputError
 
 from conformance.store_helpers import (
     Reopen,

@@ -5,8 +5,8 @@ see :mod:`conformance.store_helpers`; the suite's own ``kv`` fixture is
 from __future__ import annotations
 
 import pytest
+from thinkray.storage.errors import InvalidInputError
 from thinkray.storage.protocols import KeyValueStore, Stores
-from thinkray.storage.types import InvalidInputError
 
 from conformance.store_helpers import (
     Reopen,

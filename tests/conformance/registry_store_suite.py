@@ -5,9 +5,8 @@ see :mod:`conformance.store_helpers`; the suite's own ``registry`` fixture is
 from __future__ import annotations
 
 import pytest
+from thinkray.storage.errors import InvalidInputError, SubAgentNotFoundError
 from thinkray.storage.protocols import RegistryStore, Stores, SubAgentRecord
-from thinkray.storage.registry import SubAgentNotFoundError
-from thinkray.storage.types import InvalidInputError
 
 from conformance.store_helpers import (
     Reopen,

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from thinkray.storage.db import DatabaseClosedError
+from thinkray.storage.errors import DatabaseClosedError
 from thinkray.storage.protocols import HEAD, SessionStore, Stores, Thread
 from thinkray.storage.types import (
     DEFAULT_SETTINGS_KEY,

@@ -5,7 +5,7 @@ Fixtures: see :mod:`conformance.store_helpers`."""
 from __future__ import annotations
 
 import pytest
-from thinkray.storage.db import DatabaseClosedError
+from thinkray.storage.errors import DatabaseClosedError, InvalidInputError
 from thinkray.storage.protocols import (
     FiberStore,
     InboxStore,
@@ -17,7 +17,6 @@ from thinkray.storage.protocols import (
     SubAgentRecord,
     WorkspaceStore,
 )
-from thinkray.storage.types import InvalidInputError
 
 from conformance.store_helpers import Boom, Reopen, need_reopen
 

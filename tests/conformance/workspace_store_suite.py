@@ -5,9 +5,8 @@ see :mod:`conformance.store_helpers`; the suite's own ``workspace`` fixture is
 from __future__ import annotations
 
 import pytest
-from thinkray.storage.protocols import Stores, WorkspaceLimits, WorkspaceStore
-from thinkray.storage.types import InvalidInputError
-from thinkray.storage.workspace import (
+from thinkray.storage.errors import (
+    InvalidInputError,
     WorkspaceExistsError,
     WorkspaceIsADirectoryError,
     WorkspaceLimitError,
@@ -16,6 +15,7 @@ from thinkray.storage.workspace import (
     WorkspaceNotFoundError,
     WorkspacePathError,
 )
+from thinkray.storage.protocols import Stores, WorkspaceLimits, WorkspaceStore
 
 from conformance.store_helpers import (
     Reopen,

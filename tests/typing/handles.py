@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from thinkray.actors import AgentNamespace
 from thinkray.runtime import Agent, ChatResult
+from thinkray.runtime.chunks import is_data_chunk
 from thinkray.storage.types import SessionInfo
 
 
@@ -31,4 +32,21 @@ def typed_stream(ns: AgentNamespace[Agent]) -> None:
     agent = ns.get("carol")
     for chunk in agent.stream_chat.remote("hi"):  # a stream method's remote() iterates chunks
         print(chunk["type"])
-    agent.stream_chat.remote("hi").result()  # E: union-attr
+    agent.stream_chat.remote("hi").result()  # E: attr-defined
+
+
+def chunks_narrow(ns: AgentNamespace[Agent]) -> None:
+    agent = ns.get("dave")
+    for chunk in agent.stream_chat.remote("hi"):
+        if is_data_chunk(chunk):  # data-<name> chunks first: their type is no literal
+            print(chunk["data"])
+        elif chunk["type"] == "text-delta":
+            print(chunk["delta"].upper())  # narrowed to the text-delta chunk
+        elif chunk["type"] == "error":
+            print(chunk["errorText"])
+            print(chunk["delta"])  # E: typeddict-item
+
+
+def not_remote(ns: AgentNamespace[Agent]) -> None:
+    agent = ns.get("erin")
+    agent.close.remote()  # E: union-attr
