@@ -4,6 +4,7 @@ store itself: ``conformance/fiber_store_suite.py``)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -399,4 +400,29 @@ async def test_think_host_recovers_fiber_on_wake(tmp_path: Any) -> None:
     record = await woken.fibers.wait(fid, 2)
     assert record.status == "completed"
     assert record.result == {"summary": "abc", "attempt": 2}
+    await woken.hibernate()
+
+
+async def test_closing_an_agent_right_after_opening_it_logs_no_error(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 9 item 18: an agent opened and closed at once inside a running loop (a
+    script, a test, a health check) with an interrupted fiber waiting in its file. The
+    recovery pass its constructor started must not run against the closed database,
+    and the fiber must still be there for the next wake."""
+    path = tmp_path / "think.duckdb"
+    agent = FiberAgent(path)
+    fid = agent.fibers.spawn_fiber("summarize", {"text": "abcdef"})
+    await until(lambda: agent.fibers.get_fiber(fid).checkpoint is not None)
+    await agent.hibernate()  # evicted: the fiber's row stays running
+
+    with caplog.at_level(logging.WARNING):
+        Think(path).close()  # the base class: its own fiber manager
+        FiberAgent(path).close()  # a subclass that replaces the manager in on_start
+        await asyncio.sleep(0.1)  # give any stray task the chance to run
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+    woken = FiberAgent(path)
+    record = await woken.fibers.wait(fid, 2)
+    assert record.status == "completed" and record.result == {"summary": "abc", "attempt": 2}
     await woken.hibernate()

@@ -589,6 +589,10 @@ class Think(metaclass=_StartsAfterInit):
 
     @fibers.setter
     def fibers(self, manager: FiberManager) -> None:
+        if manager is not self.durable.fibers:
+            # The replaced manager's recovery pass (started by the constructor) must not
+            # resume fibers next to the new one, nor outlive the database.
+            self.durable.fibers.stop()
         self.durable.fibers = manager
 
     @property

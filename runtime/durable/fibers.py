@@ -473,14 +473,26 @@ class FiberManager:
         the manager before the database."""
         if self._closed:
             return
+        tasks = self._cancel_tasks()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._active.clear()
+        self._resume_task = None
+
+    def stop(self) -> None:
+        """:meth:`close` without waiting, for a synchronous close (``Think.close``):
+        every fiber task and the recovery pass (the one the constructor started, say)
+        are cancelled, rows untouched, so none of them touches the database after it
+        was closed. Idempotent."""
+        if not self._closed:
+            self._cancel_tasks()
+
+    def _cancel_tasks(self) -> list[asyncio.Task[Any]]:
         self._closed = True
+        self._resume_pending = False
         tasks: list[asyncio.Task[Any]] = [a.task for a in self._active.values() if a.task]
         if self._resume_task is not None:
             tasks.append(self._resume_task)
         for task in tasks:
             task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-        self._active.clear()
-        self._resume_task = None
-        self._resume_pending = False
+        return tasks

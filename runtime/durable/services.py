@@ -65,5 +65,7 @@ class DurableServices:
             await jobs.aclose()
 
     def stop(self) -> None:
-        """Stop the schedule timer at once (synchronous close)."""
+        """Synchronous close (``Think.close``, right before the database closes): cancel
+        the fiber tasks, the fiber recovery pass and the schedule timer at once."""
+        self.fibers.stop()
         self.scheduler.stop()
