@@ -24,6 +24,7 @@ from thinkray.actors.errors import (  # re-exported: the errors live in thinkray
 )
 from thinkray.actors.errors import InvalidArgumentError
 from thinkray.runtime.tools.workspace import LocalWorkspace
+from thinkray.storage.layout import validate_name
 from thinkray.storage.protocols import KeyValueStore, Stores
 from thinkray.storage.stores import open_stores
 
@@ -95,7 +96,20 @@ RemoteBridge = ray.remote(WorkspaceBridge)
 
 
 def bridge_name(namespace: str, owner: str) -> str:
-    return f"thinkray-bridge-{namespace}-{owner}"
+    """The Ray actor name of ``owner``'s bridge in ``namespace``:
+    ``thinkray-bridge:<namespace>:<owner>``.
+
+    Both are validated names (:func:`~thinkray.storage.layout.validate_name`), whose
+    alphabet has no ``:``, so the name is unambiguous: joining with ``-`` (which names
+    may contain) gave namespace ``a-b``/owner ``c`` and namespace ``a``/owner ``b-c``
+    one bridge, and one orchestrator the other's shared workspace.
+
+    Raises:
+        InvalidInputError: ``namespace`` or ``owner`` is not a valid name.
+    """
+    validate_name(namespace, "namespace")
+    validate_name(owner, "bridge owner")
+    return f"thinkray-bridge:{namespace}:{owner}"
 
 
 def open_bridge(storage_root: str, namespace: str, owner: str) -> Any:

@@ -4,6 +4,7 @@ code execution and extensions inside sub-agents."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -282,3 +283,53 @@ def test_build_model_never_falls_back_to_a_demo_model():
     given = ScriptedModel([])
     assert build_model({}, given) is given
     assert build_model({"provider": "script", "steps": [[{"text": "hi"}]]}) is not given
+
+
+# -- issue 9 item 19: one bridge per (namespace, owner) -------------------------------------
+
+
+def test_bridge_names_cannot_collide():
+    from thinkray.actors.bridge import bridge_name
+    from thinkray.storage.types import InvalidInputError
+
+    # Joined with "-" (which names may contain) these were one name, one bridge.
+    assert bridge_name("a-b", "c") != bridge_name("a", "b-c")
+    assert bridge_name("a.b", "c") != bridge_name("a", "b.c")
+    assert bridge_name("a_b", "c") != bridge_name("a", "b_c")
+    for namespace, owner in (("a:b", "c"), ("a", "b:c"), ("", "c"), ("a", "../c")):
+        with pytest.raises(InvalidInputError):
+            bridge_name(namespace, owner)
+
+
+def test_orchestrators_whose_names_used_to_collide_keep_their_workspaces_apart(
+    namespace_factory, ray_local
+):
+    """Namespace ``<x>-b`` with orchestrator ``c`` and namespace ``<x>`` with orchestrator
+    ``b-c``: each reads only its own shared workspace."""
+    import uuid
+
+    from thinkray.actors.namespace import AgentNamespace
+    from thinkray.actors.orchestrator import Orchestrator
+
+    x = f"x{uuid.uuid4().hex[:8]}"
+    first = namespace_factory(Orchestrator, name=f"{x}-b", pool_size=1, idle_timeout=None)
+    second = namespace_factory(Orchestrator, name=x, pool_size=1, idle_timeout=None)
+    try:
+        mine = first.get("c").shared_workspace.remote().result()
+        theirs = second.get("b-c").shared_workspace.remote().result()
+        ray_local.get(mine.write_file("secret.txt", "for c only"))
+        assert ray_local.get(mine.exists("secret.txt"))
+        assert not ray_local.get(theirs.exists("secret.txt"))
+        assert ray_local.get(theirs.list_directory("")) == []
+    finally:
+        for ns, owner in ((first, "c"), (second, "b-c")):
+            with contextlib.suppress(Exception):
+                ray_local.kill(ray_local.get_actor(bridge_name_of(ns, owner), namespace="thinkray"))
+            with contextlib.suppress(Exception):
+                AgentNamespace.connect(f"{ns.name}.{owner}.subs").shutdown()
+
+
+def bridge_name_of(ns, owner):
+    from thinkray.actors.bridge import bridge_name
+
+    return bridge_name(ns.name, owner)
