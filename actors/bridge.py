@@ -45,6 +45,7 @@ class WorkspaceBridge:
         self.calls = 0
 
     def ready(self) -> bool:
+        """True once the actor is constructed (callers ``ray.get`` it to wait)."""
         return True
 
     def grant(self, agent: str, access: Access) -> str:
@@ -59,6 +60,8 @@ class WorkspaceBridge:
         return token
 
     def revoke(self, agent: str) -> int:
+        """Delete ``agent``'s grants: their tokens stop working at once. Returns how
+        many were deleted (0 for an agent without one)."""
         revoked = 0
         for key, grant in self.kv.items(_GRANT).items():
             if grant["agent"] == agent:
@@ -67,9 +70,17 @@ class WorkspaceBridge:
         return revoked
 
     def grants(self) -> dict[str, str]:
+        """Each granted agent's access, by agent name."""
         return {g["agent"]: g["access"] for g in self.kv.items(_GRANT).values()}
 
     def call(self, token: str, method: str, kwargs: dict[str, Any]) -> Any:
+        """Run workspace operation ``method(**kwargs)`` for the holder of ``token`` and
+        return its result (its errors propagate).
+
+        Raises:
+            BridgeAccessError: the token is unknown or revoked, ``method`` is not a
+                workspace operation, or the grant's access does not cover it.
+        """
         grant = self.kv.get(_GRANT + token)
         if grant is None:
             raise BridgeAccessError("unknown or revoked bridge grant")
@@ -89,6 +100,7 @@ class WorkspaceBridge:
         return getattr(self.ops, method)(**kwargs)
 
     def close(self) -> None:
+        """Checkpoint and close the bridge's database file."""
         self._stores.close()
 
 
@@ -143,18 +155,26 @@ class BridgeClient:
         return self._actor().call.remote(self.token, method, kwargs)
 
     def read_file(self, path: str) -> Any:
+        """An ObjectRef of the file's text (``ReadOperations.read_file``; read access)."""
         return self._call("read_file", path=path)
 
     def stat(self, path: str) -> Any:
+        """An ObjectRef of the entry's metadata or None (``ReadOperations.stat``; read
+        access)."""
         return self._call("stat", path=path)
 
     def exists(self, path: str) -> Any:
+        """An ObjectRef of whether ``path`` exists (read access)."""
         return self._call("exists", path=path)
 
     def list_directory(self, path: str = "") -> Any:
+        """An ObjectRef of a directory's children (``ReadOperations.list_directory``;
+        read access)."""
         return self._call("list_directory", path=path)
 
     def find_files(self, pattern: str, path: str = "", limit: int = 200) -> Any:
+        """An ObjectRef of the paths matching a glob (``ReadOperations.find_files``;
+        read access)."""
         return self._call("find_files", pattern=pattern, path=path, limit=limit)
 
     def grep(
@@ -165,16 +185,22 @@ class BridgeClient:
         ignore_case: bool = False,
         limit: int = 100,
     ) -> Any:
+        """An ObjectRef of the lines matching a regex (``ReadOperations.grep``; read
+        access)."""
         return self._call(
             "grep", pattern=pattern, glob=glob, path=path, ignore_case=ignore_case, limit=limit
         )
 
     def write_file(self, path: str, content: str) -> Any:
+        """Create or replace a file (``WriteOperations.write_file``; read-write
+        access); an ObjectRef of the result."""
         return self._call("write_file", path=path, content=content)
 
     def edit_file(
         self, path: str, old_string: str, new_string: str, replace_all: bool = False
     ) -> Any:
+        """Replace text in a file, on the bridge's side (``WriteOperations.edit_file``;
+        read-write access); an ObjectRef of the result."""
         return self._call(
             "edit_file",
             path=path,
@@ -184,11 +210,15 @@ class BridgeClient:
         )
 
     def delete(self, path: str, recursive: bool = False) -> Any:
+        """Delete a file or directory (``WriteOperations.delete``; read-write access);
+        an ObjectRef of the result."""
         return self._call("delete", path=path, recursive=recursive)
 
     def to_config(self) -> dict[str, str]:
+        """The client as a plain dict (``name``, ``token``, ``access``) to store."""
         return {"name": self.name, "token": self.token, "access": self.access}
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> BridgeClient:
+        """The client :meth:`to_config` saved (``KeyError`` for a missing key)."""
         return cls(config["name"], config["token"], config["access"])

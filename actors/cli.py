@@ -51,6 +51,9 @@ def _init_ray() -> None:
 
 
 def demo(args: argparse.Namespace) -> int:
+    """``thinkray demo``: a two-turn chat streamed from a session actor, hibernate,
+    wake, then a delegation to sub-agents. Storage goes to ``args.root``, else
+    ``$THINKRAY_STORAGE_ROOT``, else a temp folder. Returns the exit code (0)."""
     from thinkray.actors.demo import DemoAgent
     from thinkray.actors.namespace import AgentNamespace
 
@@ -230,6 +233,8 @@ def _delegation_demo(root: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``thinkray`` entry point: parse ``argv`` (default: ``sys.argv[1:]``), run the
+    subcommand and return its exit code (argparse exits with 2 on a bad command line)."""
     parser = argparse.ArgumentParser(prog="thinkray", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p_demo = sub.add_parser("demo", help="stream a chat through a session actor, hibernate, wake")

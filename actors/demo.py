@@ -57,6 +57,8 @@ class DemoAgent(Agent):
     manifest_prompt = "You are a concise assistant. Use get_weather for weather questions."
 
     def get_model(self) -> Model:
+        """Claude (``$THINKRAY_MODEL``, default claude-sonnet-4-6) when
+        ``ANTHROPIC_API_KEY`` is set, else the offline scripted weather bot."""
         if os.environ.get("ANTHROPIC_API_KEY"):
             from thinkray.runtime.models.anthropic import AnthropicModel
 
@@ -64,4 +66,5 @@ class DemoAgent(Agent):
         return FunctionModel(_offline_step, model_id="offline-demo", delay=0.01)
 
     def get_tools(self) -> dict[str, Tool]:
+        """The demo's one tool, ``get_weather``."""
         return {"get_weather": get_weather}

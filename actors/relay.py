@@ -49,6 +49,11 @@ class ActorRelay:
         self.sent = 0
 
     def on_event(self, chunk: UIChunk) -> None:
+        """Buffer ``chunk`` and make sure a send is under way (one Ray call at a time).
+
+        Raises:
+            ConsumerGone: an earlier send failed: the consumer is gone, detach it.
+        """
         if self.failed is not None:
             raise ConsumerGone(str(self.failed))
         self._buffer.append(chunk)
@@ -74,17 +79,20 @@ class ActorRelay:
                 return
 
     async def drain(self) -> None:
+        """Wait until every buffered chunk was sent (or the consumer failed)."""
         while self._pump is not None and not self._pump.done():
             await self._pump
         if self._buffer and self.failed is None:
             await self._run()
 
     async def on_done(self) -> None:
+        """Send what is buffered, then the consumer's ``on_done()`` if it has one."""
         await self.drain()
         if self.failed is None and _has_method(self.handle, "on_done"):
             await self.handle.on_done.remote()
 
     async def on_error(self, error: str) -> None:
+        """Send what is buffered, then the consumer's ``on_error(error)`` if it has one."""
         await self.drain()
         if self.failed is None and _has_method(self.handle, "on_error"):
             await self.handle.on_error.remote(error)
@@ -110,12 +118,15 @@ class AbortReceiver:
     run_id: str
 
     def abort(self, reason: str = "aborted") -> bool:
+        """Abort the run with ``reason``, blocking until the actor answered (not for an
+        event loop: use :meth:`abort_async` there). False if the run or actor is gone."""
         try:
             return bool(ray.get(self.actor.abort_run.remote(self.agent, self.run_id, reason)))
         except ray.exceptions.RayActorError:
             return False
 
     async def abort_async(self, reason: str = "aborted") -> bool:
+        """:meth:`abort` for async code."""
         try:
             return bool(await self.actor.abort_run.remote(self.agent, self.run_id, reason))
         except ray.exceptions.RayActorError:

@@ -31,9 +31,15 @@ class AbortSignal:
 
     @property
     def aborted(self) -> bool:
+        """Whether the signal has fired (``reason`` says why)."""
         return self._aborted
 
     def throw_if_aborted(self) -> None:
+        """Return if the signal has not fired.
+
+        Raises:
+            AbortError: it has, with ``reason`` as the message.
+        """
         if self._aborted:
             raise AbortError(self.reason or "aborted")
 
@@ -52,6 +58,7 @@ class AbortSignal:
         return remove
 
     async def wait(self) -> str:
+        """Wait until the signal fires (return at once if it has) and return the reason."""
         if self._aborted:
             return self.reason or "aborted"
         event = asyncio.Event()
@@ -81,6 +88,9 @@ class AbortSignal:
 
 
 class AbortController:
+    """Write side of one :class:`AbortSignal` (``signal``): :meth:`abort` fires it.
+    With ``parent``, the signal also fires when the parent's does."""
+
     def __init__(self, parent: AbortSignal | None = None) -> None:
         self.signal = AbortSignal()
         self.signal.follow(parent)

@@ -60,6 +60,7 @@ __all__ = [
     "from_chunk_log",
     "is_data_chunk",
     "to_sse",
+    "tool_output_available",
     "tool_output_error",
 ]
 
@@ -119,30 +120,40 @@ class MessageMetadataChunk(TypedDict):
 
 
 class TextStartChunk(TypedDict):
+    """A text block ``id`` begins (it becomes a ``text`` part)."""
+
     type: Literal["text-start"]
     id: str
     providerMetadata: NotRequired[dict[str, Any]]
 
 
 class TextDeltaChunk(TypedDict):
+    """More text for block ``id``."""
+
     type: Literal["text-delta"]
     id: str
     delta: str
 
 
 class TextEndChunk(TypedDict):
+    """Text block ``id`` is complete."""
+
     type: Literal["text-end"]
     id: str
     providerMetadata: NotRequired[dict[str, Any]]
 
 
 class ReasoningStartChunk(TypedDict):
+    """A reasoning block ``id`` begins (it becomes a ``reasoning`` part)."""
+
     type: Literal["reasoning-start"]
     id: str
     providerMetadata: NotRequired[dict[str, Any]]
 
 
 class ReasoningDeltaChunk(TypedDict):
+    """More reasoning text for block ``id``."""
+
     type: Literal["reasoning-delta"]
     id: str
     delta: str
@@ -160,6 +171,8 @@ class ReasoningEndChunk(TypedDict):
 
 
 class ToolInputStartChunk(TypedDict):
+    """The model starts a call of ``toolName``; its input streams next."""
+
     type: Literal["tool-input-start"]
     toolCallId: str
     toolName: str
@@ -196,15 +209,24 @@ class ToolInputErrorChunk(TypedDict):
 
 
 class ToolOutputAvailableChunk(TypedDict):
+    """The call's result. ``dynamic`` must repeat the ``tool-input-*`` chunk's: ai@5
+    clients look a result's part up by it (without it, "tool-output-error must be
+    preceded by a tool-input-available" for a ``dynamic-tool`` part)."""
+
     type: Literal["tool-output-available"]
     toolCallId: str
     output: Any
+    dynamic: NotRequired[bool]
 
 
 class ToolOutputErrorChunk(TypedDict):
+    """The call failed (or was refused, or aborted) with ``errorText``; ``dynamic`` as
+    for :class:`ToolOutputAvailableChunk`."""
+
     type: Literal["tool-output-error"]
     toolCallId: str
     errorText: str
+    dynamic: NotRequired[bool]
 
 
 class ToolApprovalRequestChunk(TypedDict):
@@ -226,12 +248,16 @@ class ToolOutputDeniedChunk(TypedDict):
 
 
 class FileChunk(TypedDict):
+    """A file (``url``, often a data URL, of type ``mediaType``) the message carries."""
+
     type: Literal["file"]
     url: str
     mediaType: str
 
 
 class SourceUrlChunk(TypedDict):
+    """A source the answer cites (a ``source-url`` part)."""
+
     type: Literal["source-url"]
     sourceId: str
     url: str
@@ -292,8 +318,24 @@ def is_data_chunk(chunk: UIChunk) -> TypeIs[DataChunk]:
 
 
 def tool_output_error(tool_call_id: str, error_text: str) -> ToolOutputErrorChunk:
-    """The ``tool-output-error`` chunk ending call ``tool_call_id`` with ``error_text``."""
-    return {"type": "tool-output-error", "toolCallId": tool_call_id, "errorText": error_text}
+    """The ``tool-output-error`` chunk ending call ``tool_call_id`` with ``error_text``
+    (``dynamic``: every tool part of this runtime is a ``dynamic-tool`` part)."""
+    return {
+        "type": "tool-output-error",
+        "toolCallId": tool_call_id,
+        "errorText": error_text,
+        "dynamic": True,
+    }
+
+
+def tool_output_available(tool_call_id: str, output: Any) -> ToolOutputAvailableChunk:
+    """The ``tool-output-available`` chunk carrying call ``tool_call_id``'s ``output``."""
+    return {
+        "type": "tool-output-available",
+        "toolCallId": tool_call_id,
+        "output": output,
+        "dynamic": True,
+    }
 
 
 def from_chunk_log(chunks: list[dict[str, Any]]) -> list[UIChunk]:

@@ -38,15 +38,21 @@ on one row (with approval-requested / output-denied when a tool needs approval).
 
 
 class WireModel(BaseModel):
+    """Base of the message models: snake_case in Python, camelCase on the wire (either
+    accepted on input); unknown fields are kept."""
+
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=True, extra="allow", frozen=False
     )
 
     def wire(self) -> dict[str, Any]:
+        """The wire dict: camelCase keys, ``None`` fields left out, JSON-ready values."""
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
 class TextPart(WireModel):
+    """Text the user wrote or the assistant answered (``state`` while streaming)."""
+
     type: Literal["text"] = "text"
     text: str
     state: Literal["streaming", "done"] | None = None
@@ -54,6 +60,9 @@ class TextPart(WireModel):
 
 
 class ReasoningPart(WireModel):
+    """The assistant's reasoning (thinking); ``provider_metadata`` keeps what the
+    provider needs back, e.g. Anthropic's signature."""
+
     type: Literal["reasoning"] = "reasoning"
     text: str
     state: Literal["streaming", "done"] | None = None
@@ -61,6 +70,8 @@ class ReasoningPart(WireModel):
 
 
 class FilePart(WireModel):
+    """An attached file: ``url`` is a URL or a data URL of type ``media_type``."""
+
     type: Literal["file"] = "file"
     media_type: str
     url: str
@@ -68,6 +79,8 @@ class FilePart(WireModel):
 
 
 class SourceUrlPart(WireModel):
+    """A source the answer cites."""
+
     type: Literal["source-url"] = "source-url"
     source_id: str
     url: str
@@ -75,6 +88,8 @@ class SourceUrlPart(WireModel):
 
 
 class StepStartPart(WireModel):
+    """Marks where a model step begins within an assistant message."""
+
     type: Literal["step-start"] = "step-start"
 
 
@@ -120,6 +135,8 @@ Part = Annotated[
 
 
 class UIMessage(WireModel):
+    """One message of a conversation, as the AI SDK's ``useChat`` sends and shows it."""
+
     id: str = Field(min_length=1, max_length=256)
     role: Role
     metadata: dict[str, Any] | None = None
@@ -127,6 +144,7 @@ class UIMessage(WireModel):
 
 
 def new_id(prefix: str = "msg") -> str:
+    """A fresh random id, ``<prefix>_<20 hex digits>``."""
     return f"{prefix}_{uuid.uuid4().hex[:20]}"
 
 

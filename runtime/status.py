@@ -19,6 +19,9 @@ StatusState = Literal["idle", "busy", "retrying", "error"]
 
 
 class SessionStatus(BaseModel):
+    """Whether a session runs now: ``busy`` (``run_id``, since ``started_at``),
+    ``retrying`` (``attempt``, ``message``: why), ``error`` (``message``) or ``idle``."""
+
     state: StatusState = "idle"
     attempt: int | None = None
     message: str | None = None
@@ -37,23 +40,29 @@ class StatusBoard:
         self._listeners: list[StatusListener] = []
 
     def get(self, session_id: str) -> SessionStatus:
+        """The session's status (idle for a session never seen)."""
         return self._status.get(session_id) or SessionStatus()
 
     def is_idle(self, session_id: str) -> bool:
+        """Whether no run holds the session (``idle`` or ``error``): a turn may start."""
         return self.get(session_id).state in ("idle", "error")
 
     def set(self, session_id: str, status: SessionStatus) -> None:
+        """Record ``status`` and tell every subscriber, in subscription order."""
         self._status[session_id] = status
         for listener in list(self._listeners):
             listener(session_id, status)
 
     def busy(self, session_id: str, run_id: str) -> None:
+        """Run ``run_id`` starts on the session now."""
         self.set(
             session_id,
             SessionStatus(state="busy", started_at=int(time.time() * 1000), run_id=run_id),
         )
 
     def retrying(self, session_id: str, attempt: int, message: str) -> None:
+        """The run waits to retry (``attempt``, ``message``: why); keeps its run id and
+        start time."""
         prev = self.get(session_id)
         self.set(
             session_id,
@@ -67,11 +76,14 @@ class StatusBoard:
         )
 
     def idle(self, session_id: str) -> None:
+        """The session's run ended."""
         self.set(session_id, SessionStatus())
 
     def error(self, session_id: str, message: str) -> None:
+        """The session's run failed with ``message``."""
         self.set(session_id, SessionStatus(state="error", message=message))
 
     def subscribe(self, listener: StatusListener) -> Callable[[], None]:
+        """Call ``listener(session_id, status)`` on every change; returns the remover."""
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener) if listener in self._listeners else None

@@ -14,6 +14,9 @@ from pydantic import BaseModel
 
 
 class Usage(BaseModel):
+    """Tokens of one step (or a sum of steps; ``+`` adds them). ``input`` excludes
+    the cache tokens; ``cost_usd`` is None unless a provider reported a cost."""
+
     input: int = 0
     output: int = 0
     reasoning: int = 0
@@ -23,6 +26,7 @@ class Usage(BaseModel):
 
     @property
     def total(self) -> int:
+        """Every token counted: input, output, reasoning and both cache counts."""
         return self.input + self.output + self.reasoning + self.cache_read + self.cache_write
 
     def __add__(self, other: Usage) -> Usage:
@@ -39,6 +43,8 @@ class Usage(BaseModel):
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """The five counts (what ``SessionStore.add_usage`` takes), plus ``cost_usd``
+        when known."""
         d: dict[str, Any] = {
             "input": self.input,
             "output": self.output,

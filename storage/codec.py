@@ -21,6 +21,8 @@ def pack(value: Any, what: str = "value") -> bytes:
 
 
 def unpack(blob: bytes | bytearray | None) -> Any:
+    """Decode what :func:`pack` wrote (``None`` for a NULL column). Tuples come back
+    as lists; maps may have non-string keys."""
     if blob is None:
         return None
     return msgpack.unpackb(blob, raw=False, strict_map_key=False)

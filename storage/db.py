@@ -105,6 +105,7 @@ class Database:
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` has been called."""
         return self._con is None
 
     def close(self) -> None:
@@ -126,6 +127,12 @@ class Database:
 
     @property
     def con(self) -> duckdb.DuckDBPyConnection:
+        """The raw DuckDB connection (callers hold the lock: use :meth:`execute` or
+        :meth:`transaction`).
+
+        Raises:
+            DatabaseClosedError: the database is closed.
+        """
         con = self._con
         if con is None:
             raise DatabaseClosedError(f"database {self.path!r} is closed")
@@ -134,16 +141,24 @@ class Database:
     # -- queries -------------------------------------------------------------------
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] | None = None) -> Any:
+        """Run one statement under the lock (in autocommit, unless a
+        :meth:`transaction` is open) and return the DuckDB cursor.
+
+        Raises:
+            DatabaseClosedError: the database is closed.
+        """
         with self._lock:
             if params is None:
                 return self.con.execute(sql)
             return self.con.execute(sql, params)
 
     def fetchall(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+        """:meth:`execute` a query and return all its rows."""
         with self._lock:
             return self.execute(sql, params).fetchall()
 
     def fetchone(self, sql: str, params: Sequence[Any] | None = None) -> tuple[Any, ...] | None:
+        """:meth:`execute` a query and return its first row, or ``None``."""
         with self._lock:
             return self.execute(sql, params).fetchone()
 

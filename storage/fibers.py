@@ -35,6 +35,7 @@ from thinkray.storage.errors import InvalidInputError
 from thinkray.storage.errors import (
     ScheduleNotFoundError as ScheduleNotFoundError,
 )
+from thinkray.storage.protocols import FiberStore
 from thinkray.storage.records import (
     FIBER_STATUSES,
     SCHEDULE_KINDS,
@@ -43,6 +44,7 @@ from thinkray.storage.records import (
     ScheduleKind,
     ScheduleRecord,
 )
+from typing_extensions import override
 
 # -- schema ----------------------------------------------------------------------------
 
@@ -149,7 +151,7 @@ def _schedule_info(rec: ScheduleRecord) -> dict[str, Any]:
 _UNSET: Any = object()
 
 
-class DuckDBFiberStore:
+class DuckDBFiberStore(FiberStore):
     """:class:`~thinkray.storage.protocols.FiberStore` on a :class:`Database` (the
     contract is the protocol's). Synchronous; one writer. Tables are created on first
     use (``db.migrate("fibers", ...)``). Get one from
@@ -174,6 +176,7 @@ class DuckDBFiberStore:
 
     # -- fibers ------------------------------------------------------------------------
 
+    @override
     def insert_fiber(
         self,
         method: str,
@@ -209,6 +212,7 @@ class DuckDBFiberStore:
             )
         return _fiber_from_row((fid, method, status, now, None, blob))
 
+    @override
     def get_fiber(self, fiber_id: str) -> FiberRecord | None:
         row = self.db.fetchone(f"SELECT {_FIBER_COLS} FROM fibers WHERE id = ?", [fiber_id])
         return _fiber_from_row(row) if row else None
@@ -276,9 +280,11 @@ class DuckDBFiberStore:
             )
         return _fiber_from_row((row[0], row[1], new_status, now, row[4], blob))
 
+    @override
     def set_status(self, fiber_id: str, status: FiberStatus, **kwargs: Any) -> FiberRecord | None:
         return self.update_fiber(fiber_id, status=status, **kwargs)
 
+    @override
     def set_checkpoint(self, fiber_id: str, data: Any, *, now: float | None = None) -> None:
         blob = pack(data, "fiber checkpoint")
         now = time.time() if now is None else now
@@ -308,6 +314,7 @@ class DuckDBFiberStore:
             )
         return int(n)
 
+    @override
     def delete_fiber(self, fiber_id: str) -> bool:
         with self.db.transaction() as con:
             found = con.execute("SELECT 1 FROM fibers WHERE id = ?", [fiber_id]).fetchone()
@@ -404,6 +411,7 @@ class DuckDBFiberStore:
             )
         return rec
 
+    @override
     def get_schedule(self, schedule_id: str) -> ScheduleRecord | None:
         row = self.db.fetchone(
             f"SELECT {_SCHEDULE_COLS} FROM schedules WHERE id = ?", [schedule_id]
@@ -418,6 +426,7 @@ class DuckDBFiberStore:
         )
         return [_schedule_from_row(r) for r in rows]
 
+    @override
     def delete_schedule(self, schedule_id: str) -> bool:
         with self.db.transaction() as con:
             found = con.execute("SELECT 1 FROM schedules WHERE id = ?", [schedule_id]).fetchone()

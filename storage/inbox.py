@@ -30,8 +30,10 @@ from thinkray.storage.db import Database, Migration
 from thinkray.storage.errors import (  # re-exported: the errors live in thinkray.storage.errors
     InboxMessageNotFoundError as InboxMessageNotFoundError,
 )
+from thinkray.storage.protocols import InboxStore
 from thinkray.storage.records import INBOX_FINISHED, INBOX_STATUSES, InboxRow
 from thinkray.storage.types import InvalidInputError
+from typing_extensions import override
 
 MAX_ID_LENGTH = 256
 
@@ -100,7 +102,7 @@ def _check_id(message_id: Any) -> None:
         )
 
 
-class DuckDBInboxStore:
+class DuckDBInboxStore(InboxStore):
     """:class:`~thinkray.storage.protocols.InboxStore` on a :class:`Database` (the
     contract is the protocol's). Synchronous; one writer (the bound actor). Keep one
     per database (:meth:`~thinkray.storage.protocols.Stores.inbox`): it keeps
@@ -263,6 +265,7 @@ class DuckDBInboxStore:
                 self._write(con, row)
         return requeued, failed
 
+    @override
     def delete(self, ids: Iterable[str]) -> int:
         wanted = list(dict.fromkeys(ids))
         if not wanted:
@@ -290,10 +293,12 @@ class DuckDBInboxStore:
 
     # -- reads -------------------------------------------------------------------------
 
+    @override
     def get(self, message_id: str) -> InboxRow | None:
         row = self.db.fetchone(f"SELECT {_COLS} FROM inbox WHERE id = ?", [message_id])
         return _row(row) if row else None
 
+    @override
     def require(self, message_id: str) -> InboxRow:
         row = self.get(message_id)
         if row is None:
@@ -324,6 +329,7 @@ class DuckDBInboxStore:
             )
         return [_row(r) for r in rows]
 
+    @override
     def count(self, status: str | None = None) -> int:
         if status is None:
             row = self.db.fetchone("SELECT count(*) FROM inbox")
@@ -332,5 +338,6 @@ class DuckDBInboxStore:
             row = self.db.fetchone("SELECT count(*) FROM inbox WHERE status = ?", [status])
         return int(row[0]) if row else 0
 
+    @override
     def has_pending(self) -> bool:
         return self.db.fetchone("SELECT 1 FROM inbox WHERE status = 'pending' LIMIT 1") is not None

@@ -23,8 +23,10 @@ import duckdb
 from thinkray.storage.codec import pack as _pack
 from thinkray.storage.codec import unpack as _unpack
 from thinkray.storage.db import Database, Migration
+from thinkray.storage.protocols import JobStore
 from thinkray.storage.records import JOB_STATUSES, JobRecord
 from thinkray.storage.types import InvalidInputError
+from typing_extensions import override
 
 
 def _v1(con: duckdb.DuckDBPyConnection) -> None:
@@ -76,7 +78,7 @@ def _check_status(status: str) -> None:
         raise InvalidInputError(f"unknown job status {status!r}; one of {JOB_STATUSES}")
 
 
-class DuckDBJobStore:
+class DuckDBJobStore(JobStore):
     """:class:`~thinkray.storage.protocols.JobStore` on a :class:`Database` (the
     contract is the protocol's). Synchronous; one writer. Get one from
     :meth:`~thinkray.storage.protocols.Stores.jobs`."""
@@ -98,6 +100,7 @@ class DuckDBJobStore:
         with self.db.transaction():
             yield
 
+    @override
     def insert(self, rec: JobRecord) -> JobRecord:
         _check_status(rec.status)
         now = time.time()
@@ -113,6 +116,7 @@ class DuckDBJobStore:
             )
         return rec
 
+    @override
     def update(
         self,
         job_id: str,
@@ -137,6 +141,7 @@ class DuckDBJobStore:
             )
         return rec
 
+    @override
     def get(self, job_id: str) -> JobRecord | None:
         row = self.db.fetchone(f"SELECT {_COLS} FROM jobs WHERE id = ?", [job_id])
         return _record(row) if row else None
@@ -163,6 +168,7 @@ class DuckDBJobStore:
             self.update(jid, "interrupted", error=reason)
         return len(ids)
 
+    @override
     def delete(self, job_id: str) -> bool:
         with self.db.transaction() as con:
             found = con.execute("SELECT 1 FROM jobs WHERE id = ?", [job_id]).fetchone()

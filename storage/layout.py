@@ -33,6 +33,13 @@ def validate_name(name: str, what: str = "session name") -> str:
 
 
 def session_path(root: str | os.PathLike[str], namespace: str, name: str) -> Path:
+    """The DuckDB file of actor ``name`` in ``namespace``: ``root/namespace/name.duckdb``.
+    Touches nothing on disk.
+
+    Raises:
+        InvalidInputError: ``namespace`` or ``name`` is not a safe identifier
+            (:func:`validate_name`).
+    """
     validate_name(namespace, "namespace")
     validate_name(name)
     return Path(root) / namespace / f"{name}{FILE_SUFFIX}"
@@ -60,6 +67,12 @@ def ensure_root(root: str | os.PathLike[str], namespace: str | None = None) -> P
 
 
 def list_names(root: str | os.PathLike[str], namespace: str) -> list[str]:
+    """The names that have a database file in ``namespace`` under ``root``, sorted;
+    ``[]`` when the folder does not exist.
+
+    Raises:
+        InvalidInputError: ``namespace`` is not a safe identifier.
+    """
     folder = Path(root) / validate_name(namespace, "namespace")
     if not folder.is_dir():
         return []

@@ -74,9 +74,11 @@ class FiberRecord:
 
     @property
     def finished(self) -> bool:
+        """Whether the fiber is completed, failed or cancelled (it will not run again)."""
         return self.status in FINISHED_STATUSES
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field, as a dict (values as stored: msgpack-serializable)."""
         return {
             "id": self.id,
             "method": self.method,
@@ -113,9 +115,11 @@ class ScheduleRecord:
 
     @property
     def enabled(self) -> bool:
+        """Whether the schedule will run again (``next_run_at`` is set)."""
         return self.next_run_at is not None
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields and ``enabled``, as a dict (``extra`` left out)."""
         return {
             "id": self.id,
             "method": self.method,
@@ -157,9 +161,12 @@ class JobRecord:
 
     @property
     def finished(self) -> bool:
+        """Whether the job is no longer ``running`` (completed, failed, cancelled or
+        interrupted)."""
         return self.status in JOB_FINISHED
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field, as a dict; the id is under ``job_id``."""
         return {
             "job_id": self.id,
             "status": self.status,
@@ -203,9 +210,11 @@ class InboxRow:
 
     @property
     def finished(self) -> bool:
+        """Whether the row is ``done`` or ``failed``."""
         return self.status in INBOX_FINISHED
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field, as a dict (``extra`` only when it is not empty)."""
         return {
             "id": self.id,
             "sender": self.sender,
@@ -242,6 +251,7 @@ class SubAgentRecord:
     last_active: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field, as a dict (what the registry stores)."""
         return asdict(self)
 
 
@@ -276,10 +286,12 @@ class EntryInfo:
 
     @property
     def name(self) -> str:
+        """The last segment of ``path`` (``""`` for the root)."""
         return self.path.rpartition("/")[2]
 
     @property
     def is_dir(self) -> bool:
+        """Whether the entry is a directory."""
         return self.kind == "dir"
 
     def to_dict(self) -> dict[str, Any]:

@@ -11,8 +11,10 @@ from thinkray.storage.db import Database, Migration
 from thinkray.storage.errors import (  # re-exported: the errors live in thinkray.storage.errors
     SubAgentNotFoundError as SubAgentNotFoundError,
 )
+from thinkray.storage.protocols import RegistryStore
 from thinkray.storage.records import SubAgentRecord
 from thinkray.storage.types import InvalidInputError
+from typing_extensions import override
 
 
 def _create(con: Any) -> None:
@@ -23,7 +25,7 @@ def _create(con: Any) -> None:
 MIGRATIONS = [Migration(1, _create)]
 
 
-class DuckDBRegistryStore:
+class DuckDBRegistryStore(RegistryStore):
     """:class:`~thinkray.storage.protocols.RegistryStore` on a :class:`Database` (the
     contract is the protocol's). Get one from
     :meth:`~thinkray.storage.protocols.Stores.registry`."""
@@ -48,6 +50,7 @@ class DuckDBRegistryStore:
     def _encode(self, record: SubAgentRecord) -> bytes:
         return pack(record.to_dict(), "sub-agent record")
 
+    @override
     def add(self, record: SubAgentRecord) -> SubAgentRecord:
         with self.db.transaction() as con:
             if con.execute("SELECT 1 FROM subagents WHERE name = ?", [record.name]).fetchone():
@@ -55,15 +58,18 @@ class DuckDBRegistryStore:
             con.execute("INSERT INTO subagents VALUES (?, ?)", [record.name, self._encode(record)])
         return record
 
+    @override
     def get(self, name: str) -> SubAgentRecord:
         row = self.db.fetchone("SELECT info FROM subagents WHERE name = ?", [name])
         if row is None:
             raise SubAgentNotFoundError(f"unknown sub-agent {name!r}")
         return SubAgentRecord(**unpack(row[0]))
 
+    @override
     def has(self, name: str) -> bool:
         return self.db.fetchone("SELECT 1 FROM subagents WHERE name = ?", [name]) is not None
 
+    @override
     def update(self, name: str, **fields: Any) -> SubAgentRecord:
         record = self.get(name)
         for key, value in fields.items():
@@ -75,10 +81,12 @@ class DuckDBRegistryStore:
         )
         return record
 
+    @override
     def list(self) -> list[SubAgentRecord]:
         rows = self.db.fetchall("SELECT info FROM subagents ORDER BY name")
         return [SubAgentRecord(**unpack(r[0])) for r in rows]
 
+    @override
     def remove(self, name: str) -> None:
         self.get(name)
         self.db.execute("DELETE FROM subagents WHERE name = ?", [name])

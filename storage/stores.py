@@ -16,6 +16,7 @@ from thinkray.storage.fibers import DuckDBFiberStore
 from thinkray.storage.inbox import DuckDBInboxStore
 from thinkray.storage.jobs import DuckDBJobStore
 from thinkray.storage.kv import DuckDBKeyValueStore
+from thinkray.storage.protocols import Stores
 from thinkray.storage.records import (
     DEFAULT_MAX_ENTRIES,
     DEFAULT_MAX_FILE_BYTES,
@@ -25,11 +26,12 @@ from thinkray.storage.records import (
 from thinkray.storage.registry import DuckDBRegistryStore
 from thinkray.storage.types import InvalidInputError
 from thinkray.storage.workspace import DuckDBWorkspaceStore
+from typing_extensions import override
 
 __all__ = ["DuckDBStores", "open_stores"]
 
 
-class DuckDBStores:
+class DuckDBStores(Stores):
     """:class:`~thinkray.storage.protocols.Stores` on one :class:`Database` (the
     contract is the protocol's).
 
@@ -55,31 +57,37 @@ class DuckDBStores:
         with self._db.transaction():
             yield
 
+    @override
     def fibers(self) -> DuckDBFiberStore:
         if self._fibers is None:
             self._fibers = DuckDBFiberStore(self._db)
         return self._fibers
 
+    @override
     def jobs(self) -> DuckDBJobStore:
         if self._jobs is None:
             self._jobs = DuckDBJobStore(self._db)
         return self._jobs
 
+    @override
     def inbox(self) -> DuckDBInboxStore:
         if self._inbox is None:
             self._inbox = DuckDBInboxStore(self._db)
         return self._inbox
 
+    @override
     def registry(self) -> DuckDBRegistryStore:
         if self._registry is None:
             self._registry = DuckDBRegistryStore(self._db)
         return self._registry
 
+    @override
     def kv(self) -> DuckDBKeyValueStore:
         if self._kv is None:
             self._kv = DuckDBKeyValueStore(self._db)
         return self._kv
 
+    @override
     def workspace(
         self,
         namespace: str = "default",

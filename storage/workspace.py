@@ -107,6 +107,9 @@ for _ext, _type in {
 
 
 def guess_mime_type(path: str, content: bytes) -> str:
+    """The MIME type of a file: from its extension when known, else
+    ``application/octet-stream`` for binary content (a NUL byte near the start, or
+    not UTF-8) and ``text/plain`` for text."""
     guessed, _ = _MIME.guess_type(path, strict=False)
     if guessed:
         return guessed
@@ -189,6 +192,11 @@ class DuckDBWorkspaceStore:
     # -- reads ---------------------------------------------------------------------
 
     def exists(self, path: str) -> bool:
+        """Whether ``path`` is a file or directory (the root always is).
+
+        Raises:
+            WorkspacePathError: ``path`` is not canonical.
+        """
         check_canonical(path, allow_root=True)
         if path == "":
             return True
@@ -206,6 +214,11 @@ class DuckDBWorkspaceStore:
         return info
 
     def try_stat(self, path: str) -> EntryInfo | None:
+        """Metadata of ``path``, or ``None`` if nothing is there.
+
+        Raises:
+            WorkspacePathError: ``path`` is not canonical.
+        """
         check_canonical(path, allow_root=True)
         if path == "":
             return _ROOT_INFO
@@ -229,6 +242,8 @@ class DuckDBWorkspaceStore:
         return bytes(row[1] or b"")
 
     def read_text(self, path: str, encoding: str = "utf-8") -> str:
+        """:meth:`read`, decoded with ``encoding`` (same errors, plus
+        ``UnicodeDecodeError`` for bytes that do not decode)."""
         return self.read(path).decode(encoding)
 
     def list(self, path: str = "") -> list[EntryInfo]:

@@ -30,7 +30,7 @@ from thinkray.runtime.abort import AbortController, AbortError, AbortSignal, abo
 from thinkray.runtime.agents import model_switch
 from thinkray.runtime.agents.runs import ChatOptions, ChatResult, RunState, RunStatus
 from thinkray.runtime.agents.runs import StreamCallback as StreamCallback
-from thinkray.runtime.chunks import UIChunk, tool_output_error
+from thinkray.runtime.chunks import FinishChunk, UIChunk, is_data_chunk
 from thinkray.runtime.errors import (
     DuplicateRunError as DuplicateRunError,
 )
@@ -218,6 +218,10 @@ class TurnRunner:
         status: RunStatus = "completed"
         error_text: str | None = None
         finish_reason: str | None = None
+        # The message's final metadata, computed once: what the stream's last chunks
+        # (``finish``, or ``message-metadata`` before ``abort``/``error``) carry is what
+        # is stored.
+        final_metadata: dict[str, Any] | None = None
         result = LoopResult()
         step_usage = Usage()
         user_id = None
@@ -301,33 +305,46 @@ class TurnRunner:
             async for chunk in abortable(agent.on_chat_message(options), signal):
                 if self.status.get(sid).state == "retrying":
                     self.status.busy(sid, run.run_id)
+                if not is_data_chunk(chunk) and chunk["type"] == "finish":
+                    # The finish chunk carries the metadata that is stored (usage,
+                    # model, finish reason, status), as the AI SDK's messageMetadata.
+                    finish_reason = chunk.get("finishReason") or result.finish_reason
+                    final_metadata = self._final_metadata(
+                        run, options, "completed", step_usage, finish_reason
+                    )
+                    chunk = _finish_chunk(chunk, final_metadata)
                 callback = await self._emit(run, recorder, callback, chunk)
                 if run.sink is None:
                     await open_stream()
             if run.sink is None:
                 await open_stream()
-            finish_reason = result.finish_reason
+            if final_metadata is None:  # the turn yielded no finish: it ends with one
+                finish_reason = result.finish_reason
+                final_metadata = self._final_metadata(
+                    run, options, "completed", step_usage, finish_reason
+                )
+                callback = await self._emit(
+                    run, recorder, callback, _finish_chunk({"type": "finish"}, final_metadata)
+                )
         except AbortError as exc:
             status = "aborted"
             if recorder is not None:
                 if run.sink is None:
                     await open_stream()
-                # In-flight tool calls are finalized, so the stored turn is truthful and
-                # the next prompt carries no unresolved call.
-                for call_id in recorder.builder.unfinished_tool_calls():
-                    callback = await self._emit(
-                        run,
-                        recorder,
-                        callback,
-                        tool_output_error(call_id, f"aborted: {exc.reason}"),
-                    )
-                callback = await self._emit(
-                    run, recorder, callback, {"type": "abort", "reason": exc.reason}
+                final_metadata = self._final_metadata(run, options, status, step_usage, None)
+                callback = await self._end_stream(
+                    run,
+                    recorder,
+                    callback,
+                    f"aborted: {exc.reason}",
+                    final_metadata,
+                    {"type": "abort", "reason": exc.reason},
                 )
         except asyncio.CancelledError:
             # The hosting task was cancelled (actor shutdown): persist what we have.
             if recorder is not None:
-                self._finish_recorder(recorder, run, options, "aborted", step_usage, None, stale)
+                metadata = self._final_metadata(run, options, "aborted", step_usage, None)
+                self._finish_recorder(recorder, run, metadata, stale)
                 recorder = None
             self._end_run(run, "aborted")
             raise
@@ -339,14 +356,22 @@ class TurnRunner:
             if recorder is not None:
                 if run.sink is None:
                     await open_stream()
-                callback = await self._emit(
-                    run, recorder, callback, {"type": "error", "errorText": error_text}
+                final_metadata = self._final_metadata(run, options, status, step_usage, None)
+                callback = await self._end_stream(
+                    run,
+                    recorder,
+                    callback,
+                    f"error: {error_text}",
+                    final_metadata,
+                    {"type": "error", "errorText": error_text},
                 )
         message = None
         if recorder is not None:
-            message = self._finish_recorder(
-                recorder, run, options, status, step_usage, finish_reason, stale
-            )
+            if final_metadata is None:
+                final_metadata = self._final_metadata(
+                    run, options, status, step_usage, finish_reason
+                )
+            message = self._finish_recorder(recorder, run, final_metadata, stale)
         self._end_run(run, status, error_text)
         if callback is not None:
             if status == "error":
@@ -366,16 +391,16 @@ class TurnRunner:
             user_message_id=user_id,
         )
 
-    def _finish_recorder(
+    def _final_metadata(
         self,
-        recorder: Recorder,
         run: RunState,
         options: ChatOptions | None,
         status: RunStatus,
         usage: Usage,
         finish_reason: str | None,
-        stale: Callable[[], bool],
-    ) -> dict[str, Any] | None:
+    ) -> dict[str, Any]:
+        """The assistant message's final metadata: the ``message_metadata`` hook's, then
+        ``usage``, ``status``, ``finishReason`` and ``model`` (which win)."""
         metadata: dict[str, Any] = {}
         if options is not None:
             try:
@@ -388,6 +413,38 @@ class TurnRunner:
         model = model_switch.model_info(self.agent, run)
         if model:
             metadata["model"] = model
+        return metadata
+
+    async def _end_stream(
+        self,
+        run: RunState,
+        recorder: Recorder,
+        callback: StreamCallback | None,
+        call_error: str,
+        metadata: dict[str, Any],
+        last: UIChunk,
+    ) -> StreamCallback | None:
+        """End a run's stream that stops early (``last`` is its ``abort`` or ``error``).
+
+        Open text and reasoning blocks are closed and unfinished tool calls end in
+        ``call_error`` (the stored turn is truthful and the next prompt carries no
+        unresolved call), then the final metadata goes out: all before ``last``, so a
+        client's final message is the stored one (``useChat`` reads nothing after an
+        ``error`` chunk)."""
+        ending: list[UIChunk] = [*recorder.builder.closing_chunks(call_error)]
+        ending.append({"type": "message-metadata", "messageMetadata": metadata})
+        ending.append(last)
+        for chunk in ending:
+            callback = await self._emit(run, recorder, callback, chunk)
+        return callback
+
+    def _finish_recorder(
+        self,
+        recorder: Recorder,
+        run: RunState,
+        metadata: dict[str, Any],
+        stale: Callable[[], bool],
+    ) -> dict[str, Any] | None:
         try:
             message = recorder.finish(metadata)
         except Exception:
@@ -483,6 +540,18 @@ class TurnRunner:
         doomed = [g for g in generations[:-keep] if g not in active]
         if doomed:
             store.delete_chunks(doomed)
+
+
+def _finish_chunk(chunk: FinishChunk, metadata: dict[str, Any]) -> FinishChunk:
+    """``chunk`` carrying the message's final ``metadata`` (merged over what it had)."""
+    out: FinishChunk = {
+        "type": "finish",
+        "messageMetadata": {**(chunk.get("messageMetadata") or {}), **metadata},
+    }
+    reason = metadata.get("finishReason")
+    if reason:
+        out["finishReason"] = reason
+    return out
 
 
 async def _discard(chunk: UIChunk) -> None:

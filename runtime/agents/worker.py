@@ -227,9 +227,12 @@ class WorkerAgent(Generic[T]):
 
     @property
     def structured(self) -> bool:
+        """Whether the output is a pydantic model (returned through the reserved
+        final-result tool) rather than text."""
         return self.output_type is not str
 
     def get_model(self) -> Model:
+        """The model for a run: the one given, or a fresh one from the factory."""
         model = self._model
         if _is_model(model):
             return model
@@ -570,9 +573,16 @@ class WorkerTool:
 
     @property
     def input_schema(self) -> dict[str, Any]:
+        """The worker's ``input_type`` schema (``{"input": str}`` for text workers)."""
         return self._schema
 
     def validate(self, raw_input: Any) -> Any:
+        """Parse the model's input into the worker's ``input_type`` (text workers
+        take ``{"input": ...}``), then apply the worker's own ``validate_input``.
+
+        Raises:
+            ToolInputError: invalid JSON, a schema mismatch, or a rejected input.
+        """
         if isinstance(raw_input, str):
             try:
                 raw_input = json.loads(raw_input) if raw_input.strip() else {}
@@ -599,6 +609,9 @@ class WorkerTool:
         return store if hasattr(store, "create_session") else None
 
     async def execute(self, input: Any, ctx: ToolContext) -> Any:
+        """Blocking mode: run the worker (aborted with the call) and return its output.
+        Async mode: start it as a job in the registry and return
+        ``{"job_id", "status", "note"}`` at once."""
         parent = {
             "run_id": ctx.run_id,
             "tool_call_id": ctx.tool_call_id,
@@ -893,12 +906,18 @@ class JobRegistry:
         return remove
 
     def get(self, job_id: str) -> JobRecord | None:
+        """The job (from memory, else from the job store), or ``None`` if unknown."""
         record = self._records.get(job_id)
         if record is None and self._store is not None:
             record = self._store.get(job_id)
         return record
 
     def jobs(self, status: str | None = None) -> list[JobRecord]:
+        """Jobs oldest first, optionally only those with ``status``.
+
+        Raises:
+            InvalidInputError: an unknown status (with a job store).
+        """
         if self._store is not None:
             return self._store.rows(status)
         records = sorted(self._records.values(), key=lambda r: (r.created_at, r.id))
@@ -906,6 +925,7 @@ class JobRegistry:
 
     @property
     def running(self) -> int:
+        """How many jobs of this registry are running now."""
         return len(self._tasks)
 
     def has_running(self) -> bool:
@@ -933,6 +953,8 @@ class JobRegistry:
         return record
 
     def cancel(self, job_id: str, reason: str = "cancelled") -> bool:
+        """Abort a running job with ``reason`` (it ends ``cancelled``). Returns False
+        if it is not running here or was already aborted."""
         controller = self._controllers.get(job_id)
         if controller is None:
             return False

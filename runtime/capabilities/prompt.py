@@ -63,12 +63,17 @@ SECTION_TITLES: tuple[str, ...] = (
 
 @dataclass(frozen=True)
 class InstructionFile:
+    """One file of the ``# Project instructions`` section and its stripped text."""
+
     path: str  # workspace path ("AGENTS.md", "pkg/app/CLAUDE.md") or a host label
     content: str
 
 
 @dataclass(frozen=True)
 class Skill:
+    """One line of the ``# Skills`` section: a skill's name, the front matter's
+    ``description`` and the workspace path of its ``SKILL.md``."""
+
     name: str
     description: str
     path: str
@@ -76,6 +81,9 @@ class Skill:
 
 @dataclass(frozen=True)
 class AssembledPrompt:
+    """A turn's system prompt: its ``text``, the ``digest`` that identifies it and the
+    non-empty sections it was built from, in order."""
+
     text: str
     digest: str  # hex SHA-256 of ``text``
     sections: tuple[tuple[str, str], ...]  # (title, body) of the non-empty sections

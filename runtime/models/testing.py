@@ -40,17 +40,25 @@ from thinkray.runtime.usage import Usage
 
 @dataclass
 class Text:
+    """A scripted text block of its own, streamed as ``deltas`` (see :func:`text`)."""
+
     deltas: tuple[str, ...]
 
 
 @dataclass
 class Reasoning:
+    """A scripted reasoning block, streamed as ``deltas``, ending with ``signature``
+    (see :func:`reasoning`)."""
+
     deltas: tuple[str, ...]
     signature: str | None = None
 
 
 @dataclass
 class ToolCallItem:
+    """A scripted tool call (see :func:`tool_call`): ``input`` is a dict or raw JSON
+    text; a fresh ``call_...`` id is made when ``tool_call_id`` is None."""
+
     tool_name: str
     input: Any
     tool_call_id: str | None = None
@@ -59,11 +67,15 @@ class ToolCallItem:
 
 @dataclass
 class Failure:
+    """Raise ``error`` at this point of the step (see :func:`fail`)."""
+
     error: BaseException
 
 
 @dataclass
 class Pause:
+    """Stall the stream ``seconds`` at this point of the step (see :func:`pause`)."""
+
     seconds: float
 
 
@@ -76,6 +88,7 @@ def text(*deltas: str) -> Text:
 
 
 def reasoning(*deltas: str, signature: str | None = "sig-test") -> Reasoning:
+    """One reasoning block streamed as the given deltas, ending with ``signature``."""
     return Reasoning(tuple(deltas), signature)
 
 
@@ -87,12 +100,15 @@ def tool_call(
 
 
 def fail(error: BaseException | str = "scripted failure", *, transient: bool = False) -> Failure:
+    """A failure at this point of the step: ``error`` is raised as is, or a string
+    becomes a :class:`ModelError` (``transient``: status 529, so the loop retries)."""
     if isinstance(error, str):
         error = ModelError(error, transient=transient, status_code=529 if transient else None)
     return Failure(error)
 
 
 def pause(seconds: float) -> Pause:
+    """A stall of ``seconds`` at this point of the step (e.g. to abort mid-stream)."""
     return Pause(seconds)
 
 
@@ -228,13 +244,21 @@ class ScriptedModel:
         self._next = 0
 
     def add(self, *replies: Reply | str) -> None:
+        """Append steps to the script (a string is a one-text reply)."""
         self.replies.extend(reply(r) if isinstance(r, str) else r for r in replies)
 
     @property
     def remaining(self) -> int:
+        """How many scripted steps have not been played yet."""
         return len(self.replies) - self._next
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        """Record ``request`` and play the next scripted step (from the start again
+        with ``loop``).
+
+        Raises:
+            ModelError: the script is used up, or the step scripts a failure.
+        """
         self.requests.append(request)
         if self._next >= len(self.replies):
             if not (self.loop and self.replies):
@@ -276,6 +300,8 @@ class FunctionModel:
         self.requests: list[ModelRequest] = []
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        """Record ``request``, call ``fn`` (awaited if async) and play what it returns.
+        Whatever ``fn`` or a scripted failure raises propagates."""
         self.requests.append(request)
         step_no = len(self.requests) - 1
         result = self.fn(request, step_no)

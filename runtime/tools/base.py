@@ -56,14 +56,27 @@ class Tool(Protocol):
     description: str
 
     @property
-    def input_schema(self) -> dict[str, Any]: ...
+    def input_schema(self) -> dict[str, Any]:
+        """The JSON schema of the input (an ``object``), as the model sees it."""
+        ...
 
-    def validate(self, raw_input: Any) -> Any: ...
+    def validate(self, raw_input: Any) -> Any:
+        """Turn the model's raw input (a dict, or JSON text) into what :meth:`execute`
+        takes.
 
-    async def execute(self, input: Any, ctx: ToolContext) -> Any: ...
+        Raises:
+            ToolInputError: the input does not fit the schema; the model reads why.
+        """
+        ...
+
+    async def execute(self, input: Any, ctx: ToolContext) -> Any:
+        """Run the tool on validated ``input``; return a JSON-serializable result.
+        Any exception becomes a tool error for the model."""
+        ...
 
 
 def tool_spec(t: Tool) -> ToolSpec:
+    """The :class:`ToolSpec` (name, description, input schema) a model is given for ``t``."""
     return ToolSpec(name=t.name, description=t.description, input_schema=t.input_schema)
 
 
@@ -92,9 +105,16 @@ class ModelTool:
 
     @property
     def input_schema(self) -> dict[str, Any]:
+        """``input_model``'s JSON schema, without pydantic's titles."""
         return self._schema
 
     def validate(self, raw_input: Any) -> BaseModel:
+        """Parse ``raw_input`` (a dict, JSON text, or ``None``/``""`` for no
+        arguments) into an ``input_model`` instance.
+
+        Raises:
+            ToolInputError: invalid JSON, or fields that do not validate (each named).
+        """
         if isinstance(raw_input, str):
             try:
                 raw_input = json.loads(raw_input) if raw_input.strip() else {}
@@ -108,6 +128,9 @@ class ModelTool:
             raise ToolInputError(_format_validation(self.name, exc)) from exc
 
     async def execute(self, input: Any, ctx: ToolContext) -> Any:
+        """Call ``fn`` with the validated model (or its fields as keywords, for a
+        ``@tool`` function) and ``ctx`` when it takes one; await the result if it is
+        awaitable. A pydantic result is dumped to JSON-ready data."""
         kwargs: dict[str, Any] = {}
         if self._wants_context:
             kwargs["ctx"] = ctx

@@ -131,6 +131,7 @@ def normalize_path(path: str | bytes, *, allow_root: bool = False) -> str:
 
 
 def is_safe_path(path: str | bytes, *, allow_root: bool = False) -> bool:
+    """Whether :func:`normalize_path` accepts ``path`` (never raises)."""
     try:
         normalize_path(path, allow_root=allow_root)
     except UnsafePathError:
@@ -149,6 +150,7 @@ def parent_path(path: str) -> str:
 
 
 def base_name(path: str) -> str:
+    """The last segment of a normalized path (``""`` for the root)."""
     return path.rpartition("/")[2]
 
 

@@ -91,6 +91,7 @@ class ExecutionResult:
     pid: int | None = None  # of the (already reaped) child, for logs and tests
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field, as a dict."""
         return asdict(self)
 
 
@@ -472,6 +473,8 @@ class CodeSandbox:
         self._semaphores: dict[int, asyncio.Semaphore] = {}
 
     def allowed_methods(self) -> tuple[str, ...]:
+        """The workspace methods code here may call: none, the read methods, or read
+        and write ones, by ``access``."""
         if self.access == "none":
             return ()
         if self.access == "read":
@@ -795,7 +798,8 @@ def _kill_group(proc: asyncio.subprocess.Process) -> None:
 # -- the tool -------------------------------------------------------------------------
 
 
-class ExecuteInput(BaseModel):
+# No docstring on purpose: pydantic would put it in the input schema the model is sent.
+class ExecuteInput(BaseModel):  # noqa: D101
     model_config = ConfigDict(extra="forbid")
 
     code: str = Field(min_length=1, description="Python 3 source to run")

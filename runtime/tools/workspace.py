@@ -48,6 +48,7 @@ from thinkray.storage.errors import (
     WorkspacePathError,
 )
 from thinkray.storage.protocols import EntryInfo, WorkspaceStore
+from typing_extensions import override
 
 Access = Literal["read", "read-write"]
 """What a tool set or a sandbox may do: ``"read"`` produces only the read tools."""
@@ -67,6 +68,9 @@ MAX_GREP_MATCHES = 500
 
 
 class EntryDict(TypedDict):
+    """A file or directory's metadata, as :meth:`ReadOperations.stat` and
+    :meth:`ReadOperations.list_directory` return it."""
+
     path: str
     name: str
     type: Literal["file", "directory"]
@@ -77,30 +81,41 @@ class EntryDict(TypedDict):
 
 
 class GrepMatch(TypedDict):
+    """One matching line of a :meth:`ReadOperations.grep`."""
+
     path: str
     line: int  # 1-based
     text: str  # the matching line, cut at GREP_LINE_CHARS
 
 
 class GrepResult(TypedDict):
+    """What :meth:`ReadOperations.grep` returns."""
+
     matches: list[GrepMatch]
     truncated: bool  # more matches exist beyond ``limit``
     files_searched: int
 
 
 class WriteResult(TypedDict):
+    """What :meth:`WriteOperations.write_file` returns."""
+
     path: str
     size: int
     created: bool  # False when an existing file was replaced
 
 
 class EditResult(TypedDict):
+    """What :meth:`WriteOperations.edit_file` returns: how many occurrences it
+    replaced and the file's new size."""
+
     path: str
     replacements: int
     size: int
 
 
 class DeleteResult(TypedDict):
+    """What :meth:`WriteOperations.delete` returns."""
+
     path: str
     deleted: int  # entries removed (a directory counts itself and its contents)
 
@@ -325,7 +340,7 @@ async def call_op(ops: Any, method: str, *args: Any, **kwargs: Any) -> Any:
 # -- the local implementation ---------------------------------------------------------
 
 
-class LocalWorkspace:
+class LocalWorkspace(WorkspaceOperations):
     """:class:`ReadOperations` and :class:`WriteOperations` over a
     :class:`~thinkray.storage.protocols.WorkspaceStore` (synchronous: each call is one or a few
     statements on the actor's database)."""
@@ -335,6 +350,7 @@ class LocalWorkspace:
 
     # reads
 
+    @override
     def read_file(self, path: str) -> str:
         path = normalize_path(path)
         data = self.store.read(path)
@@ -347,20 +363,29 @@ class LocalWorkspace:
                 "it cannot be read as text"
             ) from None
 
+    @override
     def stat(self, path: str) -> EntryDict | None:
         info = self.store.try_stat(normalize_path(path, allow_root=True))
         return _entry(info) if info else None
 
     def exists(self, path: str) -> bool:
+        """Whether ``path`` is a file or directory (``""``, the root, always is).
+
+        Raises:
+            UnsafePathError: a path that climbs out or is otherwise unsafe.
+        """
         return self.store.exists(normalize_path(path, allow_root=True))
 
+    @override
     def list_directory(self, path: str = "") -> list[EntryDict]:
         return [_entry(e) for e in self.store.list(normalize_path(path, allow_root=True))]
 
+    @override
     def find_files(self, pattern: str, path: str = "", limit: int = MAX_FIND_RESULTS) -> list[str]:
         base = normalize_path(path, allow_root=True)
         return [e.path for e in self._glob(pattern, base, limit)]
 
+    @override
     def grep(
         self,
         pattern: str,
@@ -398,6 +423,7 @@ class LocalWorkspace:
 
     # writes
 
+    @override
     def write_file(self, path: str, content: str) -> WriteResult:
         path = normalize_path(path)
         if not isinstance(content, str):
@@ -406,6 +432,7 @@ class LocalWorkspace:
         info = self.store.write(path, content)
         return {"path": path, "size": info.size, "created": not existed}
 
+    @override
     def edit_file(
         self, path: str, old_string: str, new_string: str, replace_all: bool = False
     ) -> EditResult:
@@ -419,11 +446,20 @@ class LocalWorkspace:
             info = self.store.write(path, new_text)
         return {"path": path, "replacements": count, "size": info.size}
 
+    @override
     def delete(self, path: str, recursive: bool = False) -> DeleteResult:
         path = normalize_path(path)
         return {"path": path, "deleted": self.store.delete(path, recursive=recursive)}
 
     def mkdir(self, path: str) -> EntryDict:
+        """Create a directory and its missing parents (an existing one is fine);
+        returns its metadata.
+
+        Raises:
+            UnsafePathError: an unsafe path.
+            WorkspaceExistsError: a file is at ``path``.
+            WorkspaceLimitError: the entry limit would be exceeded.
+        """
         return _entry(self.store.mkdir(normalize_path(path)))
 
     # helpers

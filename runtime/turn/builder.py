@@ -11,11 +11,14 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from thinkray.runtime.chunks import UIChunk
+from thinkray.runtime.chunks import LoopChunk, UIChunk, tool_output_error
 from thinkray.runtime.errors import InvalidArgumentError
 
 
 class MessageBuilder:
+    """Builds one UIMessage (``message``) from the chunks of a run, part by part;
+    ``metadata_dirty`` says the metadata changed since the owner last cleared it."""
+
     def __init__(self, message_id: str, role: str = "assistant") -> None:
         self.message: dict[str, Any] = {
             "id": message_id,
@@ -31,6 +34,8 @@ class MessageBuilder:
 
     @property
     def parts(self) -> list[dict[str, Any]]:
+        """The message's parts, live; a streaming part's ``text`` may lag behind its
+        deltas (:meth:`part` joins them)."""
         return self.message["parts"]
 
     def _append(self, part: dict[str, Any]) -> int:
@@ -71,8 +76,13 @@ class MessageBuilder:
             self._text[idx].append(chunk["delta"])
             return idx
         if chunk["type"] == "text-start" or chunk["type"] == "reasoning-start":
-            kind = "text" if chunk["type"] == "text-start" else "reasoning"
-            idx = self._append({"type": kind, "text": "", "state": "streaming"})
+            if chunk["type"] == "text-start":
+                idx = self._append({"type": "text", "text": "", "state": "streaming"})
+            else:
+                # The AI SDK keeps a reasoning block's id on its part (text parts have none).
+                idx = self._append(
+                    {"type": "reasoning", "id": chunk["id"], "text": "", "state": "streaming"}
+                )
             self._by_block[chunk["id"]] = idx
             self._text[idx] = []
             if chunk.get("providerMetadata"):
@@ -204,6 +214,45 @@ class MessageBuilder:
                         part["input"] = raw
                     changed.append(idx)
         return changed
+
+    def closing_chunks(self, error_text: str) -> list[LoopChunk]:
+        """The chunks that end what is still open, for a run ending in abort or error:
+        ``text-end``/``reasoning-end`` for each streaming block, ``tool-input-error``
+        (with the input streamed so far) for a call whose input was still streaming,
+        ``tool-output-error`` for a call that was waiting for its output or approval;
+        ``error_text`` is the calls' error. Sent before the ``abort``/``error`` chunk,
+        they make a client's final message the stored one: ``useChat`` stops reading
+        at an ``error`` chunk, and nothing after it would reach the client."""
+        block_ids = {idx: block_id for block_id, idx in self._by_block.items()}
+        out: list[LoopChunk] = []
+        for idx, part in enumerate(self.parts):
+            kind, state = part.get("type"), part.get("state")
+            if state == "streaming" and idx in block_ids:
+                if kind == "text":
+                    out.append({"type": "text-end", "id": block_ids[idx]})
+                elif kind == "reasoning":
+                    out.append({"type": "reasoning-end", "id": block_ids[idx]})
+            elif kind == "dynamic-tool" and state == "input-streaming":
+                raw = "".join(self._tool_input_text.get(idx, ()))
+                partial: Any = None
+                if raw:
+                    try:
+                        partial = json.loads(raw)
+                    except json.JSONDecodeError:
+                        partial = raw
+                out.append(
+                    {
+                        "type": "tool-input-error",
+                        "toolCallId": part["toolCallId"],
+                        "toolName": part["toolName"],
+                        "input": partial,
+                        "errorText": error_text,
+                        "dynamic": True,
+                    }
+                )
+            elif kind == "dynamic-tool" and state in ("input-available", "approval-requested"):
+                out.append(tool_output_error(part["toolCallId"], error_text))
+        return out
 
     def unfinished_tool_calls(self) -> list[str]:
         """Tool call ids whose part has no output yet (input streaming or available)."""

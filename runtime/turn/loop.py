@@ -25,6 +25,7 @@ from thinkray.runtime.chunks import (
     ToolOutputAvailableChunk,
     ToolOutputDeniedChunk,
     ToolOutputErrorChunk,
+    tool_output_available,
     tool_output_error,
 )
 from thinkray.runtime.models.base import (
@@ -359,7 +360,7 @@ async def _execute_calls(
         except Exception as exc:  # any tool failure is a result for the model
             await queue.put(tool_output_error(call_id, f"{type(exc).__name__}: {exc}"))
             return
-        await queue.put({"type": "tool-output-available", "toolCallId": call_id, "output": output})
+        await queue.put(tool_output_available(call_id, output))
 
     tasks = [asyncio.ensure_future(one(*c)) for c in calls]
     try:

@@ -22,6 +22,8 @@ _PREVIEW_CHARS = 2_000
 
 
 def encode(part: dict[str, Any]) -> bytes:
+    """The msgpack bytes of a part (what a row's size is measured on); values msgpack
+    cannot encode go through JSON, or become their ``str``."""
     return msgpack.packb(part, use_bin_type=True, default=_default)
 
 
@@ -119,6 +121,8 @@ class PersistCache:
         self.skipped = 0
 
     def changed(self, message_id: str, index: int, part: dict[str, Any]) -> bool:
+        """Whether ``part`` differs from what was last recorded at its slot; records it
+        when it does (a caller that gets True is expected to write it)."""
         blob = encode(part)
         key = (message_id, index)
         if self._parts.get(key) == blob:
@@ -128,6 +132,8 @@ class PersistCache:
         return True
 
     def forget(self, message_id: str | None = None) -> None:
+        """Drop what is remembered of one message (``None``: of every message), so its
+        parts are written again."""
         if message_id is None:
             self._parts.clear()
             self._lengths.clear()
@@ -137,7 +143,9 @@ class PersistCache:
         self._lengths.pop(message_id, None)
 
     def length(self, message_id: str) -> int | None:
+        """The part count last stored for the message, or ``None`` if not recorded."""
         return self._lengths.get(message_id)
 
     def set_length(self, message_id: str, length: int) -> None:
+        """Record the part count stored for the message."""
         self._lengths[message_id] = length

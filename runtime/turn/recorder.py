@@ -24,6 +24,11 @@ DEFAULT_FLUSH_INTERVAL = 0.03
 
 
 class Recorder:
+    """Records one run's assistant message ``message_id`` and chunk log into
+    ``session_id`` of ``store`` (see the module). ``cache`` skips unchanged parts;
+    ``is_stale`` turns flushes into no-ops once the session was cleared;
+    ``record_chunks=False`` keeps no chunk log."""
+
     def __init__(
         self,
         store: SessionStore,
@@ -58,10 +63,12 @@ class Recorder:
 
     @property
     def message(self) -> dict[str, Any]:
+        """The assistant message as built so far (live, not a copy)."""
         return self.builder.message
 
     @property
     def chunk_count(self) -> int:
+        """How many chunks were recorded (the next chunk's index)."""
         return self._chunk_index
 
     def record(self, chunk: UIChunk) -> None:
@@ -171,6 +178,8 @@ class Recorder:
         return self.builder.message
 
     def close(self) -> None:
+        """Stop the flush timer; nothing pending is written (call :meth:`finish` or
+        :meth:`flush` first)."""
         self.closed = True
         if self._timer is not None:
             self._timer.cancel()

@@ -26,10 +26,12 @@ class RunStream:
         self._waiters: list[asyncio.Future[None]] = []
 
     def push(self, chunk: UIChunk) -> None:
+        """Append ``chunk`` to the log and wake the tailing consumers."""
         self.chunks.append(chunk)
         self._wake()
 
     def close(self, error: str | None = None) -> None:
+        """Mark the run done (``error``: why it failed) and wake the consumers."""
         self.done = True
         self.error = error
         self._wake()
