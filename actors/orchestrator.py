@@ -84,7 +84,8 @@ def build_model(spec: dict[str, Any] | None, fallback: Model | None = None) -> M
 class SubAgent(Agent):
     """A worker of an orchestrator. Config keys: ``instructions``, ``model`` (see
     :func:`build_model`), ``bridge`` (set by the orchestrator), ``code_execution``,
-    ``extensions``."""
+    ``extensions`` and ``extension_network`` (``True``: extensions that declare
+    network access may load and get the network; default: no network)."""
 
     def on_start(self) -> None:
         self._workspace: LocalWorkspace | None = None
@@ -123,6 +124,10 @@ class SubAgent(Agent):
             from thinkray.runtime.tools.sandbox import CodeSandbox, execute_tool
 
             sandbox = CodeSandbox(self.get_workspace(), timeout=config.get("code_timeout", 10.0))
+        # No network for extension code unless the config says so (read on every use:
+        # a reconfigured sub-agent follows its new config).
+        config = self.get_config() or {}
+        self._extensions.allow_network = config.get("extension_network") is True
             tools["execute"] = execute_tool(sandbox)
         if config.get("extensions"):
             from thinkray.runtime.tools.extensions import extension_tools

@@ -166,7 +166,7 @@ async def test_network_permission_is_granted_only_if_declared_and_allowed(stores
     with pytest.raises(ExtensionError, match="network access is not permitted"):
         await strict.load(source)
 
-    manager = ExtensionManager(stores, ws, timeout=SLOW_MACHINE_TIMEOUT)
+    manager = ExtensionManager(stores, ws, timeout=SLOW_MACHINE_TIMEOUT, allow_network=True)
     await manager.load(source)
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -337,3 +337,60 @@ async def test_tools_loaded_on_one_turn_appear_on_the_next(tmp_path):
     outputs = [p.get("output") for p in second.message["parts"] if "output" in p]
     assert outputs == [{"result": 5, "stdout": "adding\n"}]
     agent.store.close()
+
+
+# -- issue 9 item 16: no network for extension code unless the agent allows it -------------
+
+NETWORKED = ISOLATED.replace(
+    '"description": "No workspace, no network"',
+    '"description": "net", "permissions": {"network": True}',
+)
+
+
+def test_a_manager_allows_no_network_unless_told(stores, ws):
+    assert ExtensionManager(stores, ws).allow_network is False
+
+
+async def test_sub_agent_extensions_get_no_network_unless_its_config_allows_it(tmp_path):
+    """An orchestrator's sub-agent with ``extensions`` on: the model writes an extension
+    that declares network access and opens a socket. By default that extension is
+    refused; with ``extension_network: True`` it loads and connects; when the config
+    takes the permission back, the stored extension is refused when called."""
+    from thinkray.actors.orchestrator import SubAgent
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    port = server.getsockname()[1]
+    load = [{"tool": "load_extension", "input": {"source": NETWORKED}}]
+    use = [{"tool": "isolated__connect", "input": {"port": port}}]
+
+    def config(*steps, **extra):
+        model = {"provider": "script", "steps": [*steps, [{"text": "done"}]]}
+        return {"model": model, "extensions": True, **extra}
+
+    def tool_part(result):
+        [part] = [p for p in result.message["parts"] if p["type"] == "dynamic-tool"]
+        return part
+
+    agent = SubAgent(tmp_path / "sub.duckdb")
+    try:
+        agent.configure(config(load))
+        refused = tool_part(await agent.chat("write a tool that can reach the network"))
+        assert refused["state"] == "output-error"
+        assert "network access is not permitted" in refused["errorText"]
+        assert agent.extension_manager().list() == []
+
+        agent.configure(config(load, extension_network=True))
+        assert tool_part(await agent.chat("write it"))["state"] == "output-available"
+        agent.configure(config(use, extension_network=True))
+        connected = tool_part(await agent.chat("use it"))
+        assert connected["state"] == "output-available" and connected["output"] == "connected"
+
+        agent.configure(config(use))  # the permission is taken back
+        again = tool_part(await agent.chat("use it again"))
+        assert again["state"] == "output-error"
+        assert "network access" in again["errorText"]
+    finally:
+        server.close()
+        agent.close()

@@ -29,7 +29,11 @@ Lifecycle (mirrors the seed's describe/execute RPC):
   Every call runs the source and then the function in a **fresh** sandbox process
   with the extension's declared permissions: workspace ``"none"`` gets no workspace
   operations at all, ``"read"`` only the read operations (the parent refuses writes),
-  network per manifest (and only if the host allows it).
+  network per manifest and only if the host allows it: extension code has **no
+  network unless the agent opts in** (``ExtensionManager(allow_network=True)``; a
+  sub-agent's ``extension_network`` config key). Without that, loading an extension
+  that declares network is refused, and one stored while it was allowed is refused
+  when called.
 - A new manager on the same database (after hibernation) restores every extension
   from the stored manifests without running anything.
 """
@@ -135,7 +139,11 @@ class ExtensionManager:
     records live in its workspace namespace :data:`EXTENSIONS_NAMESPACE`, reserved for
     them. ``ops`` are the workspace operations extensions may be granted (``None``:
     extensions asking for workspace access are refused at load).
-    ``allow_network=False`` refuses extensions that declare network access.
+    ``allow_network`` (default False: no network) is the agent's explicit opt-in to
+    extensions with network access; while it is False, an extension declaring
+    ``"network": True`` is refused at load, and one restored from the database is
+    refused when its tools are called. Only with it True does such an extension's
+    sandbox get the network.
     """
 
     def __init__(
@@ -145,7 +153,7 @@ class ExtensionManager:
         *,
         timeout: float = 10.0,
         memory_mb: int = 256,
-        allow_network: bool = True,
+        allow_network: bool = False,
         max_source_bytes: int = MAX_SOURCE_BYTES,
         network_namespace: bool | None = None,
     ) -> None:
@@ -228,15 +236,27 @@ class ExtensionManager:
 
     def sandbox_for(self, manifest: ExtensionManifest) -> CodeSandbox:
         """A sandbox with exactly the extension's declared permissions (one per
-        permission set, so its concurrency bound holds across tools)."""
+        permission set, so its concurrency bound holds across tools); the network only
+        when the extension declares it and the manager allows it.
+
+        Raises:
+            ExtensionError: the extension declares network and the manager does not
+                allow it (a record stored while it was allowed).
+        """
         access = manifest.permissions.workspace
-        key = (access, manifest.permissions.network)
+        network = manifest.permissions.network
+        if network and not self.allow_network:
+            raise ExtensionError(
+                f"extension {manifest.name!r} declares network access, which is not "
+                "permitted for extensions here (the agent has not allowed it)"
+            )
+        key = (access, network)
         sandbox = self._sandboxes.get(key)
         if sandbox is None:
             sandbox = CodeSandbox(
                 self.ops if access != "none" else None,
                 access=access,
-                allow_network=manifest.permissions.network,
+                allow_network=network,
                 timeout=self.timeout,
                 memory_mb=self.memory_mb,
                 network_namespace=self.network_namespace,
@@ -361,7 +381,10 @@ class ExtensionTool:
             raise ToolExecutionError(
                 f"extension {self.extension!r} no longer defines tool {self.tool!r}"
             )
-        sandbox = self.manager.sandbox_for(record.manifest)
+        try:
+            sandbox = self.manager.sandbox_for(record.manifest)
+        except ExtensionError as exc:
+            raise ToolExecutionError(str(exc)) from None
         outcome = await sandbox.call_extension(
             record.source, self.tool, input, filename=f"<extension {self.extension}>"
         )
