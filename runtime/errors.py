@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from thinkray.storage.errors import *  # noqa: F403  # the storage errors a runtime user meets
 from thinkray.storage.errors import ThinkrayError, UserError, WorkspaceError
 from thinkray.storage.errors import __all__ as _storage_errors
+
+if TYPE_CHECKING:
+    from thinkray.runtime.usage import Usage
 
 CONTEXT_SWITCH_ERROR = (
     "Switching to a model with a smaller context window would lose the conversation; "
@@ -178,7 +181,11 @@ class DurableUnavailableError(ThinkrayError, RuntimeError):
 
 class ModelError(ThinkrayError):
     """A model call failed. ``transient`` errors are retried by the loop with backoff
-    (only while the step has emitted nothing, so no output is ever duplicated)."""
+    (only while the step has emitted nothing, so no output is ever duplicated).
+
+    ``usage`` is what the provider reported before the call broke (a stream cut after
+    its first event was still billed for its input); the loop records it as the step's
+    usage when the error ends the turn."""
 
     def __init__(
         self,
@@ -231,11 +238,13 @@ class ToolExecutionError(ThinkrayError, RuntimeError):
 
 class EditError(WorkspaceError, UserError, ValueError):
     """``edit_file`` could not apply: ``old_string`` not found, ambiguous, or no-op."""
+        usage: Usage | None = None,
 
 
 class BinaryFileError(WorkspaceError, UserError, ValueError):
     """``read_file`` on content that is not UTF-8 text."""
 
+        self.usage = usage
 
 class SessionBusyError(ThinkrayError, RuntimeError):
     """A run is already in flight for this session (one run per session at a time)."""

@@ -167,12 +167,17 @@ class SessionStore(Protocol):
         ``usage`` keys: ``input``, ``output``, ``reasoning``, ``cache_read``,
         ``cache_write`` (input excludes cache tokens) and optional ``cost_usd``.
         ``total_tokens`` grows by the sum of all five; ``cost_usd`` stays ``None``
-        until some writer supplies one.
+        until some writer supplies one. When the five sum to more than 0 that sum
+        becomes ``context_tokens`` (replaced, not added: each step re-reads the
+        conversation), which ``context_window_used`` reports; it survives a reopen, and
+        a branch of the whole visible path copies it.
         """
         ...
 
     def set_usage(self, session_id: str, rollup: dict[str, Any]) -> SessionInfo:
-        """Replace the rollups (used when a branch recomputes them from its copies)."""
+        """Replace the rollups (used when a branch recomputes them from its copies, or a
+        compaction resets them); ``context_tokens`` is cleared, so ``context_window_used``
+        is the new rollups' sum until the next ``add_usage``."""
         ...
 
     def delete_session(self, session_id: str) -> None:

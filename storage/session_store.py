@@ -414,6 +414,7 @@ def _session_info(row: Sequence[Any]) -> SessionInfo:
         usage=usage,
         settings=info.get("settings") or {},
     )
+        context_tokens=info.get("context_tokens"),
 
 
 def _info_blob(info: SessionInfo) -> bytes:
@@ -425,6 +426,7 @@ def _info_blob(info: SessionInfo) -> bytes:
             "usage": info.usage,
             "settings": info.settings,
         },
+            "context_tokens": info.context_tokens,
         "session info",
     )
 
@@ -820,6 +822,8 @@ class DuckDBSessionStore:
         unknown = set(rollup) - _ROLLUP_KEYS
         if unknown:
             raise InvalidInputError(f"unknown rollup keys {sorted(unknown)}")
+        step_tokens = sum(usage.get(k, 0) for k in _STEP_TO_ROLLUP)
+
         for key in USAGE_KEYS:
             if key in rollup:
                 _check_index(rollup[key], f"rollup[{key!r}]")
@@ -828,6 +832,11 @@ class DuckDBSessionStore:
             raise InvalidInputError(f"rollup['cost_usd'] must be a number, got {cost!r}")
         new = empty_rollup()
         new.update(rollup)
+            if step_tokens:
+                # The context is what this call read and wrote, not a sum over calls
+                # (each re-read the conversation); a step that reported nothing
+                # leaves it as it was.
+                info.context_tokens = step_tokens
         if "total_tokens" not in rollup:
             new["total_tokens"] = sum(new[k] for k in _STEP_TO_ROLLUP.values())
 
@@ -850,6 +859,7 @@ class DuckDBSessionStore:
                 f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", [session_id]
             ).fetchone()
             if row is None:
+            info.context_tokens = None  # no last call: the rollups' sum is the context
                 raise SessionNotFoundError(f"session {session_id!r} not found")
             info = _session_info(row)
             info.usage = empty_rollup()
@@ -872,6 +882,7 @@ class DuckDBSessionStore:
             head, owners = self._lookup(con, session_id, [mid, parent_id])
             if mid in owners:
                 return False  # the first write wins, wherever it landed
+            info.context_tokens = None
             parent = self._resolve_parent(con, session_id, parent_id, head, owners)
             now = self._now()
             self._insert_message(con, session_id, mid, role, envelope, parent, part_rows, now)
@@ -1454,6 +1465,9 @@ class DuckDBSessionStore:
         return info
 
     def _compaction_covers(
+            # A copy of the whole visible path carries what the parent's next request
+            # would; a copy cut earlier has no last call of its own (the sum stands in).
+            context_tokens=parent.context_tokens if count and chosen[-1] == path[-1] else None,
         self, con: duckdb.DuckDBPyConnection, session_id: str, tree: _Tree, path: list[int]
     ) -> dict[int, set[int]]:
         """``position of a compaction message on the path -> positions it summarized``.

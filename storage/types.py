@@ -76,13 +76,27 @@ class SessionInfo:
     usage: dict[str, Any] = field(default_factory=empty_rollup)
     settings: dict[str, Any] = field(default_factory=dict)
 
+    # What the next request carries, as the last model call reported it (see
+    # context_window_used); None until a step reports usage or after set_usage.
+    context_tokens: int | None = None
     @property
     def ephemeral(self) -> bool:
         return bool(self.metadata.get("ephemeral"))
 
     @property
     def context_window_used(self) -> int:
-        """Seed 002: prompt + completion + reasoning + cache_read + cache_write."""
+        """The tokens the session's next request will carry (seed 002: prompt +
+        completion + reasoning + cache_read + cache_write, compared against the model's
+        context window).
+
+        Those are the last model call's counts (:attr:`context_tokens`, which
+        ``add_usage`` sets from each step): the rollups in :attr:`usage` add up every
+        step and so count each re-read of the conversation again, which is what was
+        billed, not what the window holds. Rollups replaced with ``set_usage`` (a
+        compaction, a branch) have no last call: then their sum is the number.
+        """
+        if self.context_tokens is not None:
+            return self.context_tokens
         u = self.usage
         return int(
             u.get("prompt_tokens", 0)
@@ -111,6 +125,7 @@ class SessionInfo:
         }
 
 
+            "context_tokens": self.context_tokens,
 @dataclass
 class MessageRow:
     """A message with its tree position and visibility, for lifecycle operations."""

@@ -10,13 +10,29 @@ The server is scripted with a queue of responses, one per ``POST /v1/messages``:
   after the first content block start like the real stream);
 - :func:`http_error` / :func:`overloaded` build an HTTP error with the API's JSON body;
 - :func:`mid_stream_error` cuts a streamed message after some events and sends an SSE
-  ``error`` frame, as the API does when it overloads mid-response.
+  ``error`` frame, as the API does when it overloads mid-response;
+- :func:`authentication_error` is the API's 401 for a bad key, and a server built with
+  ``api_key=...`` answers it to any request whose ``x-api-key`` differs, before touching
+  the queue.
+
+Prompt caching is simulated honestly (:class:`PromptCache`): the server renders every
+request as the API does (``tools``, then ``system``, then ``messages``, block by block),
+rejects more than four ``cache_control`` breakpoints or one on a thinking block with the
+API's 400, writes the prefix up to each breakpoint, and on later requests reads the
+longest cached prefix that ends at a block boundary at most 20 blocks before a breakpoint.
+With ``simulate_usage=True`` the usage of every streamed message reports what that
+request really cost here (``input_tokens`` excluding the cache, plus
+``cache_creation_input_tokens``/``cache_read_input_tokens``), counting about one token per
+four characters of the block's JSON; otherwise the scripted counts are sent as given.
+``RecordedRequest.usage`` holds the usage a request was answered with.
 
 Nothing here touches the network beyond 127.0.0.1.
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import itertools
 import json
 import socket
@@ -255,6 +271,151 @@ def invalid_request(message: str) -> HTTPErrorResponse:
     return http_error(400, "invalid_request_error", message)
 
 
+def authentication_error() -> HTTPErrorResponse:
+    """The API's answer to a missing or wrong ``x-api-key``: 401, exactly this body."""
+    return http_error(401, "authentication_error", "invalid x-api-key")
+
+
+# -- prompt caching ---------------------------------------------------------------------
+
+CACHE_LOOKBACK_BLOCKS = 20  # block boundaries checked before a breakpoint, as the API does
+MAX_CACHE_BREAKPOINTS = 4
+_TTL_SECONDS = {"5m": 300.0, "1h": 3600.0}
+
+
+def estimate_tokens(value: Any) -> int:
+    """About one token per four characters of the value's compact JSON (at least 1)."""
+    raw = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return max(1, len(raw) // 4)
+
+
+@dataclass(frozen=True)
+class _Rendered:
+    """One block of a request in the order the API caches it."""
+
+    where: str  # e.g. "tools.2", "system.0", "messages.3.content.1"
+    block: dict[str, Any]  # without cache_control
+    cache_control: dict[str, Any] | None
+    tokens: int
+
+
+def _render(body: dict[str, Any]) -> list[_Rendered]:
+    """``tools`` → ``system`` → ``messages``, one entry per block (a role change is part
+    of the block, so the same text in another message is another prefix)."""
+    out: list[_Rendered] = []
+
+    def add(where: str, block: Any, extra: dict[str, Any] | None = None) -> None:
+        if not isinstance(block, dict):
+            block = {"type": "text", "text": str(block)}
+        cc = block.get("cache_control")
+        bare = {k: v for k, v in block.items() if k != "cache_control"}
+        if extra:
+            bare = {**extra, **bare}
+        out.append(_Rendered(where, bare, cc, estimate_tokens(bare)))
+
+    for i, t in enumerate(body.get("tools") or []):
+        add(f"tools.{i}", t)
+    system = body.get("system")
+    if isinstance(system, str) and system:
+        add("system", {"type": "text", "text": system})
+    elif isinstance(system, list):
+        for i, b in enumerate(system):
+            add(f"system.{i}", b)
+    for m, msg in enumerate(body.get("messages") or []):
+        content = msg.get("content")
+        if isinstance(content, str):
+            content = [{"type": "text", "text": content}]
+        for i, b in enumerate(content or []):
+            add(f"messages.{m}.content.{i}", b, {"_role": msg.get("role"), "_message": m})
+    return out
+
+
+class PromptCache:
+    """The server side of prompt caching, per model, with the API's TTLs and lookback.
+
+    ``min_tokens`` is the smallest prefix that is cached (the API's is 1,024-4,096
+    depending on the model; 0 here unless a test sets it).
+    """
+
+    def __init__(self, min_tokens: int = 0) -> None:
+        self.min_tokens = min_tokens
+        self._entries: dict[str, float] = {}  # prefix hash -> expiry (monotonic)
+        self._lock = threading.Lock()
+
+    def validate(self, body: Any) -> str | None:
+        """The API's 400 message for misplaced breakpoints, or ``None``."""
+        if not isinstance(body, dict):
+            return None
+        blocks = _render(body)
+        marked = [b for b in blocks if b.cache_control is not None]
+        count = len(marked) + (1 if body.get("cache_control") is not None else 0)
+        if count > MAX_CACHE_BREAKPOINTS:
+            return (
+                f"A maximum of {MAX_CACHE_BREAKPOINTS} blocks with cache_control may be "
+                f"provided. Found {count}."
+            )
+        for b in marked:
+            if b.block.get("type") in ("thinking", "redacted_thinking"):
+                return f"{b.where}.cache_control: Extra inputs are not permitted"
+            if b.block.get("type") == "text" and not b.block.get("text"):
+                return f"{b.where}: cache_control cannot be set for empty text blocks"
+        return None
+
+    def use(self, body: Any) -> dict[str, int]:
+        """Serve ``body``: read the longest cached prefix, write the ones up to each
+        breakpoint, and return the input usage (``input_tokens`` excludes the cache)."""
+        if not isinstance(body, dict):
+            return {
+                "input_tokens": 0,
+                "cache_read_input_tokens": 0,
+                "cache_creation_input_tokens": 0,
+            }
+        blocks = _render(body)
+        breakpoints = [i for i, b in enumerate(blocks) if b.cache_control is not None]
+        ttls = {i: blocks[i].cache_control or {} for i in breakpoints}
+        if body.get("cache_control") is not None and blocks:
+            # Automatic caching: one breakpoint on the last block.
+            breakpoints.append(len(blocks) - 1)
+            ttls[len(blocks) - 1] = body["cache_control"]
+        cumulative: list[int] = []
+        hashes: list[str] = []
+        h = hashlib.sha256(str(body.get("model")).encode())
+        total = 0
+        for b in blocks:
+            h.update(json.dumps(b.block, sort_keys=True).encode())
+            hashes.append(h.copy().hexdigest())
+            total += b.tokens
+            cumulative.append(total)
+        now = time.monotonic()
+        with self._lock:
+            self._entries = {k: v for k, v in self._entries.items() if v > now}
+            read_upto = 0  # number of blocks served from the cache
+            for bp in sorted(set(breakpoints)):
+                for i in range(bp, max(-1, bp - CACHE_LOOKBACK_BLOCKS - 1), -1):
+                    if hashes[i] in self._entries:
+                        read_upto = max(read_upto, i + 1)
+                        break
+            cache_read = cumulative[read_upto - 1] if read_upto else 0
+            written_upto = read_upto
+            for bp in sorted(set(breakpoints)):
+                ttl = _TTL_SECONDS.get(str(ttls[bp].get("ttl") or "5m"), 300.0)
+                if cumulative[bp] < self.min_tokens:
+                    continue
+                # A hit refreshes the entry; a miss writes it.
+                self._entries[hashes[bp]] = max(self._entries.get(hashes[bp], 0.0), now + ttl)
+                written_upto = max(written_upto, bp + 1)
+        cache_write = (cumulative[written_upto - 1] if written_upto else 0) - cache_read
+        return {
+            "input_tokens": total - cache_read - cache_write,
+            "cache_read_input_tokens": cache_read,
+            "cache_creation_input_tokens": cache_write,
+        }
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
 # -- the server -----------------------------------------------------------------------------
 
 
@@ -264,6 +425,8 @@ class RecordedRequest:
     path: str
     headers: dict[str, str]
     body: Any
+    # The usage the streamed answer reported (message_start, then message_delta's).
+    usage: dict[str, Any] | None = None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -287,14 +450,26 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             body = raw.decode("utf-8", "replace")
         headers = {k.lower(): v for k, v in self.headers.items()}
-        fake._record(RecordedRequest("POST", self.path, headers, body))
+        recorded = RecordedRequest("POST", self.path, headers, body)
+        fake._record(recorded)
         if self.path.split("?")[0] != "/v1/messages":
             self._send_json(404, error_body("not_found_error", f"Not found: {self.path}"), {})
+            return
+        if fake.api_key is not None and headers.get("x-api-key") != fake.api_key:
+            denied = authentication_error()
+            self._send_json(denied.status, denied.body, denied.headers)
+            return
+        problem = fake.prompt_cache.validate(body)
+        if problem is not None:
+            bad = invalid_request(problem)
+            self._send_json(bad.status, bad.body, bad.headers)
             return
         response = fake._next_response()
         if isinstance(response, HTTPErrorResponse):
             self._send_json(response.status, response.body, response.headers)
         else:
+            response = fake._with_usage(response, body)
+            recorded.usage = _reported_usage(response)
             self._send_stream(response)
 
     def _send_json(self, status: int, body: dict[str, Any], headers: dict[str, str]) -> None:
@@ -352,6 +527,16 @@ class _Handler(BaseHTTPRequestHandler):
             fake.client_disconnected.set()
 
 
+def _reported_usage(response: SSEResponse) -> dict[str, Any] | None:
+    usage: dict[str, Any] | None = None
+    for event, data in response.events:
+        if event == "message_start":
+            usage = dict(data["message"].get("usage") or {})
+        elif event == "message_delta" and usage is not None:
+            usage.update(data.get("usage") or {})
+    return usage
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     fake: FakeAnthropicServer
@@ -366,9 +551,22 @@ class FakeAnthropicServer:
     ``client_disconnected`` is set when a client drops a stream while it is written.
     With an empty queue a request gets a 400 naming the problem, so a test that
     under-scripts fails loudly instead of hanging.
+
+    ``api_key``: when set, a request with another ``x-api-key`` gets the API's 401.
+    ``simulate_usage``: report each streamed message's input and cache counts from the
+    request itself and :attr:`prompt_cache` (see the module docstring), not the script's.
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        api_key: str | None = None,
+        simulate_usage: bool = False,
+        min_cache_tokens: int = 0,
+    ) -> None:
+        self.api_key = api_key
+        self.simulate_usage = simulate_usage
+        self.prompt_cache = PromptCache(min_tokens=min_cache_tokens)
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.fake = self
         self._queue: list[Response] = []
@@ -406,6 +604,27 @@ class FakeAnthropicServer:
             if self._queue:
                 return self._queue.pop(0)
         return invalid_request("fake server: no scripted response left")
+
+    def _with_usage(self, response: SSEResponse, body: Any) -> SSEResponse:
+        """Serve the request from the prompt cache; with ``simulate_usage`` report it."""
+        counts = self.prompt_cache.use(body)
+        if not self.simulate_usage:
+            return response
+        events = copy.deepcopy(response.events)
+        for event, data in events:
+            if event == "message_start":
+                usage = data["message"].setdefault("usage", {})
+                usage.update(counts)
+                usage["cache_creation"] = {
+                    "ephemeral_5m_input_tokens": counts["cache_creation_input_tokens"],
+                    "ephemeral_1h_input_tokens": 0,
+                }
+            elif event == "message_delta":
+                usage = data.setdefault("usage", {})
+                for key in counts:
+                    if key in usage:  # newer API versions repeat them: keep them equal
+                        usage[key] = counts[key]
+        return replace(response, events=events)
 
     def start(self) -> FakeAnthropicServer:
         self._thread = threading.Thread(

@@ -242,7 +242,11 @@ async def test_ping_only_and_empty_message(fake, claude) -> None:
 
 async def test_request_mapping(fake) -> None:
     model = AnthropicModel(
-        "claude-sonnet-4-5", api_key="test-key", base_url=fake.base_url, max_output_tokens=1000
+        "claude-sonnet-4-5",
+        api_key="test-key",
+        base_url=fake.base_url,
+        max_output_tokens=1000,
+        prompt_caching=False,  # the breakpoints have their own tests below
     )
     fake.enqueue(message(text("done")))
     request = ModelRequest(
@@ -377,6 +381,106 @@ async def test_thinking_budget(fake) -> None:
     await model.aclose()
 
 
+# -- prompt caching ---------------------------------------------------------------------------
+
+EPHEMERAL = {"type": "ephemeral"}
+
+
+def tool_loop_request(**update: Any) -> ModelRequest:
+    request = ModelRequest(
+        system="You are terse.",
+        messages=[
+            ModelMessage(role="user", content=[TextContent(text="Weather?")]),
+            ModelMessage(
+                role="assistant",
+                content=[
+                    TextContent(text="Checking."),
+                    ToolCallContent(tool_call_id="t1", tool_name="weather", input={"c": "P"}),
+                ],
+            ),
+            ModelMessage(
+                role="tool",
+                content=[ToolResultContent(tool_call_id="t1", tool_name="weather", output="21")],
+            ),
+        ],
+        tools=[
+            ToolSpec(name=n, description=n, input_schema={"type": "object"}) for n in ("a", "b")
+        ],
+    )
+    return request.model_copy(update=update)
+
+
+def test_cache_breakpoints_by_default() -> None:
+    params = AnthropicModel(api_key="k").build_params(tool_loop_request())
+    assert params["system"] == [
+        {"type": "text", "text": "You are terse.", "cache_control": EPHEMERAL}
+    ]
+    assert "cache_control" not in params["tools"][0]
+    assert params["tools"][1]["cache_control"] == EPHEMERAL
+    user, assistant, results = params["messages"]
+    assert "cache_control" not in user["content"][0]
+    # The tail, and the message before it as a fallback: four in all, the API's limit.
+    assert results["content"][-1]["cache_control"] == EPHEMERAL
+    assert assistant["content"][-1]["cache_control"] == EPHEMERAL
+    assert "cache_control" not in assistant["content"][0]
+
+
+def test_cache_breakpoints_skip_thinking_and_respect_the_limit() -> None:
+    thinking_only = ModelMessage(
+        role="assistant", content=[ReasoningContent(text="hmm", signature="sig")]
+    )
+    request = tool_loop_request(
+        messages=[
+            ModelMessage(role="user", content=[TextContent(text="q")]),
+            thinking_only,
+            ModelMessage(role="user", content=[TextContent(text="go on")]),
+        ],
+        # Caller-set markers count against the four.
+        provider_options={
+            "system": [
+                {"type": "text", "text": "a", "cache_control": EPHEMERAL},
+                {"type": "text", "text": "b", "cache_control": EPHEMERAL},
+            ]
+        },
+    )
+    params = AnthropicModel(api_key="k", cache_ttl="1h").build_params(request)
+    marks = {"type": "ephemeral", "ttl": "1h"}
+    assert params["messages"][-1]["content"][-1]["cache_control"] == marks
+    assert params["tools"][-1]["cache_control"] == marks
+    # The thinking block cannot carry one; the budget (4 - 2 - 2) is spent anyway.
+    assert params["messages"][1]["content"] == [
+        {"type": "thinking", "thinking": "hmm", "signature": "sig"}
+    ]
+    assert "cache_control" not in params["messages"][0]["content"][0]
+    assert request.provider_options["system"][1] == {
+        "type": "text",
+        "text": "b",
+        "cache_control": EPHEMERAL,
+    }  # the caller's objects are not changed
+
+
+def test_automatic_caching_or_off_means_no_breakpoints_of_ours() -> None:
+    auto = tool_loop_request(provider_options={"cache_control": EPHEMERAL})
+    params = AnthropicModel(api_key="k").build_params(auto)
+    assert params["cache_control"] == EPHEMERAL
+    assert "cache_control" not in json.dumps(
+        {k: v for k, v in params.items() if k != "cache_control"}
+    )
+    off = AnthropicModel(api_key="k", prompt_caching=False).build_params(tool_loop_request())
+    assert "cache_control" not in json.dumps(off) and off["system"] == "You are terse."
+
+
+async def test_fake_server_rejects_a_fifth_breakpoint(fake, claude) -> None:
+    # The API's limit, enforced by the fake so the adapter's count is tested for real
+    # (here the caller set five; the adapter adds none once four are set).
+    system = [{"type": "text", "text": str(i), "cache_control": EPHEMERAL} for i in range(5)]
+    with pytest.raises(ModelError) as info:
+        await collect(claude, hello().model_copy(update={"provider_options": {"system": system}}))
+    assert info.value.status_code == 400
+    assert "A maximum of 4 blocks with cache_control may be provided. Found 5." in str(info.value)
+    assert fake.pending == 0 and len(fake.requests) == 1
+
+
 # -- errors -----------------------------------------------------------------------------------
 
 
@@ -439,6 +543,28 @@ async def test_bad_request_is_not_transient(fake, claude) -> None:
         await collect(claude)
     assert (info.value.transient, info.value.status_code) == (False, 401)
     assert "invalid x-api-key" in str(info.value)
+
+
+async def test_401_names_the_status_and_the_environment_variable() -> None:
+    with FakeAnthropicServer(api_key="right") as server:
+        model = AnthropicModel(api_key="wrong", base_url=server.base_url)
+        with pytest.raises(ModelError) as info:
+            await collect(model)
+        await model.aclose()
+    assert (info.value.transient, info.value.status_code) == (False, 401)
+    message = str(info.value)
+    assert message.startswith("Anthropic API 401 authentication_error: invalid x-api-key.")
+    assert "ANTHROPIC_API_KEY" in message and "api_key=" in message
+
+
+async def test_mid_stream_error_carries_the_usage_so_far(fake, claude) -> None:
+    full = message(text("abcdefgh", chunks=4), input_tokens=70, cache_read_input_tokens=900)
+    fake.enqueue(mid_stream_error(full, after=5))
+    with pytest.raises(ModelError) as info:
+        await collect(claude)
+    usage = info.value.usage
+    assert usage is not None
+    assert (usage.input, usage.cache_read, usage.output) == (70, 900, 1)
 
 
 @pytest.mark.parametrize(

@@ -119,7 +119,8 @@ async def test_auto_compaction_fires_exactly_at_the_threshold(store):
                 "a1",
                 usage=Usage(input=400, output=99, reasoning=100, cache_read=200, cache_write=100),
             ),
-            reply("a2", usage=Usage(input=1)),
+            # u2's call re-reads the 899 tokens (from the cache) and adds one.
+            reply("a2", usage=Usage(input=1, cache_read=899)),
             reply("a3"),
             reply("a4"),
         ],
@@ -157,8 +158,11 @@ async def test_auto_compaction_fires_exactly_at_the_threshold(store):
     assert meta["context_window_used_at"] == 900
     assert meta["context_window_after"] == compaction["summary_tokens"] + meta["tail_tokens"]
     usage = agent.get_session().usage
-    assert agent.get_session().context_window_used == meta["context_window_after"] + 15
-    assert usage["total_tokens"] == 900 + 15  # what was billed is kept
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == meta["context_window_after"] + 15
+    # The context is what the last call reported reading and writing (the scripted
+    # model reports 10 + 5 whatever it was sent), not a sum over calls.
+    assert agent.get_session().context_window_used == 15
+    assert usage["total_tokens"] == 899 + 900 + 15  # what was billed is kept
     await agent.chat("u4")  # far below the threshold again: no second compaction
     assert len(summ.requests) == 1
 

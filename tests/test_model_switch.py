@@ -163,6 +163,13 @@ async def test_row3_smaller_context_forces_compaction_first(store):
 
 async def test_row4_still_too_big_after_compaction_fails_the_swap(store):
     registry = models(default=200_000, small=50_000)
+    # The turn before re-reads the 45,000-token conversation, as a real model reports.
+    registry["default"] = ScriptedModel(
+        [reply("from default", usage={"input": 10, "cache_read": 45_000, "output": 5})],
+        model_id="default",
+        context_window=200_000,
+        loop=True,
+    )
     agent = Agent(store, registry, shrink_to=44_000)
     sid = used(agent, 45_000)
     assert (await agent.chat("before", session_id=sid)).status == "completed"
@@ -257,7 +264,9 @@ async def test_usage_per_assistant_message_from_steps(store):
         "total_tokens": 120,
         "cost_usd": None,  # no writer supplied a cost: none is computed
     }
-    assert session.context_window_used == 31 + 13 + 2 + 70 + 4
+    # The context is the last call's (seed 002: what the next request carries), not the
+    # sum above: that adds every step's re-read of the conversation.
+    assert session.context_window_used == 1 + 1
 
 
 async def test_cost_only_when_a_writer_supplies_it(store):

@@ -6,7 +6,17 @@ pay it. The SDK's own retries are off by default (``max_retries=0``): the loop r
 transient :class:`ModelError`s itself, so status can say "retrying" and no step is
 retried after it emitted output.
 
-Usage is mapped once, at the end of the step, through :meth:`Usage.from_anthropic`.
+Usage is mapped once, at the end of the step, through :meth:`Usage.from_anthropic`; a
+step cut by an error carries the usage reported so far on its :class:`ModelError`.
+
+Prompt caching is on by default (``prompt_caching=False`` turns it off): every request
+marks ``cache_control`` breakpoints, at most the API's four, on the conversation tail
+(the last block of the last message), the last system block, the last tool, and the last
+block of the message before the tail (a fallback when the tail's prefix is evicted). The
+API caches ``tools`` → ``system`` → ``messages`` up to each breakpoint and, on the next
+request, reads the longest cached prefix, so a turn re-reads the previous turn's prompt
+at the cache price. A request whose ``provider_options`` set the top-level
+``cache_control`` (automatic caching) gets no breakpoints of ours.
 """
 
 from __future__ import annotations
@@ -22,7 +32,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from thinkray.runtime.models.base import (
     FileContent,
@@ -95,6 +105,11 @@ _ERROR_TYPE_STATUS: dict[str, int] = {
     "overloaded_error": 529,
 }
 
+# The API accepts at most this many cache_control breakpoints per request.
+MAX_CACHE_BREAKPOINTS = 4
+# Blocks that cannot carry cache_control (they are cached as part of a later prefix).
+_UNMARKABLE_BLOCKS = frozenset({"thinking", "redacted_thinking"})
+
 _USAGE_FIELDS = (
     "input_tokens",
     "output_tokens",
@@ -127,6 +142,8 @@ class AnthropicModel:
 
     provider_id = "anthropic"
 
+    ``prompt_caching`` marks cache breakpoints on every request (see the module
+    docstring); ``cache_ttl`` picks the cache lifetime (the API's default is ``"5m"``).
     def __init__(
         self,
         model_id: str = "claude-sonnet-4-6",
@@ -143,8 +160,12 @@ class AnthropicModel:
         self.model_id = model_id
         self.context_window = context_window
         self.max_output_tokens = max_output_tokens or default_max_output_tokens(model_id)
+        prompt_caching: bool = True,
+        cache_ttl: Literal["5m", "1h"] | None = None,
         self.thinking_budget = thinking_budget
         self.max_retries = max_retries
+        self.prompt_caching = prompt_caching
+        self.cache_ttl = cache_ttl
         self.timeout = timeout
         self._api_key = api_key
         self._base_url = base_url
@@ -224,6 +245,11 @@ class AnthropicModel:
 
     def _split_params(self, params: dict[str, Any]) -> dict[str, Any]:
         """Move options the installed SDK does not know into ``extra_body``."""
+        if self.prompt_caching and params.get("cache_control") is None:
+            cache_control: dict[str, Any] = {"type": "ephemeral"}
+            if self.cache_ttl:
+                cache_control["ttl"] = self.cache_ttl
+            add_cache_breakpoints(params, cache_control)
         params = {k: v for k, v in params.items() if k != "stream"}  # always streamed
         known = self._create_params or frozenset()
         if not known:
@@ -262,12 +288,18 @@ class AnthropicModel:
                 for out in state.handle(event):
                     yield out
             if not state.stopped:
-                raise ModelError("stream ended before message_stop", transient=True)
+                raise state.partial(ModelError("stream ended before message_stop", transient=True))
         except anthropic.APIError as exc:
-            raise to_model_error(exc) from exc
+            raise state.partial(to_model_error(exc)) from exc
         except transport_errors as exc:
             # Reading the body failed (the SDK does not wrap these).
-            raise ModelError(f"stream interrupted: {exc!r}", transient=True) from exc
+        except TypeError as exc:
+            missing = _no_credentials_error(exc)
+            if missing is None:
+                raise
+            raise missing from exc
+            error = ModelError(f"stream interrupted: {exc!r}", transient=True)
+            raise state.partial(error) from exc
         finally:
             # Also on cancel and on aclose(): release the connection now, not at GC.
             await stream.close()
@@ -411,6 +443,13 @@ class _StepState:
             raw_finish_reason=self.stop_reason,
             provider_metadata={"anthropic": metadata},
         )
+    def partial(self, error: ModelError) -> ModelError:
+        """``error`` with the usage reported before it (the input of a started message
+        was billed even if the stream broke), for the loop to record."""
+        if self.usage and error.usage is None:
+            error.usage = Usage.from_anthropic(self.usage)
+        return error
+
 
 
 # -- message mapping -------------------------------------------------------------------
@@ -425,6 +464,80 @@ def to_anthropic_messages(messages: list[ModelMessage]) -> tuple[list[str], list
     """
     extra_system: list[str] = []
     out: list[dict[str, Any]] = []
+# -- prompt caching ------------------------------------------------------------------------
+
+
+def add_cache_breakpoints(params: dict[str, Any], cache_control: dict[str, Any]) -> None:
+    """Mark ``cache_control`` breakpoints on ``params`` (create() keyword arguments).
+
+    In order, while fewer than :data:`MAX_CACHE_BREAKPOINTS` are set (counting any the
+    caller put in ``system`` or ``tools``): the last block of the last message (the
+    whole prompt is cached for the next step or turn), the last system block, the last
+    tool, the last block of the message before the last. Thinking blocks cannot carry a
+    breakpoint: the last other block of a message is marked instead. Only copies are
+    changed; the caller's own ``system``/``tools`` objects are left as they are.
+    """
+    tools = list(params.get("tools") or [])
+    system = params.get("system")
+    if isinstance(system, str):
+        system = [{"type": "text", "text": system}] if system else []
+    system = list(system or [])
+    messages = list(params.get("messages") or [])
+    budget = MAX_CACHE_BREAKPOINTS - sum(
+        1 for b in (*tools, *system) if isinstance(b, Mapping) and "cache_control" in b
+    )
+
+    def last_markable(blocks: list[Any]) -> int | None:
+        for i in range(len(blocks) - 1, -1, -1):
+            b = blocks[i]
+            if isinstance(b, Mapping) and b.get("type") not in _UNMARKABLE_BLOCKS:
+                if b.get("type") == "text" and not b.get("text"):
+                    continue  # empty text cannot be cached
+                return i
+        return None
+
+    def mark_message(index: int) -> bool:
+        if not 0 <= index < len(messages):
+            return False
+        content = messages[index].get("content")
+        if isinstance(content, str):
+            if not content:
+                return False
+            content = [{"type": "text", "text": content}]
+        content = list(content or [])
+        i = last_markable(content)
+        if i is None or "cache_control" in content[i]:
+            return False
+        content[i] = {**content[i], "cache_control": cache_control}
+        messages[index] = {**messages[index], "content": content}
+        return True
+
+    def mark_last(blocks: list[Any]) -> bool:
+        i = last_markable(blocks)
+        if i is None or "cache_control" in blocks[i]:
+            return False
+        blocks[i] = {**blocks[i], "cache_control": cache_control}
+        return True
+
+    steps = (
+        lambda: mark_message(len(messages) - 1),
+        lambda: mark_last(system),
+        lambda: mark_last(tools),
+        lambda: mark_message(len(messages) - 2),
+    )
+    for step in steps:
+        if budget <= 0:
+            break
+        if step():
+            budget -= 1
+    if system:
+        params["system"] = system
+    if tools:
+        params["tools"] = tools
+    if messages:
+        params["messages"] = messages
+
+
     for message in messages:
         if message.role == "system":
             text = "\n".join(c.text for c in message.content if isinstance(c, TextContent))
@@ -588,6 +701,24 @@ def to_model_error(exc: BaseException) -> ModelError:
         message = api_message or str(exc)
         status = exc.status_code
         if status < 400:
+_KEY_HINT = (
+    "Set ANTHROPIC_API_KEY in the environment of the process that calls the model "
+    "(the actor's, under Ray), or pass AnthropicModel(api_key=...)."
+)
+# Statuses whose message alone does not say what to do.
+_ERROR_HINTS: dict[int, str] = {
+    401: f"The API key was not accepted. {_KEY_HINT}",
+    403: "The API key is valid but may not use this model or feature; check its workspace.",
+}
+
+
+def _no_credentials_error(exc: TypeError) -> ModelError | None:
+    """The SDK's TypeError when no key was found anywhere, as a :class:`ModelError`."""
+    if "authentication method" not in str(exc):
+        return None
+    return ModelError(f"Anthropic API key missing: {exc}. {_KEY_HINT}", status_code=None)
+
+
             # An SSE ``error`` frame: the HTTP status was 200, the error type says it all.
             return ModelError(
                 message,
@@ -608,3 +739,6 @@ def to_model_error(exc: BaseException) -> ModelError:
     if isinstance(exc, anthropic.APIConnectionError):  # includes APITimeoutError
         return ModelError(str(exc), transient=True)
     return ModelError(str(exc))
+        hint = _ERROR_HINTS.get(status)
+        if hint:
+            message = f"Anthropic API {status} {error_type or 'error'}: {message}. {hint}"

@@ -761,6 +761,28 @@ class TestUsage:
         store.add_usage(a, {"input": 5})
         assert store.get_session(b).usage == empty_rollup()
 
+    def test_context_window_used_is_the_last_step(self, store: SessionStore, reopen: Any) -> None:
+        """What the next request carries: the last step's input + cache + output (seed
+        002), not the rollups' sum, which counts every step's re-read again."""
+        sid = store.create_session().id
+        chain(store, sid, "u1", "a1")
+        step = {"input": 100, "output": 20, "reasoning": 5, "cache_read": 30, "cache_write": 7}
+        assert store.add_usage(sid, step).context_window_used == 162
+        info = store.add_usage(sid, {"input": 10, "output": 8, "cache_read": 162})
+        assert info.usage["total_tokens"] == 162 + 180  # billed: every step
+        assert info.context_window_used == 180
+        assert store.get_session(sid).context_window_used == 180
+        # A step that reported no tokens (a cost only) leaves it as it was.
+        assert store.add_usage(sid, {"cost_usd": 0.1}).context_window_used == 180
+        # A branch of the whole path carries the same; one cut earlier has no last call.
+        assert store.branch_session(sid, "a1").context_window_used == 180
+        assert store.branch_session(sid, "u1").context_window_used == 0
+        # Rollups replaced by set_usage (a compaction) are the context until a step.
+        assert store.set_usage(sid, {"prompt_tokens": 50}).context_window_used == 50
+        assert store.add_usage(sid, {"input": 60, "output": 2}).context_window_used == 62
+        if reopen is not None:
+            assert reopen(store).get_session(sid).context_window_used == 62
+
 
 # -- stream flush ------------------------------------------------------------------
 
