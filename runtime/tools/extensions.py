@@ -83,6 +83,9 @@ class ExtensionPermissions(BaseModel):
 
 
 class ExtensionToolSpec(BaseModel):
+    """One tool an extension registers (``@extension_tool``): its name within the
+    extension, description and the JSON schema of its input (an object)."""
+
     model_config = ConfigDict(extra="forbid")
 
     name: str
@@ -222,6 +225,7 @@ class ExtensionManager:
         return [self._records[n].manifest.model_dump(mode="json") for n in sorted(self._records)]
 
     def get(self, name: str) -> dict[str, Any] | None:
+        """The manifest of the loaded extension ``name`` (JSON-ready), or ``None``."""
         record = self._records.get(name)
         return record.manifest.model_dump(mode="json") if record else None
 
@@ -357,9 +361,16 @@ class ExtensionTool:
 
     @property
     def input_schema(self) -> dict[str, Any]:
+        """The JSON schema the extension declared for the tool's input."""
         return self._schema
 
     def validate(self, raw_input: Any) -> dict[str, Any]:
+        """Parse ``raw_input`` (a dict, JSON text or nothing) and check it against the
+        declared schema; returns the input dict.
+
+        Raises:
+            ToolInputError: invalid JSON, or every way the input misses the schema.
+        """
         if isinstance(raw_input, str):
             try:
                 raw_input = json.loads(raw_input) if raw_input.strip() else {}
@@ -374,6 +385,13 @@ class ExtensionTool:
         return raw_input
 
     async def execute(self, input: dict[str, Any], ctx: ToolContext) -> Any:
+        """Run the tool in a sandbox with the extension's permissions; returns its value
+        (with ``stdout`` when it printed).
+
+        Raises:
+            ToolExecutionError: the extension or tool is gone, its permissions are no
+                longer allowed here (e.g. network), or the call failed.
+        """
         record = self.manager._records.get(self.extension)
         if record is None:
             raise ToolExecutionError(f"extension {self.extension!r} is no longer loaded")
@@ -449,19 +467,23 @@ def _check(schema: Any, value: Any, where: str, problems: list[str]) -> None:
 # -- tools for the model --------------------------------------------------------------
 
 
-class LoadExtensionInput(BaseModel):
+# The input models of the tools below carry no docstring on purpose: pydantic would put
+# it in the input schema the model is sent (the tools' descriptions say what they do).
+
+
+class LoadExtensionInput(BaseModel):  # noqa: D101
     model_config = ConfigDict(extra="forbid")
 
     source: str = Field(min_length=1, description="The extension's Python source")
 
 
-class UnloadExtensionInput(BaseModel):
+class UnloadExtensionInput(BaseModel):  # noqa: D101
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, description="The extension's manifest name")
 
 
-class ListExtensionsInput(BaseModel):
+class ListExtensionsInput(BaseModel):  # noqa: D101
     model_config = ConfigDict(extra="forbid")
 
 
