@@ -111,6 +111,10 @@ class SubAgent(Agent):
             from thinkray.runtime.tools.extensions import ExtensionManager
 
             self._extensions = ExtensionManager(self.store.stores(), self.get_workspace())
+        # No network for extension code unless the config says so (read on every use:
+        # a reconfigured sub-agent follows its new config).
+        config = self.get_config() or {}
+        self._extensions.allow_network = config.get("extension_network") is True
         return self._extensions
 
     def get_tools(self) -> dict[str, Tool]:
@@ -124,10 +128,6 @@ class SubAgent(Agent):
             from thinkray.runtime.tools.sandbox import CodeSandbox, execute_tool
 
             sandbox = CodeSandbox(self.get_workspace(), timeout=config.get("code_timeout", 10.0))
-        # No network for extension code unless the config says so (read on every use:
-        # a reconfigured sub-agent follows its new config).
-        config = self.get_config() or {}
-        self._extensions.allow_network = config.get("extension_network") is True
             tools["execute"] = execute_tool(sandbox)
         if config.get("extensions"):
             from thinkray.runtime.tools.extensions import extension_tools
