@@ -194,11 +194,13 @@ class ModelError(ThinkrayError):
         transient: bool = False,
         status_code: int | None = None,
         retry_after: float | None = None,
+        usage: Usage | None = None,
     ) -> None:
         super().__init__(message)
         self.transient = transient
         self.status_code = status_code
         self.retry_after = retry_after
+        self.usage = usage
 
 
 class AbortError(ThinkrayError):
@@ -238,13 +240,11 @@ class ToolExecutionError(ThinkrayError, RuntimeError):
 
 class EditError(WorkspaceError, UserError, ValueError):
     """``edit_file`` could not apply: ``old_string`` not found, ambiguous, or no-op."""
-        usage: Usage | None = None,
 
 
 class BinaryFileError(WorkspaceError, UserError, ValueError):
     """``read_file`` on content that is not UTF-8 text."""
 
-        self.usage = usage
 
 class SessionBusyError(ThinkrayError, RuntimeError):
     """A run is already in flight for this session (one run per session at a time)."""

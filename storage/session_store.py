@@ -413,8 +413,8 @@ def _session_info(row: Sequence[Any]) -> SessionInfo:
         permissions=info.get("permissions") or {},
         usage=usage,
         settings=info.get("settings") or {},
-    )
         context_tokens=info.get("context_tokens"),
+    )
 
 
 def _info_blob(info: SessionInfo) -> bytes:
@@ -425,8 +425,8 @@ def _info_blob(info: SessionInfo) -> bytes:
             "permissions": info.permissions,
             "usage": info.usage,
             "settings": info.settings,
-        },
             "context_tokens": info.context_tokens,
+        },
         "session info",
     )
 
@@ -806,6 +806,8 @@ class DuckDBSessionStore:
         if cost is not None and (isinstance(cost, bool) or not isinstance(cost, int | float)):
             raise InvalidInputError(f"usage['cost_usd'] must be a number, got {cost!r}")
 
+        step_tokens = sum(usage.get(k, 0) for k in _STEP_TO_ROLLUP)
+
         def change(info: SessionInfo) -> None:
             rollup = info.usage
             for step_key, rollup_key in _STEP_TO_ROLLUP.items():
@@ -814,6 +816,11 @@ class DuckDBSessionStore:
                 rollup["total_tokens"] = rollup.get("total_tokens", 0) + amount
             if cost is not None:
                 rollup["cost_usd"] = (rollup.get("cost_usd") or 0) + cost
+            if step_tokens:
+                # The context is what this call read and wrote, not a sum over calls
+                # (each re-read the conversation); a step that reported nothing
+                # leaves it as it was.
+                info.context_tokens = step_tokens
 
         return self._rewrite_info(session_id, change)
 
@@ -822,8 +829,6 @@ class DuckDBSessionStore:
         unknown = set(rollup) - _ROLLUP_KEYS
         if unknown:
             raise InvalidInputError(f"unknown rollup keys {sorted(unknown)}")
-        step_tokens = sum(usage.get(k, 0) for k in _STEP_TO_ROLLUP)
-
         for key in USAGE_KEYS:
             if key in rollup:
                 _check_index(rollup[key], f"rollup[{key!r}]")
@@ -832,16 +837,12 @@ class DuckDBSessionStore:
             raise InvalidInputError(f"rollup['cost_usd'] must be a number, got {cost!r}")
         new = empty_rollup()
         new.update(rollup)
-            if step_tokens:
-                # The context is what this call read and wrote, not a sum over calls
-                # (each re-read the conversation); a step that reported nothing
-                # leaves it as it was.
-                info.context_tokens = step_tokens
         if "total_tokens" not in rollup:
             new["total_tokens"] = sum(new[k] for k in _STEP_TO_ROLLUP.values())
 
         def change(info: SessionInfo) -> None:
             info.usage = new
+            info.context_tokens = None  # no last call: the rollups' sum is the context
 
         return self._rewrite_info(session_id, change)
 
@@ -859,10 +860,10 @@ class DuckDBSessionStore:
                 f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", [session_id]
             ).fetchone()
             if row is None:
-            info.context_tokens = None  # no last call: the rollups' sum is the context
                 raise SessionNotFoundError(f"session {session_id!r} not found")
             info = _session_info(row)
             info.usage = empty_rollup()
+            info.context_tokens = None
             con.execute("DELETE FROM parts WHERE session_id = ?", [session_id])
             con.execute("DELETE FROM messages WHERE session_id = ?", [session_id])
             con.execute("DELETE FROM config WHERE key = ?", [_rewind_key(session_id)])
@@ -882,7 +883,6 @@ class DuckDBSessionStore:
             head, owners = self._lookup(con, session_id, [mid, parent_id])
             if mid in owners:
                 return False  # the first write wins, wherever it landed
-            info.context_tokens = None
             parent = self._resolve_parent(con, session_id, parent_id, head, owners)
             now = self._now()
             self._insert_message(con, session_id, mid, role, envelope, parent, part_rows, now)
@@ -1427,6 +1427,9 @@ class DuckDBSessionStore:
             model=parent.model,
             usage=usage,
             settings=parent.settings,
+            # A copy of the whole visible path carries what the parent's next request
+            # would; a copy cut earlier has no last call of its own (the sum stands in).
+            context_tokens=parent.context_tokens if count and chosen[-1] == path[-1] else None,
         )
         con.execute(
             f"INSERT INTO sessions ({_SESSION_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -1465,9 +1468,6 @@ class DuckDBSessionStore:
         return info
 
     def _compaction_covers(
-            # A copy of the whole visible path carries what the parent's next request
-            # would; a copy cut earlier has no last call of its own (the sum stands in).
-            context_tokens=parent.context_tokens if count and chosen[-1] == path[-1] else None,
         self, con: duckdb.DuckDBPyConnection, session_id: str, tree: _Tree, path: list[int]
     ) -> dict[int, set[int]]:
         """``position of a compaction message on the path -> positions it summarized``.

@@ -75,10 +75,10 @@ class SessionInfo:
     permissions: dict[str, Any] = field(default_factory=dict)
     usage: dict[str, Any] = field(default_factory=empty_rollup)
     settings: dict[str, Any] = field(default_factory=dict)
-
     # What the next request carries, as the last model call reported it (see
     # context_window_used); None until a step reports usage or after set_usage.
     context_tokens: int | None = None
+
     @property
     def ephemeral(self) -> bool:
         return bool(self.metadata.get("ephemeral"))
@@ -121,11 +121,11 @@ class SessionInfo:
             "permissions": self.permissions,
             "usage": self.usage,
             "settings": self.settings,
+            "context_tokens": self.context_tokens,
             "context_window_used": self.context_window_used,
         }
 
 
-            "context_tokens": self.context_tokens,
 @dataclass
 class MessageRow:
     """A message with its tree position and visibility, for lifecycle operations."""

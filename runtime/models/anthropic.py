@@ -138,12 +138,12 @@ class AnthropicModel:
     ``base_url``, ``max_retries`` and ``timeout`` are ignored and :meth:`aclose` leaves
     it open). ``thinking_budget`` turns on extended thinking for every request; a
     request's ``provider_options`` (merged last into the create call) can override it.
+    ``prompt_caching`` marks cache breakpoints on every request (see the module
+    docstring); ``cache_ttl`` picks the cache lifetime (the API's default is ``"5m"``).
     """
 
     provider_id = "anthropic"
 
-    ``prompt_caching`` marks cache breakpoints on every request (see the module
-    docstring); ``cache_ttl`` picks the cache lifetime (the API's default is ``"5m"``).
     def __init__(
         self,
         model_id: str = "claude-sonnet-4-6",
@@ -156,16 +156,16 @@ class AnthropicModel:
         max_retries: int = 0,
         timeout: float = 600.0,
         client: AsyncAnthropic | None = None,
-    ) -> None:
-        self.model_id = model_id
-        self.context_window = context_window
-        self.max_output_tokens = max_output_tokens or default_max_output_tokens(model_id)
         prompt_caching: bool = True,
         cache_ttl: Literal["5m", "1h"] | None = None,
-        self.thinking_budget = thinking_budget
-        self.max_retries = max_retries
+    ) -> None:
+        self.model_id = model_id
         self.prompt_caching = prompt_caching
         self.cache_ttl = cache_ttl
+        self.context_window = context_window
+        self.max_output_tokens = max_output_tokens or default_max_output_tokens(model_id)
+        self.thinking_budget = thinking_budget
+        self.max_retries = max_retries
         self.timeout = timeout
         self._api_key = api_key
         self._base_url = base_url
@@ -241,15 +241,15 @@ class AnthropicModel:
             # The API rejects any temperature but 1 while thinking.
             if "temperature" not in request.provider_options:
                 params.pop("temperature", None)
-        return params
-
-    def _split_params(self, params: dict[str, Any]) -> dict[str, Any]:
-        """Move options the installed SDK does not know into ``extra_body``."""
         if self.prompt_caching and params.get("cache_control") is None:
             cache_control: dict[str, Any] = {"type": "ephemeral"}
             if self.cache_ttl:
                 cache_control["ttl"] = self.cache_ttl
             add_cache_breakpoints(params, cache_control)
+        return params
+
+    def _split_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Move options the installed SDK does not know into ``extra_body``."""
         params = {k: v for k, v in params.items() if k != "stream"}  # always streamed
         known = self._create_params or frozenset()
         if not known:
@@ -281,6 +281,11 @@ class AnthropicModel:
             raise to_model_error(exc) from exc
         except transport_errors as exc:
             raise ModelError(f"connection error: {exc!r}", transient=True) from exc
+        except TypeError as exc:
+            missing = _no_credentials_error(exc)
+            if missing is None:
+                raise
+            raise missing from exc
 
         state = _StepState()
         try:
@@ -293,11 +298,6 @@ class AnthropicModel:
             raise state.partial(to_model_error(exc)) from exc
         except transport_errors as exc:
             # Reading the body failed (the SDK does not wrap these).
-        except TypeError as exc:
-            missing = _no_credentials_error(exc)
-            if missing is None:
-                raise
-            raise missing from exc
             error = ModelError(f"stream interrupted: {exc!r}", transient=True)
             raise state.partial(error) from exc
         finally:
@@ -431,6 +431,13 @@ class _StepState:
             return [ToolCall(tool_call_id=b.id, tool_name=b.tool_name, input=raw)]
         return []
 
+    def partial(self, error: ModelError) -> ModelError:
+        """``error`` with the usage reported before it (the input of a started message
+        was billed even if the stream broke), for the loop to record."""
+        if self.usage and error.usage is None:
+            error.usage = Usage.from_anthropic(self.usage)
+        return error
+
     def finish(self) -> StepFinish:
         metadata: dict[str, Any] = {"message_id": self.message_id, "usage": dict(self.usage)}
         if self.model:
@@ -443,27 +450,8 @@ class _StepState:
             raw_finish_reason=self.stop_reason,
             provider_metadata={"anthropic": metadata},
         )
-    def partial(self, error: ModelError) -> ModelError:
-        """``error`` with the usage reported before it (the input of a started message
-        was billed even if the stream broke), for the loop to record."""
-        if self.usage and error.usage is None:
-            error.usage = Usage.from_anthropic(self.usage)
-        return error
 
 
-
-# -- message mapping -------------------------------------------------------------------
-
-
-def to_anthropic_messages(messages: list[ModelMessage]) -> tuple[list[str], list[dict[str, Any]]]:
-    """Provider-neutral messages → (extra system texts, Anthropic ``messages``).
-
-    Tool results become ``user`` messages; consecutive same-role messages merge because
-    the API requires user/assistant alternation; ``system`` messages in the list join
-    the system prompt.
-    """
-    extra_system: list[str] = []
-    out: list[dict[str, Any]] = []
 # -- prompt caching ------------------------------------------------------------------------
 
 
@@ -538,6 +526,18 @@ def add_cache_breakpoints(params: dict[str, Any], cache_control: dict[str, Any])
         params["messages"] = messages
 
 
+# -- message mapping -------------------------------------------------------------------
+
+
+def to_anthropic_messages(messages: list[ModelMessage]) -> tuple[list[str], list[dict[str, Any]]]:
+    """Provider-neutral messages → (extra system texts, Anthropic ``messages``).
+
+    Tool results become ``user`` messages; consecutive same-role messages merge because
+    the API requires user/assistant alternation; ``system`` messages in the list join
+    the system prompt.
+    """
+    extra_system: list[str] = []
+    out: list[dict[str, Any]] = []
     for message in messages:
         if message.role == "system":
             text = "\n".join(c.text for c in message.content if isinstance(c, TextContent))
@@ -689,18 +689,6 @@ def _error_fields(body: Any) -> tuple[str | None, str | None]:
     return None, None
 
 
-def to_model_error(exc: BaseException) -> ModelError:
-    """Map an ``anthropic`` SDK exception to :class:`ModelError`.
-
-    Transient (the loop retries): 408, 409, 429, 5xx, 529 and connection errors — the
-    SDK's own retry policy — and SSE ``error`` frames of overload/api/rate-limit type.
-    """
-    anthropic = sys.modules["anthropic"]
-    if isinstance(exc, anthropic.APIStatusError):
-        error_type, api_message = _error_fields(exc.body)
-        message = api_message or str(exc)
-        status = exc.status_code
-        if status < 400:
 _KEY_HINT = (
     "Set ANTHROPIC_API_KEY in the environment of the process that calls the model "
     "(the actor's, under Ray), or pass AnthropicModel(api_key=...)."
@@ -719,6 +707,18 @@ def _no_credentials_error(exc: TypeError) -> ModelError | None:
     return ModelError(f"Anthropic API key missing: {exc}. {_KEY_HINT}", status_code=None)
 
 
+def to_model_error(exc: BaseException) -> ModelError:
+    """Map an ``anthropic`` SDK exception to :class:`ModelError`.
+
+    Transient (the loop retries): 408, 409, 429, 5xx, 529 and connection errors — the
+    SDK's own retry policy — and SSE ``error`` frames of overload/api/rate-limit type.
+    """
+    anthropic = sys.modules["anthropic"]
+    if isinstance(exc, anthropic.APIStatusError):
+        error_type, api_message = _error_fields(exc.body)
+        message = api_message or str(exc)
+        status = exc.status_code
+        if status < 400:
             # An SSE ``error`` frame: the HTTP status was 200, the error type says it all.
             return ModelError(
                 message,
@@ -730,6 +730,9 @@ def _no_credentials_error(exc: TypeError) -> ModelError | None:
             transient = should_retry == "true"
         else:
             transient = status in (408, 409, 429) or status >= 500
+        hint = _ERROR_HINTS.get(status)
+        if hint:
+            message = f"Anthropic API {status} {error_type or 'error'}: {message}. {hint}"
         return ModelError(
             message,
             transient=transient,
@@ -739,6 +742,3 @@ def _no_credentials_error(exc: TypeError) -> ModelError | None:
     if isinstance(exc, anthropic.APIConnectionError):  # includes APITimeoutError
         return ModelError(str(exc), transient=True)
     return ModelError(str(exc))
-        hint = _ERROR_HINTS.get(status)
-        if hint:
-            message = f"Anthropic API {status} {error_type or 'error'}: {message}. {hint}"

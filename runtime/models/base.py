@@ -50,11 +50,11 @@ class FileContent(BaseModel):
 
 
 class ToolCallContent(BaseModel):
-    type: Literal["tool-call"] = "tool-call"
-    tool_call_id: str
     """A tool call sent back to the model. ``input`` is what the model produced: its
     parsed JSON (or the raw text when that was not JSON), never a validated object."""
 
+    type: Literal["tool-call"] = "tool-call"
+    tool_call_id: str
     tool_name: str
     input: Any
 

@@ -182,6 +182,9 @@ async def run_loop(
                     elif ev.type == "tool-call":
                         call_chunk, call = _validate_call(ev, tools)
                         calls.append(call)
+                        # The model is shown the arguments it produced (the chunk's
+                        # parsed JSON, as stored), never the validated object the tool
+                        # runs with: that one has defaults filled in and is no JSON.
                         assistant_content.append(
                             ToolCallContent(
                                 tool_call_id=call[0],
@@ -196,10 +199,13 @@ async def run_loop(
                 break
             except ModelError as exc:
                 if not exc.transient or emitted or attempt >= retry.max_retries:
+                    if exc.usage is not None:
+                        # The broken step was billed for what it read: record that
+                        # usage (its message keeps the partial output), never zero.
+                        result.usage = result.usage + exc.usage
+                        if hooks.on_step_finish:
+                            hooks.on_step_finish(step, exc.usage, "error")
                     raise
-                        # The model is shown the arguments it produced (the chunk's
-                        # parsed JSON, as stored), never the validated object the tool
-                        # runs with: that one has defaults filled in and is no JSON.
                 attempt += 1
                 delay = retry.delay(attempt, exc)
                 if hooks.on_retry:
@@ -210,12 +216,6 @@ async def run_loop(
         result.usage = result.usage + step_usage
         if hooks.on_step_finish:
             hooks.on_step_finish(step, step_usage, finish_reason)
-                    if exc.usage is not None:
-                        # The broken step was billed for what it read: record that
-                        # usage (its message keeps the partial output), never zero.
-                        result.usage = result.usage + exc.usage
-                        if hooks.on_step_finish:
-                            hooks.on_step_finish(step, exc.usage, "error")
         if assistant_content:
             history.append(ModelMessage(role="assistant", content=assistant_content))
 
