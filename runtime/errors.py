@@ -35,6 +35,7 @@ __all__ = [
     "InvalidConfigError",
     "InvalidMessageError",
     "InvalidStateError",
+    "MessageTooLargeError",
     "ModelError",
     "ModelNotConfiguredError",
     "ModelSwitchError",
@@ -79,6 +80,20 @@ class RemoteCallError(UserError, AttributeError):
 
 class InvalidMessageError(UserError, ValueError):
     """A message that is not a valid UIMessage. Raised before anything is written."""
+
+
+class MessageTooLargeError(InvalidMessageError):
+    """A message sent to an agent is larger than it accepts (``Think.max_user_message_bytes``,
+    at most what one stored row holds). Refused whole, before anything is written: a
+    message is never stored cut short without the sender knowing.
+
+    ``size`` is the message's stored size in bytes (its parts and metadata, encoded as
+    stored), ``limit`` the most the agent accepts."""
+
+    def __init__(self, message: str, *, size: int | None = None, limit: int | None = None) -> None:
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
 
 
 class WorkerError(ThinkrayError, RuntimeError):

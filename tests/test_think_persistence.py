@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 from thinkray.runtime import Think
+from thinkray.runtime.errors import MessageTooLargeError, UserError
 from thinkray.runtime.models.testing import ScriptedModel, pause, reply, tool_call
 from thinkray.runtime.tools.base import tool
 from thinkray.runtime.turn.persistence import (
@@ -146,12 +147,54 @@ async def test_large_tool_output_is_truncated_with_marker(store):
     assert len(model.requests[1].messages[-1].content[0].output) > ROW_MAX_BYTES
 
 
-async def test_large_user_text_is_truncated_not_dropped(store):
-    agent = Think(store, model=ScriptedModel([reply("ok")]))
-    await agent.chat("y" * (ROW_MAX_BYTES + 5000))
-    stored = agent.get_history()[0]["parts"][0]["text"]
-    assert stored.endswith(TRUNCATED_MARKER)
-    assert stored.startswith("yyyy") and len(stored.encode()) <= ROW_MAX_BYTES
+async def test_an_oversized_user_message_is_refused_whole_and_nothing_is_written(store):
+    """Issue 9 item 17: a user pastes more than a stored row holds. The message is not
+    stored cut short (the model would answer text the user never sent, and nobody would
+    know): the caller gets a clear UserError and nothing is written."""
+    model = ScriptedModel([reply("ok"), reply("fine")])
+    agent = Think(store, model=model)
+    await agent.chat("hello")
+    sid = agent.current_session_id
+    before = agent.get_history()
+    for oversized in (
+        "y" * (ROW_MAX_BYTES + 5000),  # one part over the row cap
+        {  # two parts, each under the cap, together over the message limit
+            "id": "big-one",
+            "role": "user",
+            "parts": [{"type": "text", "text": "z" * 1_000_000} for _ in range(2)],
+        },
+    ):
+        with pytest.raises(MessageTooLargeError) as caught:
+            await agent.chat(oversized)
+        assert isinstance(caught.value, UserError)
+        assert caught.value.limit == ROW_MAX_BYTES < caught.value.size
+        assert "Nothing was stored" in str(caught.value)
+        with pytest.raises(MessageTooLargeError):
+            agent.start_chat(oversized)  # the streaming entry point refuses it too
+    assert agent.get_history() == before and len(model.requests) == 1
+    assert agent.get_status(sid).state == "idle"
+    assert (await agent.chat("a short one")).text == "fine"
+
+
+async def test_the_message_limit_is_the_agents_to_set(store):
+    class Small(Think):
+        max_user_message_bytes = 1_000
+
+    agent = Small(store, model=ScriptedModel([reply("ok")]))
+    with pytest.raises(MessageTooLargeError, match="at most 1,000 bytes"):
+        await agent.chat("x" * 2_000)
+    assert (await agent.chat("x" * 500)).text == "ok"
+    assert agent.message_count() == 2
+
+
+async def test_an_oversized_inbox_message_is_refused_before_it_is_queued(tmp_path):
+    from thinkray.runtime.agents.persistent import PersistentAgent
+
+    agent = PersistentAgent(tmp_path / "p.duckdb", model=ScriptedModel([reply("ok")]))
+    with pytest.raises(MessageTooLargeError):
+        await agent.send("q" * (ROW_MAX_BYTES + 1), sender="alice")
+    assert agent.list_inbox() == [] and agent.get_history() == []
+    await agent.dispose()
 
 
 # -- persist cache and batching --------------------------------------------------------

@@ -68,7 +68,7 @@ from thinkray.runtime.models.base import Model, ModelMessage
 from thinkray.runtime.remote import remote
 from thinkray.runtime.status import SessionBusyError
 from thinkray.runtime.tools.base import ModelTool, Tool, ToolContext, ToolExecutionError
-from thinkray.runtime.turn.persistence import prepare_message
+from thinkray.runtime.turn.persistence import check_message_size, prepare_message
 from thinkray.storage.errors import DatabaseClosedError, InboxMessageNotFoundError
 from thinkray.storage.protocols import InboxRow, InboxStore, SessionStore
 
@@ -180,7 +180,9 @@ class PersistentAgent(Think):
     ) -> str:
         """Put a message in the inbox and wake the loop. Returns the message id once
         the row is committed. Idempotent on ``message_id`` (a repeat returns the id and
-        changes nothing). ``content`` is text or a UIMessage dict (its parts are kept)."""
+        changes nothing). ``content`` is text or a UIMessage dict (its parts are kept).
+        A message over ``max_user_message_bytes`` raises ``MessageTooLargeError``
+        before anything is written."""
         if isinstance(content, str):
             if not content.strip():
                 raise InvalidArgumentError("message content is empty")
@@ -191,6 +193,9 @@ class PersistentAgent(Think):
             raise InvalidTypeError(
                 f"content must be a string or a UIMessage dict, not {type(content)}"
             )
+        parts = [{"type": "text", "text": stored}] if isinstance(stored, str) else stored
+        # Refused whole before the inbox row exists, never stored cut short later.
+        check_message_size({"parts": parts, "metadata": metadata}, self.max_user_message_bytes)
         row, _created = self.inbox.insert(
             stored, sender=sender, message_id=message_id, metadata=metadata
         )

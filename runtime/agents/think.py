@@ -53,7 +53,7 @@ from thinkray.runtime.status import SessionStatus, StatusBoard
 from thinkray.runtime.tools.base import Tool
 from thinkray.runtime.turn.context import prune_tool_calls, to_model_messages
 from thinkray.runtime.turn.loop import RetryPolicy, ToolDenial, run_loop
-from thinkray.runtime.turn.persistence import prepare_message
+from thinkray.runtime.turn.persistence import ROW_MAX_BYTES, prepare_message
 from thinkray.runtime.turn.recorder import DEFAULT_FLUSH_INTERVAL
 from thinkray.runtime.turn.stream import RunStream
 from thinkray.runtime.usage import Usage
@@ -101,9 +101,20 @@ class Think(metaclass=_StartsAfterInit):
 
     Construction: ``store`` is a :class:`SessionStore`, a database path, or None (in
     memory); ``model`` the default model; ``context`` the agent's identity (name,
-    namespace, storage root), passed by the host that builds it."""
+    namespace, storage root), passed by the host that builds it.
+
+    Oversized input is refused, never cut short: a message given to ``chat`` (and the
+    other turn entry points) larger than ``max_user_message_bytes`` — its parts and
+    metadata as stored; default :data:`~thinkray.runtime.turn.persistence.ROW_MAX_BYTES`,
+    the 1.8 MB a stored row holds, so a message within it is stored whole — raises
+    :class:`~thinkray.runtime.errors.MessageTooLargeError` (a ``UserError``) before
+    anything is written. (Seed 000 truncates oversized rows with a ``[truncated]``
+    marker; for tool output the agent produced that stays so, but a user's message
+    truncated in silence would have the model answer something the user never sent.)
+    Raising the limit above the row cap does not lift the cap on a single part."""
 
     max_persisted_messages: int | None = None
+    max_user_message_bytes: int = ROW_MAX_BYTES
     flush_interval: float = DEFAULT_FLUSH_INTERVAL
     retry_policy: RetryPolicy = RetryPolicy()
     prune_keep_last: int = 2

@@ -42,7 +42,12 @@ from thinkray.runtime.models.base import ModelError
 from thinkray.runtime.status import SessionBusyError, SessionStatus, StatusBoard
 from thinkray.runtime.tools.base import Tool
 from thinkray.runtime.turn.loop import LoopHooks, LoopResult
-from thinkray.runtime.turn.persistence import PersistCache, enforce_row_size, prepare_message
+from thinkray.runtime.turn.persistence import (
+    PersistCache,
+    check_message_size,
+    enforce_row_size,
+    prepare_message,
+)
 from thinkray.runtime.turn.recorder import Recorder
 from thinkray.runtime.turn.stream import RunStream
 from thinkray.runtime.usage import Usage
@@ -169,10 +174,13 @@ class TurnRunner:
     ) -> RunState:
         """Validate, register and start a turn as a task; returns its RunState at once.
 
-        Raises before anything is written: an invalid message, an unknown session, a
-        busy or reserved session, an empty session with no message, a run id in use."""
+        Raises before anything is written: an invalid or oversized message
+        (``MessageTooLargeError``), an unknown session, a busy or reserved session, an
+        empty session with no message, a run id in use."""
         agent = self.agent
         user_msg = parse_message(message, role=role) if message is not None else None
+        if user_msg is not None:
+            check_message_size(user_msg, agent.max_user_message_bytes)
         if session_id is None and agent.sessions.current_id is None:
             session_id = agent.sessions.create().id
         sid = agent.sessions.resolve(session_id)

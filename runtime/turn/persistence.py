@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 import msgpack
+from thinkray.runtime.errors import MessageTooLargeError
 
 ROW_MAX_BYTES = 1_800_000
 TRUNCATED_MARKER = "[truncated]"
@@ -110,6 +111,38 @@ def prepare_message(message: dict[str, Any], limit: int = ROW_MAX_BYTES) -> dict
     message = sanitize_message(message)
     message["parts"] = [enforce_row_size(p, limit) for p in message["parts"]]
     return message
+
+
+def stored_size(message: dict[str, Any]) -> int:
+    """Bytes a message takes in storage: its sanitized parts and its metadata, each
+    encoded as stored. No part of a message within :data:`ROW_MAX_BYTES` is truncated."""
+    parts = sanitize_message(message)["parts"]
+    size = sum(len(encode(p)) for p in parts)
+    metadata = message.get("metadata")
+    return size + (len(encode(metadata)) if metadata else 0)
+
+
+def check_message_size(message: dict[str, Any], limit: int) -> None:
+    """Refuse an incoming message larger than ``limit`` bytes (:func:`stored_size`) or
+    with a part over the row cap: it would be stored cut short (a ``[truncated]``
+    part) and the model would never see what was sent.
+
+    Raises:
+        MessageTooLargeError: what is too big, by how much, and what to do instead.
+    """
+    size = stored_size(message)
+    biggest = max((len(encode(p)) for p in message.get("parts", ())), default=0)
+    if size <= limit and biggest <= ROW_MAX_BYTES:
+        return
+    allowed = min(limit, ROW_MAX_BYTES) if biggest > ROW_MAX_BYTES else limit
+    raise MessageTooLargeError(
+        f"the message is {size:,} bytes; this agent accepts at most {allowed:,} bytes "
+        "per message (and a stored part at most "
+        f"{ROW_MAX_BYTES:,}). Nothing was stored: send large content as a file in the "
+        "workspace and refer to it, or split it over several messages.",
+        size=size,
+        limit=allowed,
+    )
 
 
 class PersistCache:
