@@ -53,6 +53,7 @@ USAGE_KEYS = (
 
 
 def empty_rollup() -> dict[str, Any]:
+    """A fresh usage rollup: every :data:`USAGE_KEYS` counter at 0, ``cost_usd`` None."""
     rollup: dict[str, Any] = dict.fromkeys(USAGE_KEYS, 0)
     rollup["cost_usd"] = None  # only set when a writer supplies a cost
     return rollup
@@ -81,6 +82,8 @@ class SessionInfo:
 
     @property
     def ephemeral(self) -> bool:
+        """Whether ``metadata["ephemeral"]`` is set: such sessions are left out of
+        ``list_sessions`` unless asked for."""
         return bool(self.metadata.get("ephemeral"))
 
     @property
@@ -107,6 +110,7 @@ class SessionInfo:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field as a JSON-ready dict, plus ``context_window_used``."""
         return {
             "id": self.id,
             "name": self.name,
@@ -141,6 +145,7 @@ class MessageRow:
 
     @property
     def hidden(self) -> bool:
+        """Whether the message is soft-hidden (``hidden_at`` is set)."""
         return self.hidden_at is not None
 
 

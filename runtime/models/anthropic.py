@@ -120,6 +120,8 @@ _USAGE_FIELDS = (
 
 
 def default_max_output_tokens(model_id: str) -> int:
+    """The output-token cap of ``model_id`` (by its longest known prefix; 8192 for a
+    model this table does not know)."""
     best = ""
     for prefix in _MAX_OUTPUT_TOKENS:
         if model_id.startswith(prefix) and len(prefix) > len(best):
@@ -128,6 +130,8 @@ def default_max_output_tokens(model_id: str) -> int:
 
 
 def finish_reason(stop_reason: str | None) -> FinishReason:
+    """Anthropic's ``stop_reason`` as the AI SDK finish reason (``"other"`` when
+    unknown or missing)."""
     return _FINISH_REASONS.get(stop_reason or "", "other")
 
 
@@ -270,6 +274,14 @@ class AnthropicModel:
     # -- the step -------------------------------------------------------------------
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        """One streamed Messages API call for ``request`` (:meth:`build_params`), as
+        model events ending with :class:`StepFinish`.
+
+        Raises:
+            ModelError: an API, connection or stream error (``transient`` where the
+                loop should retry), or no API key configured. Its ``usage`` is what
+                the stream reported before it broke, if anything.
+        """
         params = self.build_params(request)
         client = await self._ensure_client()
         anthropic = self._anthropic

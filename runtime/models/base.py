@@ -26,6 +26,8 @@ FinishReason = Literal["stop", "length", "content-filter", "tool-calls", "error"
 
 
 class TextContent(BaseModel):
+    """Plain text in a message."""
+
     type: Literal["text"] = "text"
     text: str
 
@@ -60,6 +62,9 @@ class ToolCallContent(BaseModel):
 
 
 class ToolResultContent(BaseModel):
+    """The result of tool call ``tool_call_id`` sent back to the model (in a ``tool``
+    message); ``is_error`` marks a failed, refused or aborted call."""
+
     type: Literal["tool-result"] = "tool-result"
     tool_call_id: str
     tool_name: str
@@ -81,12 +86,17 @@ class ModelMessage(BaseModel):
 
 
 class ToolSpec(BaseModel):
+    """A tool as the model is told about it: name, description, JSON schema of its input."""
+
     name: str
     description: str = ""
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
 
 
 class ModelRequest(BaseModel):
+    """Everything one step sends the model: the system prompt, the conversation, the
+    tools it may call and generation limits (``None``: the adapter's default)."""
+
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     system: str = ""
@@ -102,33 +112,46 @@ class ModelRequest(BaseModel):
 
 
 class TextStart(BaseModel):
+    """A text block ``id`` begins."""
+
     type: Literal["text-start"] = "text-start"
     id: str
 
 
 class TextDelta(BaseModel):
+    """More text for block ``id``."""
+
     type: Literal["text-delta"] = "text-delta"
     id: str
     delta: str
 
 
 class TextEnd(BaseModel):
+    """Text block ``id`` is complete."""
+
     type: Literal["text-end"] = "text-end"
     id: str
 
 
 class ReasoningStart(BaseModel):
+    """A reasoning (thinking) block ``id`` begins."""
+
     type: Literal["reasoning-start"] = "reasoning-start"
     id: str
 
 
 class ReasoningDelta(BaseModel):
+    """More reasoning text for block ``id``."""
+
     type: Literal["reasoning-delta"] = "reasoning-delta"
     id: str
     delta: str
 
 
 class ReasoningEnd(BaseModel):
+    """Reasoning block ``id`` is complete; ``signature`` (or ``redacted_data``) is
+    what the provider needs back to accept the block in a later request."""
+
     type: Literal["reasoning-end"] = "reasoning-end"
     id: str
     signature: str | None = None
@@ -136,12 +159,16 @@ class ReasoningEnd(BaseModel):
 
 
 class ToolInputStart(BaseModel):
+    """The model starts tool call ``id`` of ``tool_name``; its input streams next."""
+
     type: Literal["tool-input-start"] = "tool-input-start"
     id: str
     tool_name: str
 
 
 class ToolInputDelta(BaseModel):
+    """A piece of tool call ``id``'s raw JSON input."""
+
     type: Literal["tool-input-delta"] = "tool-input-delta"
     id: str
     delta: str
@@ -208,4 +235,10 @@ class Model(Protocol):
     context_window: int
     max_output_tokens: int
 
-    def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]: ...
+    def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        """Run one step for ``request`` and yield its events (see the contract above).
+
+        Raises:
+            ModelError: the provider failed (``transient`` when a retry may succeed).
+        """
+        ...

@@ -63,6 +63,9 @@ class RetryPolicy:
     max_delay: float = 20.0
 
     def delay(self, attempt: int, error: ModelError) -> float:
+        """Seconds to wait before retry ``attempt`` (1-based): the provider's
+        ``retry_after`` when it sent one, else ``base_delay * 2**(attempt-1)`` with
+        ±20% jitter; never more than ``max_delay``."""
         if error.retry_after is not None:
             return min(self.max_delay, max(0.0, error.retry_after))
         return min(self.max_delay, self.base_delay * (2 ** (attempt - 1))) * (
@@ -89,6 +92,11 @@ error result) or a :class:`ToolDenial` to refuse."""
 
 @dataclass
 class LoopHooks:
+    """Callbacks of :func:`run_loop`: ``on_step_finish(step, usage, finish_reason)``
+    after every step (``"error"`` for a failed step that was billed),
+    ``on_retry(attempt, error, delay)`` before a retry wait, and
+    ``check_permission`` before each tool call."""
+
     on_step_finish: Callable[[int, Usage, str], Any] | None = None
     on_retry: Callable[[int, ModelError, float], Any] | None = None
     check_permission: PermissionCheck | None = None
@@ -96,6 +104,9 @@ class LoopHooks:
 
 @dataclass
 class LoopResult:
+    """Filled in by :func:`run_loop` as it goes: steps run, the last finish reason and
+    the usage summed over the steps (kept when the loop raises)."""
+
     steps: int = 0
     finish_reason: FinishReason = "stop"
     usage: Usage = field(default_factory=Usage)
