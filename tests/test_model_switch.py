@@ -70,7 +70,8 @@ async def test_selection_picks_the_model_and_carries_forward(store):
     assert result.text == "from big"
     assert len(registry["big"].requests) == 1 and registry["default"].requests == []
     selection = {"provider_id": "test", "model_id": "big", "variant": "thinking"}
-    assert agent.get_session().model == selection  # the picker's "currently using"
+    # the picker's "currently using": the model; the variant was this turn's only
+    assert agent.get_session().model == {**selection, "variant": None}
     assert agent.get_history()[-1]["metadata"]["model"] == selection
     assert agent.get_history()[0]["metadata"]["model_id"] == "big"  # history is queryable
     # No selection: the row's model carries forward, also for a regenerate.
@@ -118,6 +119,29 @@ async def test_resolve_model_can_be_overridden(store):
     agent = PerVariant(store, model=ScriptedModel([reply("default")]))
     assert (await agent.chat(pick("a", "m1", variant="json"))).text == "m1/json"
     assert seen == [{"provider_id": "test", "model_id": "m1", "variant": "json"}]
+
+
+async def test_a_variant_chosen_on_one_turn_does_not_apply_to_the_next(store):
+    """Issue 9 item 12 (seed 002: "a reasoning-mode toggle that lasts the session is a
+    bug"): the user turns on thinking for one hard question; the next, plain question
+    runs the same model without it. Regenerating the first answer is that turn again:
+    with its variant."""
+
+    class PerVariant(Think):
+        def resolve_model(self, selection):
+            model_id = (selection or {}).get("model_id") or "default"
+            variant = (selection or {}).get("variant")
+            return ScriptedModel([reply(f"{model_id}/{variant}")], model_id=model_id, loop=True)
+
+    agent = PerVariant(store, model=ScriptedModel([reply("default")]))
+    first = await agent.chat(pick("a hard one", "big", variant="thinking"))
+    assert first.text == "big/thinking"
+    second = await agent.chat("and an easy one")
+    assert second.text == "big/None"  # the model carried forward, the variant did not
+    assert "variant" not in agent.get_history()[-1]["metadata"]["model"]
+    assert agent.get_session().model["variant"] is None
+    agent.rewind(agent.current_session_id, first.user_message_id)
+    assert (await agent.chat(None)).text == "big/thinking"
 
 
 def test_model_selection_shape():
@@ -201,6 +225,53 @@ async def test_row4_without_a_compaction_hook(store):
     sid = used(agent, 45_000)
     result = await agent.chat(pick("go", "small"), session_id=sid)
     assert result.error == CONTEXT_SWITCH_ERROR and registry["small"].requests == []
+
+
+async def test_a_refused_switch_writes_nothing_not_even_a_compaction(store):
+    """Issue 9 item 14: switching to a model whose window the conversation cannot fit
+    even summarized. The summarizer is tried, but its summary would not make room, so
+    the switch is refused with seed 002's message and the session is exactly as it
+    was: no compaction message, nothing hidden, the rollups and the row's model
+    unchanged, no user message."""
+    from thinkray.runtime.agents.agent import Agent as FullAgent
+    from thinkray.runtime.capabilities.compaction import CompactionConfig
+    from thinkray.runtime.models.testing import FunctionModel
+
+    small = ScriptedModel(
+        [reply("from small")], model_id="small", context_window=10_000, max_output_tokens=1_000
+    )
+    big = ScriptedModel(
+        # each request carries ~9.2k tokens: over what the small model can use (9k)
+        [reply(f"a{i}", usage={"input": 9_200, "output": 10}) for i in range(3)],
+        model_id="big",
+        context_window=200_000,
+    )
+    wordy = FunctionModel(
+        lambda request, step: reply("a summary as long as the window", usage={"output": 9_500}),
+        model_id="cheap",
+    )
+
+    class Switching(FullAgent):
+        models = {"small": small}
+
+    agent = Switching(store, model=big)
+    agent.compaction_config = CompactionConfig(summary_model=wordy, retry_backoff=0)
+    for text in ("u1", "u2", "u3"):
+        await agent.chat(text)
+    sid = agent.current_session_id
+
+    def snapshot():
+        info = agent.get_session(sid)
+        path = [(r.id, r.hidden) for r in store.get_path(sid)]
+        return path, store.message_count(sid, include_hidden=True), info.usage, info.model
+
+    before = snapshot()
+    result = await agent.chat(pick("now the small one", "small"), session_id=sid)
+    assert result.status == "error" and result.error == CONTEXT_SWITCH_ERROR
+    assert len(wordy.requests) == 1  # compaction was tried, against the new model
+    assert small.requests == []
+    assert agent.list_compactions(sid) == []
+    assert snapshot() == before
 
 
 async def test_reserve_comes_from_settings_and_the_threshold_is_strict(store):

@@ -205,3 +205,34 @@ async def test_each_assistant_message_stores_the_digest(store, ws):
         digest_of(model.requests[1].system),
     ]
     assert stored[1]["metadata"]["usage"]  # the turn's own metadata is kept alongside
+
+
+async def test_a_switched_turn_names_its_own_model_and_variant(store, ws):
+    """Issue 9 item 13: the user picks another model with a thinking variant for one
+    turn. The prompt that turn sends names that model and variant (not the agent's
+    default), the digest on its answer is of that prompt, and the next turn, with the
+    model carried forward but no variant, says so too."""
+    default = ScriptedModel([reply("from default")], model_id="m-1", loop=True)
+    big = ScriptedModel([reply("from big")], model_id="big", loop=True)
+    agent = make(store, ws, model=default, models={"big": big})
+    selection = {"provider_id": "test", "model_id": "big", "variant": "thinking"}
+    switched = await agent.chat(
+        {
+            "id": "u-switch",
+            "role": "user",
+            "metadata": selection,
+            "parts": [{"type": "text", "text": "think hard"}],
+        }
+    )
+    assert switched.text == "from big" and default.requests == []
+    sent = big.requests[0].system
+    env = sent.split("# Environment")[1].split("# Tools")[0]
+    assert "- model: test/big" in env and "- variant: thinking" in env
+    assert "m-1" not in env
+    assert switched.message["metadata"]["system_prompt_digest"] == digest_of(sent)
+
+    plain = await agent.chat("and now plainly")
+    again = big.requests[1].system
+    env = again.split("# Environment")[1].split("# Tools")[0]
+    assert "- model: test/big" in env and "variant" not in env
+    assert plain.message["metadata"]["system_prompt_digest"] == digest_of(again) != digest_of(sent)

@@ -153,8 +153,10 @@ class Agent(Think):
         """The environment section's model variant."""
         return getattr(model, "variant", None)
 
-    def get_environment(self, model: Any) -> dict[str, Any]:
-        """The environment section's key/values (None values are omitted)."""
+    def get_environment(self, model: Any, variant: str | None = None) -> dict[str, Any]:
+        """The environment section's key/values (None values are omitted). ``model``
+        and ``variant`` are the turn's (its per-turn selection); without a variant
+        the model's own (``get_model_variant``)."""
         provider = getattr(model, "provider_id", None)
         model_id = getattr(model, "model_id", None)
         resolved = "/".join(str(x) for x in (provider, model_id) if x) or None
@@ -165,7 +167,7 @@ class Agent(Think):
             "git status": self.get_git_status(),
             "date": self.get_current_date(),
             "model": resolved,
-            "variant": self.get_model_variant(model),
+            "variant": variant if variant is not None else self.get_model_variant(model),
         }
 
     # -- Think hooks, answered by the capabilities ------------------------------------
@@ -224,10 +226,17 @@ class Agent(Think):
 
     @remote
     async def compact(
-        self, session_id: str | None = None, *, auto: bool = False, model: Any = None
+        self,
+        session_id: str | None = None,
+        *,
+        auto: bool = False,
+        model: Any = None,
+        fit_below: int | None = None,
     ) -> CompactionResult | None:
         """Compact now (see :meth:`Compaction.compact`)."""
-        return await self.compaction.compact(session_id, auto=auto, model=model)
+        return await self.compaction.compact(
+            session_id, auto=auto, model=model, fit_below=fit_below
+        )
 
     @remote
     def list_compactions(self, session_id: str | None = None) -> list[dict[str, Any]]:

@@ -2,10 +2,18 @@
 
 A user message's ``metadata`` may carry ``{provider_id, model_id, variant}``. The
 selection (else the session row's ``model``, else the agent default) is resolved by
-``Think.resolve_model``; a new selection is written to the row and carries forward.
+``Think.resolve_model``. The model (provider and id) of a selection is written to the
+row and carries forward; its **variant** (reasoning mode, JSON mode, thinking depth)
+is the turn's only: "a reasoning-mode toggle that lasts the session is a bug" (seed
+002), so a turn that selects nothing runs the row's model without a variant. A turn
+without a new message (a regenerate) runs with the selection of the user message it
+answers, variant included: it is that turn again.
+
 Before a switched turn, if the new model cannot hold ``context_window_used`` plus
-its reserve, ``Think.compact_for_model`` runs; if it still does not fit, the turn
-fails before the model is called and before anything is written, with
+its reserve, ``Think.compact_for_model`` runs with ``fit_below`` (the new model's
+usable tokens): a compaction is written only if what it leaves fits. If the
+conversation still does not fit, the turn fails before the model is called and with
+nothing written (no compaction, no rollup change, no user message), with
 :data:`CONTEXT_SWITCH_ERROR`.
 """
 
@@ -49,6 +57,8 @@ __all__ = [
     "resolve_model",
     "model_info",
     "compact_for_model",
+    "usable_tokens",
+    "answered_selection",
 ]
 
 
@@ -129,18 +139,39 @@ def fits_context(used: int, model: Model, settings: dict[str, Any] | None = None
     return used < window - reserve_tokens(model, settings)
 
 
-async def compact_for_model(agent: Think, session_id: str, model: Model) -> None:
+def usable_tokens(model: Model, settings: dict[str, Any] | None = None) -> int | None:
+    """``context_window - reserve`` of ``model`` (None: the model states no limit): a
+    conversation fits while ``context_window_used`` is below it."""
+    window = getattr(model, "context_window", None)
+    if not isinstance(window, int) or window <= 0:
+        return None
+    return window - reserve_tokens(model, settings)
+
+
+def _accepts(fn: Any, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+async def compact_for_model(
+    agent: Think, session_id: str, model: Model, *, fit_below: int | None = None
+) -> None:
     """Default ``Think.compact_for_model``: the agent's ``compact(session_id,
-    auto=True)`` when it has one (passing ``model=`` when it accepts it)."""
+    auto=True)`` when it has one, passing ``model=`` and ``fit_below=`` when it
+    accepts them (``fit_below``: write the compaction only if the context it leaves
+    is below that many tokens; an agent's ``compact`` without it cannot promise that
+    a refused switch writes nothing)."""
     compact = getattr(agent, "compact", None)
     if compact is None:
         return
     kwargs: dict[str, Any] = {"auto": True}
-    try:
-        if "model" in inspect.signature(compact).parameters:
-            kwargs["model"] = model
-    except (TypeError, ValueError):
-        pass
+    if _accepts(compact, "model"):
+        kwargs["model"] = model
+    if fit_below is not None and _accepts(compact, "fit_below"):
+        kwargs["fit_below"] = fit_below
     result = compact(session_id, **kwargs)
     if inspect.isawaitable(result):
         await result
@@ -151,20 +182,29 @@ async def prepare_turn_model(
 ) -> tuple[Model | None, dict[str, Any] | None]:
     """Resolve this turn's model and make sure the conversation fits it.
 
-    Runs before the user message lands, so a refused switch writes nothing. Returns
-    ``(model, selection)``; a new selection has been written to the session row.
+    The selection is the user message's (without one, a regenerate's: the user
+    message it answers); else the row's model, without a variant (a variant is per
+    turn). Runs before the user message lands, so a refused switch writes nothing.
+    Returns ``(model, selection)``; the model of a new selection has been written to
+    the session row (``variant`` None: it does not carry forward).
     """
-    selection = model_selection(user_msg.get("metadata")) if user_msg is not None else None
+    if user_msg is not None:
+        selection = model_selection(user_msg.get("metadata"))
+    else:
+        selection = answered_selection(agent, session_id)
     info = agent.store.get_session(session_id)
     current = row_selection(info.model)
-    chosen = selection if selection is not None else current
+    carried = {**current, "variant": None} if current is not None else None
+    chosen = selection if selection is not None else carried
     try:
         model = agent.resolve_model(chosen)
     except NotImplementedError:
         if chosen is not None:
             raise
         return None, None  # an agent with its own on_chat_message and no model
-    if selection is not None and selection != current:
+    if selection is None:
+        return model, chosen
+    if _model_key(selection) != _model_key(current):
         settings = agent.store.get_effective_settings(session_id)
         configured = getattr(agent, "get_compaction_config", None)
         if callable(configured):
@@ -173,7 +213,11 @@ async def prepare_turn_model(
             compaction["reserve_tokens"] = configured(session_id).reserve_tokens
             settings = {**settings, "compaction": compaction}
         if not fits_context(info.context_window_used, model, settings):
-            await agent.compact_for_model(session_id, model)
+            limit = usable_tokens(model, settings)
+            if _accepts(agent.compact_for_model, "fit_below"):
+                await agent.compact_for_model(session_id, model, fit_below=limit)
+            else:  # an override of the old shape
+                await agent.compact_for_model(session_id, model)
             info = agent.store.get_session(session_id)
             if not fits_context(info.context_window_used, model, settings):
                 raise ModelSwitchError(
@@ -181,8 +225,30 @@ async def prepare_turn_model(
                     context_window=getattr(model, "context_window", None),
                     reserve=reserve_tokens(model, settings),
                 )
-        agent.store.update_session(session_id, model=selection)
+    row = {**selection, "variant": None}
+    if row != info.model:
+        agent.store.update_session(session_id, model=row)
     return model, chosen
+
+
+def _model_key(selection: dict[str, Any] | None) -> tuple[Any, Any] | None:
+    """What names a model in a selection (its variant aside)."""
+    if selection is None:
+        return None
+    return selection.get("provider_id"), selection.get("model_id")
+
+
+def answered_selection(agent: Think, session_id: str) -> dict[str, Any] | None:
+    """The selection of the last user message in the session's history: what a turn
+    without a new message (a regenerate) answers. None when it selects nothing (or
+    its metadata is not a valid selection)."""
+    for message in reversed(agent.store.get_history(session_id)):
+        if message.get("role") == "user":
+            try:
+                return model_selection(message.get("metadata"))
+            except UnknownModelError:
+                return None
+    return None
 
 
 def model_info(agent: Think, run: RunState | None = None) -> dict[str, Any] | None:

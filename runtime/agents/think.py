@@ -282,10 +282,15 @@ class Think(metaclass=_StartsAfterInit):
         matches. Override to build models per provider or variant."""
         return model_switch.resolve_model(self, selection)
 
-    async def compact_for_model(self, session_id: str, model: Model) -> None:
+    async def compact_for_model(
+        self, session_id: str, model: Model, *, fit_below: int | None = None
+    ) -> None:
         """Make room before switching to a model with a smaller context window.
-        Default: ``self.compact(session_id, auto=True)`` when the agent has one."""
-        await model_switch.compact_for_model(self, session_id, model)
+        ``fit_below``: the new model's usable tokens; write a compaction only if the
+        context it leaves is below it (a refused switch must write nothing).
+        Default: ``self.compact(session_id, auto=True, model=, fit_below=)`` when the
+        agent has one."""
+        await model_switch.compact_for_model(self, session_id, model, fit_below=fit_below)
 
     # -- configuration ----------------------------------------------------------------
 

@@ -553,10 +553,19 @@ class Compaction:
 
     @remote
     async def compact(
-        self, session_id: str | None = None, *, auto: bool = False, model: Any = None
+        self,
+        session_id: str | None = None,
+        *,
+        auto: bool = False,
+        model: Any = None,
+        fit_below: int | None = None,
     ) -> CompactionResult | None:
         """Compact now. ``model``: the model the tail budget is measured against
         (default ``get_model()``; the per-turn model switch passes the new one).
+        ``fit_below``: write only if the context the compaction leaves (summary plus
+        tail) is below that many tokens, else write nothing at all (the model switch
+        passes the new model's usable tokens; the prune rung is skipped then, as
+        pruning writes).
 
         Manual (``auto=False``): raises :class:`CompactionError` (nothing written) when
         it cannot. ``auto=True`` is best effort, as auto-compaction is: a failure is
@@ -577,9 +586,12 @@ class Compaction:
                     model=model,
                     signal=run.controller.signal if run is not None else None,
                     emit=run.emit if run is not None else None,
+                    fit_below=fit_below,
                 )
             else:
-                result = await self._compact(sid, auto=False, signal=None, model=model)
+                result = await self._compact(
+                    sid, auto=False, signal=None, model=model, fit_below=fit_below
+                )
         return result
 
     @remote
@@ -645,6 +657,7 @@ class Compaction:
         signal: AbortSignal | None,
         config: CompactionConfig | None = None,
         model: Any = None,
+        fit_below: int | None = None,
     ) -> CompactionResult:
         config = config or self.get_compaction_config(sid)
         model = model or self.host.get_model()
@@ -656,7 +669,8 @@ class Compaction:
         pruned: PruneResult | None = None
         total = sum(message_tokens(m) for m in plan.summarized)
         recovery = config.smart_recovery
-        if total > cap and recovery.prune_tool_outputs:
+        # Pruning writes: a compaction that may yet be refused (fit_below) skips it.
+        if total > cap and recovery.prune_tool_outputs and fit_below is None:
             pruned = self.prune_tool_outputs(sid, target_tokens=total - cap)
             if pruned.pruned:
                 plan = self._plan(sid, config, usable)
@@ -706,6 +720,13 @@ class Compaction:
             summary_tokens = estimate_tokens(summary)
         else:
             summary_tokens = usage.output
+        after = summary_tokens + plan.tail_tokens  # the context the compaction leaves
+        if fit_below is not None and after >= fit_below:
+            raise CompactionError(
+                f"the compaction would leave ~{after} tokens in context (summary "
+                f"{summary_tokens} + tail {plan.tail_tokens}), not below {fit_below}; "
+                "nothing was written"
+            )
         return self._write_compaction(
             sid,
             plan,
@@ -885,12 +906,15 @@ class Compaction:
         model: Any = None,
         signal: AbortSignal | None = None,
         emit: Callable[[UIChunk], Awaitable[None]] | None = None,
+        fit_below: int | None = None,
     ) -> CompactionResult | None:
         """Auto-compaction: a failure is a warning and the turn goes on uncompacted
         (never "the chat just stops"); the outcome is a note through ``emit`` (the
         turn's stream; None outside a turn)."""
         try:
-            result = await self._compact(sid, auto=True, signal=signal, config=config, model=model)
+            result = await self._compact(
+                sid, auto=True, signal=signal, config=config, model=model, fit_below=fit_below
+            )
         except AbortError:
             raise
         except Exception as exc:  # the turn goes on uncompacted: never "the chat stops"

@@ -147,6 +147,7 @@ class PromptHost(AgentHost, Protocol):
         """Where the instruction-file walk ends."""
         ...
 
-    def get_environment(self, model: Any) -> dict[str, Any]:
-        """The environment section's key/values for ``model``."""
+    def get_environment(self, model: Any, variant: str | None = None) -> dict[str, Any]:
+        """The environment section's key/values for the turn's ``model`` and
+        ``variant`` (None: the model's own)."""
         ...

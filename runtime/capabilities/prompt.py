@@ -260,7 +260,8 @@ class PromptAssembly:
     model and tools, plus its ``get_manifest_prompt()`` (section 1),
     ``global_instructions`` (host-level instruction text before the workspace's files),
     ``get_working_directory()`` (where the instructions walk ends), ``skills_dir`` and
-    ``get_environment(model)`` (the environment section's key/values).
+    ``get_environment(model, variant)`` (the environment section's key/values, for
+    the turn's model and variant).
 
     ``await assemble_prompt(tools)`` returns the :class:`AssembledPrompt`;
     ``system_prompt_for(options, tools)`` and ``message_metadata(options)`` are the turn
@@ -271,32 +272,46 @@ class PromptAssembly:
         self.host = host
         self.last_prompt: AssembledPrompt | None = None
 
-    async def assemble_prompt(self, tools: Mapping[str, Any] | None = None) -> AssembledPrompt:
-        """Assemble the prompt for ``tools`` (None: the agent's ``get_tools()``)."""
+    async def assemble_prompt(
+        self,
+        tools: Mapping[str, Any] | None = None,
+        *,
+        model: Any = None,
+        variant: str | None = None,
+    ) -> AssembledPrompt:
+        """Assemble the prompt for ``tools`` (None: the agent's ``get_tools()``), naming
+        ``model`` and ``variant`` in the environment section (None: the agent's
+        ``get_model()``, and the model's own variant)."""
         ws = self.host.get_workspace()
         files = await find_project_instructions(ws, self.host.get_working_directory())
         if self.host.global_instructions.strip():
             files = [InstructionFile("(host)", self.host.global_instructions.strip()), *files]
-        try:
-            model = self.host.get_model()
-        except Exception:
-            model = None
+        if model is None:
+            try:
+                model = self.host.get_model()
+            except Exception:
+                model = None
         if tools is None:
             tools = dict(await _maybe_await(self.host.get_tools()))
         prompt = assemble_system_prompt(
             manifest=await _maybe_await(self.host.get_manifest_prompt()),
             instructions=files,
             skills=await discover_skills(ws, self.host.skills_dir),
-            environment=self.host.get_environment(model),
+            environment=self.host.get_environment(model, variant),
             tools=tools,
         )
         self.last_prompt = prompt
         return prompt
 
     async def system_prompt_for(self, options: ChatOptions, tools: dict[str, Any]) -> str:
-        """The turn hook: the assembled prompt for the turn's resolved tools (kept in
-        ``options.state`` for :meth:`message_metadata`)."""
-        prompt = await self.assemble_prompt(tools)
+        """The turn hook: the assembled prompt for the turn's resolved tools, naming the
+        turn's model and variant (a per-turn switch: ``options.model`` and
+        ``options.model_selection``), kept in ``options.state`` for
+        :meth:`message_metadata` (so the digest is of what this turn was sent)."""
+        selection = options.model_selection or {}
+        prompt = await self.assemble_prompt(
+            tools, model=options.model, variant=selection.get("variant")
+        )
         options.state[_STATE_KEY] = prompt
         return prompt.text
 
