@@ -205,6 +205,43 @@ async def test_resend_an_edited_message(store):
     assert agent.store.get_message_row(u2).hidden
 
 
+async def test_an_edit_keeps_the_old_branch_readable_through_the_agent(store):
+    """Issue 9 item 11 (seed 000: an edit "creates a new branch without losing the old
+    one"): after editing a message, the old branch is read back whole, by its leaf,
+    through the agent's own API."""
+    agent = Think(store, model=echo_model())
+    _, u2 = await talk(agent, "one", "two")
+    sid = agent.current_session_id
+    old_leaf = agent.get_history()[-1]["id"]
+    await agent.resend(sid, u2, "two, edited")
+    assert texts(agent.get_history()) == ["one", "re: one", "two, edited", "re: two, edited"]
+    assert texts(agent.get_history(leaf_id=old_leaf)) == ["one", "re: one", "two", "re: two"]
+    assert texts(agent.get_history(sid, leaf_id=u2)) == ["one", "re: one", "two"]
+    new_leaf = agent.get_history()[-1]["id"]
+    assert agent.get_history(leaf_id=new_leaf) == agent.get_history()
+    with pytest.raises(MessageNotFoundError):
+        agent.get_history(leaf_id="no-such-message")
+
+
+async def test_an_old_branch_reads_its_summary_not_what_it_summarized(store):
+    """Issue 9 item 11 with a compaction on the shared part: the old branch reads as it
+    did at its leaf, the summary standing for the summarized turns."""
+    from thinkray.runtime.capabilities.compaction import CompactionConfig
+
+    summarizer = FunctionModel(lambda request, step: reply("SUMMARY"), model_id="cheap")
+    agent = _Agent(store, model=echo_model())
+    agent.compaction_config = CompactionConfig(summary_model=summarizer, retry_backoff=0)
+    _, _, u3 = await talk(agent, "one", "two", "three")
+    await agent.compact()
+    sid = agent.current_session_id
+    old_leaf = agent.get_history()[-1]["id"]
+    assert texts(agent.get_history(leaf_id=old_leaf)) == texts(agent.get_history())
+    await agent.resend(sid, u3, "three, edited")
+    old = agent.get_history(leaf_id=old_leaf)
+    assert [m["parts"][0]["type"] for m in old].count("data-compaction") == 1
+    assert [t for t in texts(old) if t] == ["three", "re: three"]
+
+
 async def test_rewind_including_the_target_then_send(store):
     model = echo_model()
     agent = Think(store, model=model)

@@ -78,3 +78,19 @@ def test_compaction_and_approvals_over_the_actor(agent):
         p for p in handle.get_history.remote().result()[-1]["parts"] if p["type"] == "dynamic-tool"
     ][0]
     assert tool["state"] == "output-available" and tool["output"]["city"] == "Lima"
+
+
+def test_an_edited_branch_stays_readable_through_the_handle(agent):
+    """Issue 9 item 11 over the actor: after an edit, the old branch's leaf is read
+    back whole through the handle (``get_history`` is remote-callable)."""
+    _, handle = agent
+    handle.chat.remote("turn 0").result()
+    handle.chat.remote("turn 1").result()
+    sid = handle.get_current_session_id.remote().result()
+    history = handle.get_history.remote().result()
+    old_leaf, edited = history[-1]["id"], history[2]["id"]
+    handle.resend.remote(sid, edited, "turn 1, edited").result()
+    current = [text_of(m) for m in handle.get_history.remote().result()]
+    assert current == ["turn 0", "echo: turn 0", "turn 1, edited", "echo: turn 1, edited"]
+    old = handle.get_history.remote(sid, leaf_id=old_leaf).result()
+    assert [text_of(m) for m in old] == ["turn 0", "echo: turn 0", "turn 1", "echo: turn 1"]

@@ -28,14 +28,20 @@ from typing import TYPE_CHECKING, Any
 
 from thinkray.runtime.messages import new_id
 from thinkray.storage.protocols import SessionStore
-from thinkray.storage.types import SessionInfo, SessionNotFoundError
+from thinkray.storage.types import MessageRow, SessionInfo, SessionNotFoundError
 
 if TYPE_CHECKING:
     from thinkray.runtime.agents.turns import TurnRunner
 
 CURRENT_SESSION_KEY = "think.current_session"
 
-__all__ = ["CURRENT_SESSION_KEY", "RewindResult", "SessionManager", "UnrewindResult"]
+__all__ = [
+    "CURRENT_SESSION_KEY",
+    "RewindResult",
+    "SessionManager",
+    "UnrewindResult",
+    "branch_view",
+]
 
 
 @dataclass
@@ -117,6 +123,16 @@ class SessionManager:
         self.store.get_session(session_id)  # not found is an error, never a create
         self.set_current(session_id)
         return self.store.get_history(session_id)
+
+    def history(self, session_id: str, leaf_id: str | None = None) -> list[dict[str, Any]]:
+        """The session's visible history; with ``leaf_id``, the branch that ends there
+        as it read at that leaf (seed 000: an edit "creates a new branch without losing
+        the old one"): every message from the root to the leaf, the ones a rewind or an
+        edit hid since included, except those a compaction on that path summarized
+        (its summary stands for them)."""
+        if leaf_id is None:
+            return self.store.get_history(session_id)
+        return branch_view(self.store.get_path(session_id, leaf_id=leaf_id))
 
     def delete(self, session_id: str) -> None:
         """Delete a session; its run in flight is aborted, its writes discarded."""
@@ -221,3 +237,26 @@ def resend_message(result: RewindResult, message: str | dict[str, Any] | None) -
             "parts": [{"type": "text", "text": message}],
         }
     return message
+
+
+def branch_view(rows: list[MessageRow]) -> list[dict[str, Any]]:
+    """The messages of a path (root first, hidden ones included: ``get_path``) as its
+    leaf saw them: all of them but those summarized by a compaction on the path,
+    which are the messages its ``data.covers`` names (a ``{first_id, last_id}`` range
+    on the path, or a list of ids). Hidden-ness itself is not the test: what a rewind
+    or an edit hid later is part of the branch, and a rewind past a compaction un-hides
+    what it summarized although the branch beyond it still reads the summary."""
+    position = {row.id: i for i, row in enumerate(rows)}
+    summarized: set[int] = set()
+    for row in rows:
+        for part in row.message.get("parts", ()) if row.role == "assistant" else ():
+            data = part.get("data") if part.get("type") == "data-compaction" else None
+            covers = data.get("covers") if isinstance(data, dict) else None
+            if isinstance(covers, dict):
+                first = position.get(covers.get("first_id"))  # type: ignore[arg-type]
+                last = position.get(covers.get("last_id"))  # type: ignore[arg-type]
+                if first is not None and last is not None:
+                    summarized.update(range(min(first, last), max(first, last) + 1))
+            elif isinstance(covers, list):
+                summarized.update(position[c] for c in covers if c in position)
+    return [row.message for i, row in enumerate(rows) if i not in summarized]

@@ -361,8 +361,16 @@ class Think(metaclass=_StartsAfterInit):
     def get_history(
         self, session_id: str | None = None, *, leaf_id: str | None = None
     ) -> list[dict[str, Any]]:
-        """The visible history of a session (default: current) up to ``leaf_id``."""
-        return self.store.get_history(self.sessions.resolve(session_id), leaf_id=leaf_id)
+        """The visible history of a session (default: current). With ``leaf_id``, the
+        branch ending at that message, whole, as it read there: an edited or rewound
+        branch keeps its old messages (hidden from the current view since) readable
+        this way; only what a compaction on that branch summarized is left out.
+
+        Raises:
+            SessionNotFoundError: no such session (or none selected).
+            MessageNotFoundError: ``leaf_id`` is not a message of the session.
+        """
+        return self.sessions.history(self.sessions.resolve(session_id), leaf_id)
 
     @remote
     def message_count(self, session_id: str | None = None) -> int:
