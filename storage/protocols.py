@@ -199,6 +199,20 @@ class SessionStore(Protocol):
         """
         ...
 
+    def insert_before(self, session_id: str, message: Message, child_id: str) -> bool:
+        """Insert a message and its parts into the tree right above ``child_id``: it
+        takes ``child_id``'s parent and ``child_id`` (with all below it) becomes its
+        child, so every path through ``child_id`` reads it just before (a
+        compaction's summary before the tail it keeps). The head does not move.
+
+        Returns ``False`` (and writes nothing) if a message with this id exists.
+
+        Raises:
+            MessageNotFoundError: ``child_id`` is not a message of the session.
+            SessionNotFoundError: no such session. Each writes nothing.
+        """
+        ...
+
     def upsert_message(
         self, session_id: str, message: Message, *, parent_id: str | None = HEAD
     ) -> None:

@@ -889,6 +889,51 @@ class DuckDBSessionStore:
             self._touch(con, session_id, now, head=mid)
         return True
 
+    def insert_before(self, session_id: str, message: Message, child_id: str) -> bool:
+        mid, role, envelope, part_rows = _message(message)
+        _check_str(child_id, "child_id")
+        with _no_gc(), self._tx() as con:
+            _, owners = self._lookup(con, session_id, [mid, child_id])
+            if mid in owners:
+                return False  # the first write wins, wherever it landed
+            if owners.get(child_id) != session_id:
+                raise MessageNotFoundError(
+                    f"message {child_id!r} not found in session {session_id!r}"
+                )
+            rows = con.execute(
+                "SELECT id, parent_id, seq FROM messages WHERE session_id = ?", [session_id]
+            ).fetchall()
+            parent_of = {r[0]: r[1] for r in rows}
+            below: dict[str | None, list[str]] = {}
+            for rid, parent in parent_of.items():
+                below.setdefault(parent, []).append(rid)
+            # ``seq`` grows along every path (branch copies and unrewind rely on it):
+            # the child and everything under it are renumbered after the new message.
+            subtree, todo = [], [child_id]
+            while todo:
+                node = todo.pop()
+                subtree.append(node)
+                todo.extend(below.get(node, ()))
+            seq_of = {r[0]: r[2] for r in rows}
+            subtree.sort(key=seq_of.__getitem__)
+            now = self._now()
+            parent = parent_of[child_id]
+            self._insert_message(con, session_id, mid, role, envelope, parent, part_rows, now)
+            first = self._seq + 1
+            self._seq += len(subtree)
+            con.execute(
+                "UPDATE messages SET parent_id = ? WHERE session_id = ? AND id = ?",
+                [mid, session_id, child_id],
+            )
+            con.execute(
+                "UPDATE messages SET seq = d.seq FROM (SELECT unnest(?::VARCHAR[]) AS id, "
+                "unnest(?::BIGINT[]) AS seq) d WHERE messages.session_id = ? "
+                "AND messages.id = d.id",
+                [subtree, list(range(first, first + len(subtree))), session_id],
+            )
+            self._touch(con, session_id, now)  # the head stays where it was
+        return True
+
     def append_messages(
         self, session_id: str, messages: Sequence[Message], *, parent_id: str | None = HEAD
     ) -> int:

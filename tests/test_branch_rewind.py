@@ -355,7 +355,7 @@ async def test_rewind_past_a_real_compaction_unhides_the_summarized_turns(store)
     sid = agent.current_session_id
     compaction = await agent.compact(sid)
     visible = agent.get_history()
-    assert u1 not in [m["id"] for m in visible] and visible[-1]["id"] == compaction.message_id
+    assert u1 not in [m["id"] for m in visible] and visible[0]["id"] == compaction.message_id
     a1 = agent.store.children(u1)[0]["id"]
     summarized = [r.id for r in agent.store.get_path(sid) if r.hidden]
     assert summarized == [u1, a1, u2, agent.store.children(u2)[0]["id"]]

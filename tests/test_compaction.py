@@ -140,9 +140,9 @@ async def test_auto_compaction_fires_exactly_at_the_threshold(store):
     assert len(summ.requests) == 1
     [compaction] = agent.list_compactions()
     assert compaction["auto"] is True
-    # The call that followed saw the summary and the tail only.
+    # The call that followed saw the summary (system-level, seed 000) and the tail only.
     assert request_text(main.requests[2]) == [
-        ("user", f"[Summary of the earlier conversation]\n{SUMMARY}"),
+        ("system", f"[Summary of the earlier conversation]\n{SUMMARY}"),
         ("user", "u2"),
         ("assistant", "a2"),
         ("user", "u3"),
@@ -221,15 +221,49 @@ async def test_summarized_messages_are_hidden_not_deleted(store):
     sid = agent.current_session_id
     assert store.message_count(sid, include_hidden=True) == before + 1
     path = store.get_path(sid)
-    assert [r.id for r in path] == [*ids, result.message_id]
+    # The synthetic message sits in the tree right above the tail it keeps.
+    assert [r.id for r in path] == [*ids[:4], result.message_id, *ids[4:]]
     hidden = {r.id for r in path if r.hidden}
     assert hidden == set(ids[:4])
     assert summarized_ids(store, sid, result.message_id) == ids[:4]
     assert {r.hidden_at for r in path if r.hidden} == {
         store.get_message(result.message_id)["parts"][0]["data"]["hidden_at"]
     }
-    assert [m["id"] for m in agent.get_history()] == [*ids[4:], result.message_id]
-    assert [m["id"] for m in compaction_view(agent.get_history())] == [result.message_id, *ids[4:]]
+    assert [m["id"] for m in agent.get_history()] == [result.message_id, *ids[4:]]
+    assert compaction_view(agent.get_history()) == agent.get_history()
+
+
+async def test_the_summary_reaches_the_model_system_level_and_is_stored_before_the_tail(store):
+    """Issue 9 item 15 (seed 000: summarized messages "are replaced with a single system
+    message containing the summary"), with the real Anthropic adapter against the fake
+    API: after a compaction the next request carries the summary at system level and
+    the tail as the conversation, and the stored history reads summary, then tail."""
+    from fake_anthropic import FakeAnthropicServer, message, text
+    from thinkray.runtime.models.anthropic import AnthropicModel
+
+    def plain(content) -> str:
+        if isinstance(content, str):
+            return content
+        return "".join(block.get("text", "") for block in content)
+
+    with FakeAnthropicServer() as fake:
+        fake.enqueue(*(message(text(f"a{i}")) for i in range(1, 5)))
+        agent = make(store, AnthropicModel(api_key="test-key", base_url=fake.base_url))
+        history = await three_turns(agent)
+        result = await agent.compact()
+        tail = [m["id"] for m in history[4:]]
+        assert [m["id"] for m in agent.get_history()] == [result.message_id, *tail]
+        await agent.chat("u4")
+        body = fake.bodies[-1]
+    assert SUMMARY in plain(body["system"])
+    assert [(m["role"], plain(m["content"])) for m in body["messages"]] == [
+        ("user", "u3"),
+        ("assistant", "a3"),
+        ("user", "u4"),
+    ]
+    stored = agent.get_history()
+    assert [m["id"] for m in stored[:3]] == [result.message_id, *tail]
+    assert [m["role"] for m in stored[3:]] == ["user", "assistant"]
 
 
 async def test_model_sees_summary_plus_tail_only(store):
@@ -239,7 +273,7 @@ async def test_model_sees_summary_plus_tail_only(store):
     await agent.compact()
     await agent.chat("u4")
     assert request_text(main.requests[-1]) == [
-        ("user", f"[Summary of the earlier conversation]\n{SUMMARY}"),
+        ("system", f"[Summary of the earlier conversation]\n{SUMMARY}"),
         ("user", "u3"),
         ("assistant", "a3"),
         ("user", "u4"),

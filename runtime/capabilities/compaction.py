@@ -18,8 +18,10 @@ kept; the rollup before the compaction is kept in ``metadata.compaction.rollup_b
 
 **Artifact.** A synthetic assistant message whose only part is
 ``{"type": "data-compaction", "data": {summary, tail_start_id, auto, summary_tokens,
-covers: {first_id, last_id}, hidden_at}}``, appended at the head of the visible path.
-The summarized messages are soft-hidden with ``set_hidden(..., hidden_at)`` — never
+covers: {first_id, last_id}, hidden_at}}``, inserted into the tree right above the
+first message of the tail (``SessionStore.insert_before``): every path reads the
+summary, then the tail, so the stored history is in the order the model reads it
+(the head does not move). The summarized messages are soft-hidden with ``set_hidden(..., hidden_at)`` — never
 deleted — in the same transaction. ``covers`` is the first and last summarized message
 in path order, as a mapping because the store's rewind reads a *list* as the exact
 ids covered and a mapping as a range on the path. Exactly the messages on the path
@@ -29,8 +31,12 @@ record (``thinkray.storage.session_store`` indexes ``parts.type``); :meth:`list_
 reads them back.
 
 **The model's view** is the summary followed by every visible message from
-``tail_start_id`` on (:func:`compaction_view`). The synthetic message sits after the
-tail in the tree, so the view moves it first.
+``tail_start_id`` on (:func:`compaction_view`), and the summary is system-level, as
+seed 000 has it ("replaced with a single system message containing the summary";
+:func:`~thinkray.runtime.turn.context.to_model_messages` makes it a ``system``
+message, which the Anthropic adapter joins to the system prompt). A compaction
+written before it was inserted above its tail sits after the tail; the view moves it
+first.
 
 **Tail.** The tail is counted in messages of the model's view, as the seed's default
 reads: ``tail_turns = 2`` is "one user message + one assistant response". A trailing
@@ -76,8 +82,8 @@ part — a ``data-compaction`` part on the turn's own message would make
 
 **Hooks used** (see :class:`CompactionMixin`): ``Think.prepare_turn`` (auto-compaction
 runs there, after the user message landed and before the assistant message exists:
-the synthetic message follows the user message, which stays in the tail, and becomes
-the assistant message's parent), ``Think.context_view`` (the view) and
+the synthetic message goes above the tail, which ends with that user message, the
+assistant message's parent), ``Think.context_view`` (the view) and
 ``Think.reserve_session`` (busy while a manual compaction runs).
 ``Think.compact_for_model`` (the per-turn model switch) may call
 ``compact(session, auto=True, model=...)`` from inside its own turn, before the stream
@@ -229,8 +235,8 @@ def is_pruned(output: Any) -> bool:
 
 def compaction_view(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The model's view of a visible history: the latest compaction's summary, then
-    every message from its ``tail_start_id`` on (the synthetic message itself moved
-    first). Without a compaction the history is returned as is. If the tail start is
+    every message from its ``tail_start_id`` on (the synthetic message first: it sits
+    there in the tree, or, written by an older version, after its tail). Without a compaction the history is returned as is. If the tail start is
     not in the history (a branch copied the messages under new ids), the summary is
     followed by every other visible message: only the tail and later survive a copy."""
     index = None
@@ -405,7 +411,6 @@ class CompactionResult:
 
 @dataclass
 class _Plan:
-    leaf_id: str
     summarized: list[dict[str, Any]]  # view order (an earlier summary first)
     hide_ids: list[str]  # path order
     tail: list[dict[str, Any]]
@@ -636,7 +641,7 @@ class Compaction:
         summarized = [*earlier, *body[:-n]]
         order = {m["id"]: i for i, m in enumerate(history)}
         hide_ids = sorted((m["id"] for m in summarized), key=order.__getitem__)
-        return _Plan(history[-1]["id"], summarized, hide_ids, tail, tail_tokens, warnings)
+        return _Plan(summarized, hide_ids, tail, tail_tokens, warnings)
 
     def _input_cap(self, model: Any, config: CompactionConfig) -> int:
         window = int(getattr(model, "context_window", 0) or 0)
@@ -796,7 +801,8 @@ class Compaction:
             "parts": [{"type": "data-compaction", "data": data}],
         }
         with self.host.store.transaction():
-            self.host.store.append_message(sid, message, parent_id=plan.leaf_id)
+            # Right above the tail: the stored history reads the summary, then the tail.
+            self.host.store.insert_before(sid, message, plan.tail[0]["id"])
             self.host.store.set_hidden(sid, plan.hide_ids, now)
             self.host.store.set_usage(sid, rollup)
         log.info(

@@ -129,11 +129,14 @@ def to_model_messages(messages: list[dict[str, Any]]) -> list[ModelMessage]:
         parts = message.get("parts", ())
         if role == "assistant":
             if any(p.get("type") == "data-compaction" for p in parts):
-                # A compaction summary is context the model should read as given.
+                # Seed 000: the summarized messages "are replaced with a single system
+                # message containing the summary" — context the model reads as given,
+                # not a turn the user took (a provider without system messages in the
+                # list, Anthropic, joins it to the system prompt).
                 summary = "\n\n".join(
                     _summary_text(p) for p in parts if p.get("type") == "data-compaction"
                 )
-                out.append(ModelMessage(role="user", content=[TextContent(text=summary)]))
+                out.append(ModelMessage(role="system", content=[TextContent(text=summary)]))
                 continue
             out.extend(_assistant_steps(message))
             continue

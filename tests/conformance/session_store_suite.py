@@ -50,6 +50,7 @@ __all__ = [
     "TestFlushStream",
     "TestHiddenAndPath",
     "TestIdempotency",
+    "TestInsertBefore",
     "TestLifecycle",
     "TestNotFound",
     "TestResolutions",
@@ -638,6 +639,54 @@ class TestTreeAndHead:
         assert store.message_count(sid) == 2
         store.delete_messages(sid, [])
         assert store.message_count(sid) == 2
+
+
+class TestInsertBefore:
+    def test_inserted_above_a_message_every_path_reads_it_first(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "u1", "a1", "u2", "a2")
+        store.set_head(sid, "u2")
+        store.append_message(sid, msg("a2b", "assistant"))  # a second branch under u2
+        assert store.insert_before(sid, msg("s", "assistant"), "u2")
+        assert store.get_session(sid).head_id == "a2b"  # the head did not move
+        assert ids(store.get_history(sid)) == ["u1", "a1", "s", "u2", "a2b"]
+        assert ids(store.get_history(sid, leaf_id="a2")) == ["u1", "a1", "s", "u2", "a2"]
+        assert ids(store.children("a1")) == ["s"] and ids(store.children("s")) == ["u2"]
+        assert store.get_message("s") == msg("s", "assistant")
+        # Paths stay in order for everything that reads them: path rows, a branch copy.
+        path = store.get_path(sid)
+        assert [r.id for r in path] == ["u1", "a1", "s", "u2", "a2b"]
+        assert [r.seq for r in path] == sorted(r.seq for r in path)
+        copy = store.branch_session(sid, "a2b")
+        assert [m["parts"] for m in store.get_history(copy.id)] == [
+            msg(m)["parts"] for m in ("u1", "a1", "s", "u2", "a2b")
+        ]
+        store.append_message(sid, msg("u3"))
+        assert ids(store.get_history(sid)) == ["u1", "a1", "s", "u2", "a2b", "u3"]
+
+    def test_above_the_root_and_idempotent(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        chain(store, sid, "u1", "a1")
+        assert store.insert_before(sid, msg("s", "system"), "u1")
+        assert store.get_message_row("s").parent_id is None  # type: ignore[union-attr]
+        assert ids(store.get_history(sid)) == ["s", "u1", "a1"]
+        assert not store.insert_before(sid, msg("s", "system", text="again"), "a1")
+        assert ids(store.get_history(sid)) == ["s", "u1", "a1"]
+        assert store.get_message("s") == msg("s", "system")
+
+    def test_unknown_child_or_session_writes_nothing(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        other = store.create_session().id
+        chain(store, sid, "u1")
+        chain(store, other, "o1")
+        with pytest.raises(MessageNotFoundError):
+            store.insert_before(sid, msg("s"), "nope")
+        with pytest.raises(MessageNotFoundError):
+            store.insert_before(sid, msg("s"), "o1")  # another session's message
+        with pytest.raises(SessionNotFoundError):
+            store.insert_before("no-such-session", msg("s"), "u1")
+        assert store.get_message("s") is None
+        assert ids(store.get_history(sid)) == ["u1"]
 
 
 # -- hidden messages and the path ----------------------------------------------------
