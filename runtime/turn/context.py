@@ -122,7 +122,7 @@ def _assistant_steps(message: dict[str, Any]) -> list[ModelMessage]:
 def to_model_messages(messages: list[dict[str, Any]]) -> list[ModelMessage]:
     """Stored UIMessages as the provider-neutral messages a model reads: user text and
     files; assistant steps with their tool calls, each followed by its result (an
-    unfinished call becomes an error result); a compaction summary as user text."""
+    unfinished call becomes an error result); a compaction summary as a system message."""
     out: list[ModelMessage] = []
     for message in messages:
         role = message.get("role")
