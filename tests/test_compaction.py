@@ -266,6 +266,27 @@ async def test_the_summary_reaches_the_model_system_level_and_is_stored_before_t
     assert [m["role"] for m in stored[3:]] == ["user", "assistant"]
 
 
+async def test_a_tail_that_opens_with_an_answer_still_opens_the_request_with_a_user_turn(store):
+    """The summary is system-level now, so a tail cut to the last answer would open the
+    Anthropic conversation with an assistant turn, which the API refuses: the adapter
+    puts a short user turn in front."""
+    from fake_anthropic import FakeAnthropicServer, message, text
+    from thinkray.runtime.models.anthropic import CONTINUED, AnthropicModel
+
+    with FakeAnthropicServer() as fake:
+        fake.enqueue(*(message(text(f"a{i}")) for i in range(1, 5)))
+        model = AnthropicModel(api_key="test-key", base_url=fake.base_url)
+        agent = make(store, model, tail_turns=1)
+        await three_turns(agent)
+        await agent.compact()  # the tail is a3 alone
+        await agent.chat("u4")
+        body = fake.bodies[-1]
+    assert [m["role"] for m in body["messages"]] == ["user", "assistant", "user"]
+    assert body["messages"][0]["content"] == [{"type": "text", "text": CONTINUED}]
+    system = body["system"]
+    assert SUMMARY in (system if isinstance(system, str) else "".join(b["text"] for b in system))
+
+
 async def test_model_sees_summary_plus_tail_only(store):
     main = main_model()
     agent = make(store, main)

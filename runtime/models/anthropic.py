@@ -546,7 +546,9 @@ def to_anthropic_messages(messages: list[ModelMessage]) -> tuple[list[str], list
 
     Tool results become ``user`` messages; consecutive same-role messages merge because
     the API requires user/assistant alternation; ``system`` messages in the list join
-    the system prompt.
+    the system prompt. The API also wants the conversation to open with a user turn: a
+    list that opens with an answer (the tail a compaction kept can, its summary being
+    system-level) gets a short user turn saying so in front.
     """
     extra_system: list[str] = []
     out: list[dict[str, Any]] = []
@@ -572,7 +574,13 @@ def to_anthropic_messages(messages: list[ModelMessage]) -> tuple[list[str], list
         if m["role"] == "user":
             # tool_result blocks must open a user message (before any text).
             m["content"].sort(key=lambda b: b["type"] != "tool_result")
+    if out and out[0]["role"] == "assistant":
+        out.insert(0, {"role": "user", "content": [{"type": "text", "text": CONTINUED}]})
     return extra_system, out
+
+
+CONTINUED = "(The conversation so far continues below.)"
+"""The user turn put in front of a conversation that opens with an answer."""
 
 
 def _user_block(c: Any) -> dict[str, Any] | None:
