@@ -36,6 +36,11 @@ log = logging.getLogger("thinkray.directory")
 
 @dataclass
 class NamespaceConfig:
+    """How a namespace hosts its agents: where their files live, the agent class and
+    its keyword arguments, the warm pool size, the live cap, the idle timeout before
+    hibernation, after how many bindings an actor process is recycled, and the Ray
+    options of the session actors."""
+
     namespace: str
     storage_root: str
     agent_cls: type
@@ -51,6 +56,9 @@ class NamespaceConfig:
 
 @dataclass
 class PooledActor:
+    """A generic session actor of the pool: its handle, where it runs, and how many
+    agents it has hosted so far (``bindings``)."""
+
     handle: Any
     actor_id: str
     node_id: str
@@ -60,11 +68,20 @@ class PooledActor:
 
 @dataclass
 class Entry:
+    """A live agent: the pooled actor bound to it and since when."""
+
     actor: PooledActor
     bound_at: float = field(default_factory=time.time)
 
 
 class Directory:
+    """The directory of one namespace (see the module); run as a named Ray actor.
+
+    Raises:
+        InvalidInputError: an invalid namespace name.
+        StorageRootError: the storage root is not a writable directory.
+    """
+
     def __init__(self, config: NamespaceConfig) -> None:
         validate_name(config.namespace, "namespace")
         ensure_root(config.storage_root, config.namespace)
@@ -225,9 +242,11 @@ class Directory:
             except BaseException:
                 self.free.append(actor)
                 raise
-            self.entries[name] = Entry(actor)
-            self.alarms.pop(name, None)
+            entry = Entry(actor)
+            self.entries[name] = entry
+            self.alarms.pop(name, None)  # the woken agent reports its own (note_alarm)
             self.counters["binds"] += 1
+            self._spawn(self._watch(name, entry))
             return actor.handle, actor.actor_id
         raise InvalidStateError(f"could not bind {name!r}: {last_error}")
 
@@ -303,6 +322,8 @@ class Directory:
         return await self.hibernate(name)
 
     async def hibernate_all(self, force: bool = False) -> int:
+        """:meth:`hibernate` every live agent at once (busy ones too with ``force``);
+        returns how many hibernated."""
         results = await asyncio.gather(*(self.hibernate(n, force) for n in list(self.entries)))
         return sum(1 for r in results if r)
 
@@ -315,6 +336,32 @@ class Directory:
             self.alarms[name] = due_at
         if self._alarm_changed is not None:
             self._alarm_changed.set()
+
+    def note_alarm(self, name: str, due_at: float | None) -> None:
+        """A live agent's next alarm changed (None: it has none). Kept so that the
+        alarm still fires if the agent's process dies before it is due."""
+        if due_at is None:
+            self.alarms.pop(name, None)
+        else:
+            self.alarms[name] = due_at
+        if self._alarm_changed is not None:
+            self._alarm_changed.set()
+
+    async def _watch(self, name: str, entry: Entry) -> None:
+        """Learn of the death of ``name``'s actor as it happens: its ``watch`` call
+        fails. The agent is then no longer live; its next call (or alarm) wakes it on
+        another actor, and a pending alarm fires on time."""
+        try:
+            await entry.actor.handle.watch.remote(name)
+        except ray.exceptions.RayActorError:
+            if self.entries.get(name) is entry:
+                del self.entries[name]
+                self.counters["crashes"] += 1
+                log.warning("the actor of %s died; it wakes on its next call or alarm", name)
+                if self._alarm_changed is not None:
+                    self._alarm_changed.set()
+        except Exception:  # the directory is shutting down
+            return
 
     async def _alarm_loop(self) -> None:
         assert self._alarm_changed is not None
@@ -345,6 +392,8 @@ class Directory:
     # -- introspection ---------------------------------------------------------------
 
     async def stats(self) -> dict[str, Any]:
+        """The namespace, its storage root, live agents (name → actor id), the free
+        pool size, actors starting, pending alarms and the event counters."""
         return {
             "namespace": self.cfg.namespace,
             "storage_root": self.cfg.storage_root,
@@ -356,6 +405,8 @@ class Directory:
         }
 
     async def live_actor(self, name: str) -> dict[str, Any] | None:
+        """Where ``name`` runs (``actor_id``, ``node_id``, ``pid``), or None when it is
+        not live."""
         entry = self.entries.get(name)
         if entry is None:
             return None

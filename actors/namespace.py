@@ -36,9 +36,10 @@ import ray
 from ray.actor import ActorHandle
 from thinkray.actors.directory import NamespaceConfig, RemoteDirectory
 from thinkray.actors.errors import RemoteCallError
-from thinkray.actors.response import AgentResponse, AgentResponseStream
+from thinkray.actors.response import AgentResponse, AgentResponseStream, CrashPolicy, TurnKeys
 from thinkray.actors.session_actor import DEFAULT_PRELOAD
 from thinkray.runtime.agents.think import Think
+from thinkray.runtime.messages import new_id, parse_message
 from thinkray.runtime.remote import RemoteMethod, check_arguments, remote_methods
 from thinkray.storage.layout import ensure_root, list_names, validate_name
 
@@ -58,7 +59,12 @@ class AgentNamespace(Generic[A]):
 
     ``get(name)`` gets or creates; ``existing(name)`` refuses unknown names for
     read-only use. Two processes that construct the same namespace share one
-    directory actor (the first one's settings win). ``start=False`` skips the blocking
+    directory actor (the first one's settings win).
+
+    Lifetime: a namespace is a service. Its directory actor is detached: it outlives
+    the driver that created it and this object; any driver reaches it by name with
+    :meth:`connect`, and only :meth:`shutdown` stops it (hibernating every agent).
+    ``detached=False`` ties it to the creating driver instead (a one-off script). ``start=False`` skips the blocking
     wait for the pool (inside an async actor, ``await ns.astart()`` instead).
     Raises a storage error at once for a root that cannot be written.
     """
@@ -77,7 +83,7 @@ class AgentNamespace(Generic[A]):
         recycle_after: int = 200,
         actor_options: dict[str, Any] | None = None,
         preload: tuple[str, ...] = DEFAULT_PRELOAD,
-        detached: bool = False,
+        detached: bool = True,
         start: bool = True,
     ) -> None:
         validate_name(name, "namespace")
@@ -267,6 +273,11 @@ class HandleMethod:
         return f"{self.handle!r}.{self.method}"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Always refused: a remote method is sent with ``.remote(...)``.
+
+        Raises:
+            RemoteCallError: naming the ``.remote(...)`` form to use.
+        """
         raise RemoteCallError(
             f"call {self.method} through .remote(...): handle.{self.method}.remote(...)",
             self.method,
@@ -280,13 +291,22 @@ class HandleMethod:
             check_arguments(self.marker, args, kwargs)
             if "callback" in self.marker.signature.parameters:
                 _check_callback(self.marker, self.method, args, kwargs)
+        # A handle that does not know the agent's class (``connect``) still knows
+        # Think's own methods: their kind, and whether they may be re-sent.
+        marker = self.marker or remote_methods(Think).get(self.method)
+        turn = None
+        if marker is not None and self.method in TURN_METHODS:
+            args, kwargs, turn = _keyed_turn(marker, args, kwargs)
+        policy = CrashPolicy(self.method, bool(marker and marker.idempotent), turn)
         name, method = self.handle.name, self.method
-        if self.marker is not None and self.marker.kind == "stream":
+        if marker is not None and marker.kind == "stream":
             return AgentResponseStream(
-                self.handle, lambda actor: actor.invoke_stream.remote(name, method, args, kwargs)
+                self.handle,
+                lambda actor: actor.invoke_stream.remote(name, method, args, kwargs),
+                policy,
             )
         return AgentResponse(
-            self.handle, lambda actor: actor.invoke.remote(name, method, args, kwargs)
+            self.handle, lambda actor: actor.invoke.remote(name, method, args, kwargs), policy
         )
 
     if TYPE_CHECKING:
@@ -306,6 +326,30 @@ if TYPE_CHECKING:
     Handle: TypeAlias = AgentHandle[A] | type[A]
 else:
     Handle = AgentHandle
+
+
+TURN_METHODS = frozenset({"chat", "stream_chat"})
+"""Methods that run a turn: the handle keys them (user message id, run id) before sending."""
+
+
+def _keyed_turn(
+    marker: RemoteMethod[Any, Any, Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any], TurnKeys]:
+    """The turn's arguments with its user message id and run id fixed by the caller, so
+    that a re-send after a crash is recognised (the store keeps one message per id)
+    and the turn can be named if it was interrupted. Raises InvalidMessageError for a
+    message that is not valid (nothing is sent)."""
+    bound = marker.signature.bind(None, *args, **kwargs)
+    message = bound.arguments.get("message")
+    message_id = None
+    if message is not None:
+        wire = parse_message(message, role=bound.arguments.get("role", "user"))
+        bound.arguments["message"] = wire
+        message_id = wire["id"]
+    run_id = bound.arguments.get("run_id") or new_id("run")
+    bound.arguments["run_id"] = run_id
+    keys = TurnKeys(message_id, run_id, bound.arguments.get("session_id"))
+    return tuple(bound.args[1:]), dict(bound.kwargs), keys
 
 
 def _check_callback(

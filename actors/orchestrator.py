@@ -32,7 +32,7 @@ from thinkray.runtime.agents.think import Think
 from thinkray.runtime.chunks import UIChunk
 from thinkray.runtime.messages import new_id
 from thinkray.runtime.models.base import Model
-from thinkray.runtime.remote import Batch, remote
+from thinkray.runtime.remote import Batch, idempotent, remote
 from thinkray.runtime.tools.base import Tool, ToolContext, tool
 from thinkray.runtime.tools.workspace import LocalWorkspace, workspace_tools
 from thinkray.runtime.turn.stream import RunStream
@@ -88,25 +88,38 @@ class SubAgent(Agent):
     network access may load and get the network; default: no network)."""
 
     def on_start(self) -> None:
+        """Start without a workspace or extension manager: both open on first use."""
         self._workspace: LocalWorkspace | None = None
         self._extensions: Any = None
 
     def get_workspace(self) -> LocalWorkspace:
+        """The sub-agent's private workspace (in its own database), made on first use."""
         if self._workspace is None:
             self._workspace = LocalWorkspace(self.store.stores().workspace())
         return self._workspace
 
     def get_model(self) -> Model:
+        """The model its config names, else the one it was constructed with.
+
+        Raises:
+            ModelNotConfiguredError: neither names one.
+            UnknownModelError: the config names an unknown provider.
+        """
         return build_model((self.get_config() or {}).get("model"), self._model)
 
     def get_manifest_prompt(self) -> str:
+        """The config's ``instructions`` (a generic helper prompt without them)."""
         return (self.get_config() or {}).get("instructions") or "You are a helpful sub-agent."
 
     def bridge(self) -> BridgeClient | None:
+        """The client of the orchestrator's shared workspace, or None before the
+        orchestrator configured one."""
         spec = (self.get_config() or {}).get(BRIDGE_KEY)
         return BridgeClient.from_config(spec) if spec else None
 
     def extension_manager(self) -> Any:
+        """The sub-agent's :class:`ExtensionManager` (its extensions may use its private
+        workspace), made on first use."""
         if self._extensions is None:
             from thinkray.runtime.tools.extensions import ExtensionManager
 
@@ -118,6 +131,9 @@ class SubAgent(Agent):
         return self._extensions
 
     def get_tools(self) -> dict[str, Tool]:
+        """The private workspace tools; the shared workspace's (``shared_``, as its grant
+        allows, plus ``shared_wait_for_file``); ``execute`` with ``code_execution``;
+        the extension tools and loaded extensions with ``extensions``."""
         config = self.get_config() or {}
         tools = dict(workspace_tools(self.get_workspace()))
         client = self.bridge()
@@ -224,6 +240,7 @@ class Orchestrator(Agent):
     subagent_idle_timeout: float | None = 300.0
 
     def on_start(self) -> None:
+        """Open the registry; the sub-agents' namespace and the bridge start on first use."""
         self.registry: RegistryStore = self.store.stores().registry()
         self._subs: AgentNamespace | None = None
         self._bridge: Any = None
@@ -239,6 +256,12 @@ class Orchestrator(Agent):
         return self.namespace, self.agent_name, root
 
     async def subagents_namespace(self) -> AgentNamespace:
+        """The namespace hosting the sub-agents (``<namespace>.<name>.subs``, under the
+        same storage root), started on first use.
+
+        Raises:
+            InvalidStateError: the orchestrator does not run in a session actor.
+        """
         if self._subs is None:
             namespace, name, root = self._identity()
             ns = AgentNamespace(
@@ -253,6 +276,12 @@ class Orchestrator(Agent):
         return self._subs
 
     async def shared_bridge(self) -> Any:
+        """The handle of the bridge actor owning the shared workspace, got or created
+        (and waited for) on first use.
+
+        Raises:
+            InvalidStateError: the orchestrator does not run in a session actor.
+        """
         if self._bridge is None:
             namespace, name, root = self._identity()
             self._bridge = open_bridge(root, namespace, name)
@@ -278,6 +307,15 @@ class Orchestrator(Agent):
     async def create_subagent(
         self, name: str, config: dict[str, Any] | None = None, access: str = "read-write"
     ) -> SubAgentRecord:
+        """Register sub-agent ``name`` with ``config`` (see :class:`SubAgent`) and
+        ``access`` to the shared workspace, configure its actor and grant it; returns
+        its record (the grant's token left out).
+
+        Raises:
+            InvalidInputError: an invalid name or access, or the name exists.
+            ModelNotConfiguredError: neither the config nor the orchestrator names a
+                model.
+        """
         validate_name(name, "sub-agent name")
         if access not in ("none", "read", "read-write"):
             raise InvalidInputError(f"access must be none, read or read-write, not {access!r}")
@@ -310,6 +348,13 @@ class Orchestrator(Agent):
 
     @remote
     async def configure_subagent(self, name: str, config: dict[str, Any]) -> SubAgentRecord:
+        """Merge ``config`` over the sub-agent's (its bridge grant is kept) and apply it;
+        returns the updated record.
+
+        Raises:
+            SubAgentNotFoundError: no such sub-agent.
+            ModelNotConfiguredError: the merged config leaves it without a model.
+        """
         record = self.registry.get(name)
         merged = {**record.config, **config, BRIDGE_KEY: record.config.get(BRIDGE_KEY)}
         merged = self._with_model(name, merged)
@@ -327,16 +372,30 @@ class Orchestrator(Agent):
         await (await self._handle(name)).configure.remote(config)
         return _public(self.registry.update(name, config=config, access=access))
 
+    @idempotent
     @remote
     def list_subagents(self) -> list[SubAgentRecord]:
+        """Every sub-agent's record, by name (grant tokens left out)."""
         return [_public(r) for r in self.registry.list()]
 
+    @idempotent
     @remote
     def get_subagent(self, name: str) -> SubAgentRecord:
+        """The sub-agent's record (grant token left out).
+
+        Raises:
+            SubAgentNotFoundError: no such sub-agent.
+        """
         return _public(self.registry.get(name))
 
     @remote
     async def delete_subagent(self, name: str) -> None:
+        """Abort its running tasks, hibernate it, revoke its grant, delete its database
+        file and its record.
+
+        Raises:
+            SubAgentNotFoundError: no such sub-agent.
+        """
         self.registry.get(name)
         for delegation in list(self._delegations.values()):
             if delegation.agent == name and delegation.status == "running":
@@ -442,23 +501,44 @@ class Orchestrator(Agent):
         )
         return result
 
+    @idempotent
     @remote
     async def wait_task(self, task_id: str, timeout: float | None = None) -> TaskInfo:
+        """The task once it finished (waiting at most ``timeout`` seconds).
+
+        Raises:
+            InvalidInputError: an unknown task id.
+            TimeoutError: still running after ``timeout`` (the task goes on).
+        """
         delegation = self._delegation(task_id)
         if delegation.consumer is not None:
             await asyncio.wait_for(asyncio.shield(delegation.consumer), timeout)
         return delegation.summary()
 
+    @idempotent
     @remote
     def task_status(self, task_id: str) -> TaskInfo:
+        """The task now: status and the text so far.
+
+        Raises:
+            InvalidInputError: an unknown task id.
+        """
         return self._delegation(task_id).summary()
 
+    @idempotent
     @remote
     def list_tasks(self) -> list[TaskInfo]:
+        """Every task delegated since this orchestrator woke, oldest first."""
         return [d.summary() for d in self._delegations.values()]
 
+    @idempotent
     @remote
     async def abort_task(self, task_id: str, reason: str = "aborted by parent") -> bool:
+        """Abort the task's run on its sub-agent; False if it is no longer running.
+
+        Raises:
+            InvalidInputError: an unknown task id.
+        """
         delegation = self._delegation(task_id)
         if delegation.status != "running" or delegation.receiver is None:
             return False
@@ -470,6 +550,7 @@ class Orchestrator(Agent):
         except KeyError:
             raise InvalidInputError(f"unknown task {task_id!r}") from None
 
+    @idempotent
     @remote
     async def view_task(self, task_id: str) -> AsyncIterator[UIChunk]:
         """Async generator: the task's chunks from index 0 (the buffer), then the live
@@ -478,6 +559,7 @@ class Orchestrator(Agent):
         async for batch in delegation.stream.follow(coalesce=0.002):
             yield Batch(batch)  # type: ignore[misc]  # a Batch of chunks travels as one
 
+    @idempotent
     @remote
     async def view_subagent(self, name: str) -> AsyncIterator[UIChunk]:
         """Any caller can watch any sub-agent: its latest delegated task if this
@@ -494,6 +576,8 @@ class Orchestrator(Agent):
     # -- tools for the orchestrator's own model ------------------------------------------
 
     def get_tools(self) -> dict[str, Tool]:
+        """The orchestrator model's tools: ``delegate_task``, ``task_status``,
+        ``list_agents``, ``create_agent``."""
         orchestrator = self
 
         @tool
@@ -530,19 +614,24 @@ class Orchestrator(Agent):
         return {t.name: t for t in (delegate_task, task_status, list_agents, create_agent)}
 
     def get_manifest_prompt(self) -> str:
+        """The config's ``instructions``, else a coordinator's default prompt."""
         return (self.get_config() or {}).get("instructions") or (
             "You coordinate sub-agents. Delegate focused tasks with delegate_task; run "
             "independent tasks in parallel with wait=false and check them with task_status."
         )
 
     def get_model(self) -> Model:
+        """The model its config names, else the one it was constructed with (see
+        :func:`build_model`, same errors)."""
         return build_model((self.get_config() or {}).get("model"), self._model)
 
     def has_pending_work(self) -> bool:
+        """True while a delegated task runs (its relay lives here), or Think says so."""
         running = any(d.status == "running" for d in self._delegations.values())
         return running or super().has_pending_work()
 
     async def on_hibernate(self) -> None:
+        """Drop the sub-agents' namespace object; its directory actor lives on."""
         if self._subs is not None:
             self._subs = None  # the directory actor lives on; handles re-resolve
 

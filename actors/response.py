@@ -5,11 +5,18 @@ call at once and returns an :class:`AgentResponse`; async code ``await``\\ s it,
 code calls ``.result(timeout_s=...)``. A stream method returns an
 :class:`AgentResponseStream`, iterable with ``for`` and ``async for``.
 
-Both re-send the call when the actor answered that it no longer hosts the agent
-(``NotBoundError``: it hibernated) or died: the handle re-resolves the name through the
-namespace's directory, which binds a pooled actor (the agent wakes from its file). The
-retry happens only before the call ran on a live agent, so a call never runs twice on
-purpose; a crash mid-call re-sends it to the woken agent, as any caller would.
+Exactly once from the caller's side:
+
+- The actor answered that it no longer hosts the agent (``NotBoundError``: it
+  hibernated): the call never ran, so it is re-sent after the handle re-resolved the
+  name (the directory binds a pooled actor and the agent wakes from its file).
+- The actor died mid-call (``RayActorError``): an ``@idempotent`` method is re-sent to
+  the woken agent. A turn (``chat``/``stream_chat``) carries a user message id the
+  handle assigned before sending: if the woken agent has no message with that id, the
+  turn never started and is re-sent; otherwise it raises
+  :class:`~thinkray.runtime.errors.RunInterruptedError` (the agent marks the partial
+  answer ``interrupted`` when it wakes). Any other call raises
+  :class:`~thinkray.runtime.errors.CallInterruptedError`: it is never re-run silently.
 """
 
 from __future__ import annotations
@@ -17,22 +24,61 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import ray
-from thinkray.actors.errors import SyncInEventLoopError
+from thinkray.actors.errors import CallInterruptedError, RunInterruptedError, SyncInEventLoopError
 from thinkray.actors.relay import AbortReceiver, NotBoundError
 
 if TYPE_CHECKING:
     from thinkray.actors.namespace import AgentHandle
 
-__all__ = ["AgentResponse", "AgentResponseStream"]
+__all__ = ["AgentResponse", "AgentResponseStream", "CrashPolicy", "TurnKeys"]
 
 R = TypeVar("R")
 T = TypeVar("T")
 
 RETRYABLE = (NotBoundError, ray.exceptions.RayActorError)
 ATTEMPTS = 5
+
+
+@dataclass(frozen=True)
+class TurnKeys:
+    """The ids a handle gives a turn before sending it: the user message's (None when
+    the turn answers the history as it is), the run's, and the session if named."""
+
+    message_id: str | None
+    run_id: str
+    session_id: str | None
+
+
+@dataclass(frozen=True)
+class CrashPolicy:
+    """What a response may do when the actor dies mid-call (see the module doc)."""
+
+    method: str
+    idempotent: bool = False
+    turn: TurnKeys | None = None
+
+    def interrupted(self, during: str) -> CallInterruptedError:
+        """The error for a call that may have run in part: not re-sent."""
+        if self.turn is not None:
+            turn = self.turn
+            return RunInterruptedError(
+                f"{self.method}: the agent's actor died {during}; the turn is not re-run "
+                f"(run {turn.run_id}, user message {turn.message_id}). What it wrote is kept "
+                "and marked interrupted; send the message again (same id) to answer it anew",
+                self.method,
+                session_id=turn.session_id,
+                message_id=turn.message_id,
+                run_id=turn.run_id,
+            )
+        return CallInterruptedError(
+            f"{self.method}: the agent's actor died {during}; the call changes state and "
+            "may have run in part, so it is not re-sent (the agent wakes on the next call)",
+            self.method,
+        )
 
 
 def _in_event_loop() -> bool:
@@ -49,9 +95,12 @@ class AgentResponse(Generic[R]):
     Created by ``handle.<method>.remote(...)``; the call is already on its way. Await
     it or take its result once."""
 
-    def __init__(self, handle: AgentHandle[Any], send: Callable[[Any], Any]) -> None:
+    def __init__(
+        self, handle: AgentHandle[Any], send: Callable[[Any], Any], policy: CrashPolicy
+    ) -> None:
         self._handle = handle
         self._send = send  # actor handle -> ObjectRef
+        self._policy = policy
         self._ref: Any = None
         self._started: asyncio.Task[Any] | None = None
         if not _in_event_loop():
@@ -64,7 +113,9 @@ class AgentResponse(Generic[R]):
     def result(self, timeout_s: float | None = None) -> R:
         """Block until the call finished and return its value (or raise its error;
         ``GetTimeoutError`` after ``timeout_s``). Raises :class:`SyncInEventLoopError`
-        inside a running event loop: use ``await`` there."""
+        inside a running event loop (use ``await`` there), and
+        :class:`~thinkray.runtime.errors.CallInterruptedError` when the actor died
+        during a call that must not run twice."""
         if _in_event_loop():
             raise SyncInEventLoopError(
                 "response.result() would block the running event loop; "
@@ -77,9 +128,11 @@ class AgentResponse(Generic[R]):
             try:
                 value: R = ray.get(self._ref, timeout=timeout_s)
                 return value
-            except RETRYABLE:
+            except RETRYABLE as exc:
                 if attempt == ATTEMPTS - 1:
                     raise
+                if isinstance(exc, ray.exceptions.RayActorError):
+                    _may_resend_sync(self._handle, self._policy, "during the call")
                 stale = True
         raise AssertionError("unreachable")
 
@@ -91,9 +144,11 @@ class AgentResponse(Generic[R]):
             try:
                 value: R = await self._ref
                 return value
-            except RETRYABLE:
+            except RETRYABLE as exc:
                 if attempt == ATTEMPTS - 1:
                     raise
+                if isinstance(exc, ray.exceptions.RayActorError):
+                    await _may_resend_async(self._handle, self._policy, "during the call")
                 stale = True
                 await asyncio.sleep(0)
         raise AssertionError("unreachable")
@@ -104,16 +159,56 @@ class AgentResponse(Generic[R]):
         return self._result_async().__await__()
 
 
+def _may_resend_sync(handle: AgentHandle[Any], policy: CrashPolicy, during: str) -> None:
+    """Return when the call may be sent again after its actor died; raise otherwise."""
+    if policy.idempotent:
+        return
+    turn = policy.turn
+    if turn is None or turn.message_id is None:
+        raise policy.interrupted(during)
+    try:
+        actor = handle._actor_sync(stale=True)  # wakes the agent on a fresh actor
+        found: Any = ray.get(
+            actor.invoke.remote(handle.name, "get_message", (turn.message_id,), {})
+        )
+    except Exception:  # cannot tell whether the turn started: it may have
+        raise policy.interrupted(during) from None
+    if found is not None:
+        raise policy.interrupted(during)
+
+
+async def _may_resend_async(handle: AgentHandle[Any], policy: CrashPolicy, during: str) -> None:
+    """:func:`_may_resend_sync` for async callers."""
+    if policy.idempotent:
+        return
+    turn = policy.turn
+    if turn is None or turn.message_id is None:
+        raise policy.interrupted(during)
+    try:
+        actor = await handle._actor_async(stale=True)
+        found = await actor.invoke.remote(handle.name, "get_message", (turn.message_id,), {})
+    except Exception:
+        raise policy.interrupted(during) from None
+    if found is not None:
+        raise policy.interrupted(during)
+
+
 class AgentResponseStream(Generic[T]):
     """The items of a remote stream method, as they are produced: ``for item in s``
     (sync) or ``async for item in s`` (async). ``header`` is what the actor said first
     (for a chat turn: ``run_id``, ``session_id``, ``message_id``, ``receiver``;
     for a resume: ``run_id`` and ``live``). Leaving early detaches, never aborts;
-    :meth:`abort` stops the run a chat stream belongs to."""
+    :meth:`abort` stops the run a chat stream belongs to. When the actor dies after
+    the stream opened, iteration raises
+    :class:`~thinkray.runtime.errors.CallInterruptedError` (for a turn
+    :class:`~thinkray.runtime.errors.RunInterruptedError`)."""
 
-    def __init__(self, handle: AgentHandle[Any], open_: Callable[[Any], Any]) -> None:
+    def __init__(
+        self, handle: AgentHandle[Any], open_: Callable[[Any], Any], policy: CrashPolicy
+    ) -> None:
         self._handle = handle
         self._open = open_  # actor handle -> ObjectRefGenerator
+        self._policy = policy
         self._refs: Any = None
         self._header: dict[str, Any] | None = None
         self._buffer: deque[T] = deque()
@@ -131,9 +226,11 @@ class AgentResponseStream(Generic[T]):
                 self._header = ray.get(next(refs))
                 self._refs = refs
                 return
-            except RETRYABLE:
+            except RETRYABLE as exc:
                 if attempt == ATTEMPTS - 1:
                     raise
+                if isinstance(exc, ray.exceptions.RayActorError):
+                    _may_resend_sync(self._handle, self._policy, "as the stream opened")
                 stale = True
 
     async def _open_async(self) -> None:
@@ -144,10 +241,28 @@ class AgentResponseStream(Generic[T]):
                 self._header = await (await refs.__anext__())
                 self._refs = refs
                 return
-            except RETRYABLE:
+            except RETRYABLE as exc:
                 if attempt == ATTEMPTS - 1:
                     raise
+                if isinstance(exc, ray.exceptions.RayActorError):
+                    await _may_resend_async(self._handle, self._policy, "as the stream opened")
                 stale = True
+
+    def _died(self) -> CallInterruptedError:
+        """The error for an actor that died after the stream opened."""
+        policy = self._policy
+        if policy.turn is not None:
+            header = self._header or {}
+            policy = CrashPolicy(
+                policy.method,
+                policy.idempotent,
+                TurnKeys(
+                    policy.turn.message_id,
+                    header.get("run_id") or policy.turn.run_id,
+                    header.get("session_id") or policy.turn.session_id,
+                ),
+            )
+        return policy.interrupted("while streaming")
 
     async def start(self) -> AgentResponseStream[T]:
         """Open the stream now and return it (async code: the header is then known, as
@@ -205,8 +320,11 @@ class AgentResponseStream(Generic[T]):
 
     def __next__(self) -> T:
         while not self._buffer:
-            ref = next(self._refs)  # StopIteration ends the stream
-            self._buffer.extend(ray.get(ref))
+            try:
+                ref = next(self._refs)  # StopIteration ends the stream
+                self._buffer.extend(ray.get(ref))
+            except ray.exceptions.RayActorError:
+                raise self._died() from None
             self.batches += 1
         return self._buffer.popleft()
 
@@ -215,8 +333,14 @@ class AgentResponseStream(Generic[T]):
             await self._open_async()
         while self._buffer:
             yield self._buffer.popleft()
-        async for ref in self._refs:
-            batch = await ref
+        while True:
+            try:
+                ref = await self._refs.__anext__()
+                batch = await ref
+            except StopAsyncIteration:
+                return
+            except ray.exceptions.RayActorError:
+                raise self._died() from None
             self.batches += 1
             for item in batch:
                 yield item

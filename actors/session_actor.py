@@ -46,6 +46,10 @@ RELAY_COALESCE = 0.002
 
 @dataclass
 class BindSpec:
+    """What a session actor needs to host agent ``name`` of ``namespace``: its database
+    file, the agent class and keyword arguments, whether a missing file may be created,
+    and the directory to report alarms and idleness to."""
+
     namespace: str
     name: str
     path: str
@@ -72,10 +76,13 @@ class SessionActor:
         self.inflight = 0
         self.last_activity = time.monotonic()
         self._watcher: asyncio.Task[None] | None = None
+        self._unbound = asyncio.Event()
 
     # -- lifecycle ---------------------------------------------------------------------
 
     async def ready(self) -> dict[str, Any]:
+        """Where this actor runs (``actor_id``, ``node_id``, ``pid``), its binding
+        count and the agent it hosts (``bound``, or None)."""
         return self._info()
 
     def _info(self) -> dict[str, Any]:
@@ -88,6 +95,14 @@ class SessionActor:
         }
 
     async def bind(self, spec: BindSpec) -> dict[str, Any]:
+        """Open the agent's file, construct the agent and wake it (``on_wake``);
+        returns :meth:`ready`'s info plus ``bind_ms``.
+
+        Raises:
+            InvalidStateError: this actor already hosts an agent.
+            SessionNotFoundError: the file does not exist and ``spec.create`` is False.
+            DatabaseLockedError: another process holds the file.
+        """
         if self.agent is not None:
             raise InvalidStateError(f"actor already hosts {self.name!r}")
         started = time.perf_counter()
@@ -108,6 +123,16 @@ class SessionActor:
             raise
         self.agent, self.name, self.spec = agent, spec.name, spec
         self.bindings += 1
+        self._unbound = asyncio.Event()
+        if spec.directory is not None:
+            # The namespace keeps this agent's next alarm as it changes, so an alarm
+            # survives a crash of this process (the directory then wakes the agent).
+            directory, name = spec.directory, spec.name
+
+            def report(due_at: float | None) -> None:
+                directory.note_alarm.remote(name, due_at)
+
+            agent.durable.scheduler.on_next_due = report
         self.last_activity = time.monotonic()
         await _maybe_await(getattr(agent, "on_wake", None))
         if spec.idle_timeout and spec.directory is not None:
@@ -117,6 +142,8 @@ class SessionActor:
         return info
 
     def busy(self) -> bool:
+        """Whether the hosted agent must not hibernate now: a call in flight, a run,
+        or work the agent reports pending (``has_pending_work``)."""
         agent = self.agent
         if agent is None:
             return False
@@ -135,6 +162,7 @@ class SessionActor:
             await _maybe_await(getattr(agent, "on_hibernate", None))
         finally:
             self.agent, self.name, self.spec = None, None, None
+            self._unbound.set()
             if self._watcher is not None:
                 self._watcher.cancel()
                 self._watcher = None
@@ -159,7 +187,18 @@ class SessionActor:
                     log.warning("idle hibernate of %s failed: %s", name, exc)
                 return
 
+    async def watch(self, name: str) -> bool:
+        """Return when this actor stops hosting ``name`` (True), at once if it does not
+        host it (False). The directory keeps one such call pending per binding: if the
+        process dies, the call fails, and the directory learns of the crash at once."""
+        if self.name != name:
+            return False
+        await self._unbound.wait()
+        return True
+
     async def activity(self, name: str) -> dict[str, Any]:
+        """For the live cap's LRU choice: whether ``name`` is still hosted here
+        (``bound``), :meth:`busy`, and seconds since the last call (``idle_for``)."""
         return {
             "bound": self.name == name,
             "busy": self.busy(),
@@ -260,11 +299,14 @@ class SessionActor:
         }
 
     async def abort_run(self, name: str, run_id: str, reason: str = "aborted") -> bool:
+        """Abort run ``run_id`` of the hosted agent ``name``; False if it is not live
+        here (finished, or the agent hibernated since)."""
         if self.agent is None or self.name != name:
             return False  # not hosted here any more: that run cannot be live
         return self.agent.abort(run_id=run_id, reason=reason)
 
     async def shutdown(self) -> None:
+        """Hibernate the hosted agent even if it is busy (its runs are aborted)."""
         if self.name is not None:
             await self.hibernate(self.name, force=True)
 

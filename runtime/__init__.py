@@ -26,7 +26,7 @@ from thinkray.runtime.chunks import UIChunk, is_data_chunk
 from thinkray.runtime.errors import ThinkrayError, UserError
 from thinkray.runtime.messages import InvalidMessageError, UIMessage, new_id, parse_message
 from thinkray.runtime.models.base import Model, ModelError, ModelRequest
-from thinkray.runtime.remote import remote
+from thinkray.runtime.remote import idempotent, remote
 from thinkray.runtime.status import SessionBusyError, SessionStatus
 from thinkray.runtime.tools.base import Tool, ToolContext, tool, tool_from_model
 from thinkray.runtime.usage import Usage
@@ -62,6 +62,7 @@ __all__ = [
     "Usage",
     "UserError",
     "WorkerAgent",
+    "idempotent",
     "is_data_chunk",
     "new_id",
     "parse_message",

@@ -24,6 +24,7 @@ __all__ = [
     "AgentClosedError",
     "ApprovalNotFoundError",
     "BinaryFileError",
+    "CallInterruptedError",
     "CompactionError",
     "CompactionSpecLimitError",
     "DuplicateRunError",
@@ -44,12 +45,14 @@ __all__ = [
     "NothingToCompactError",
     "OperationTimeoutError",
     "RemoteCallError",
+    "RunInterruptedError",
     "SessionBusyError",
     "SummarizerError",
     "ToolExecutionError",
     "ToolInputError",
     "UnknownJobError",
     "UnknownModelError",
+    "UnknownRunError",
     "UnknownToolError",
     "UnsafePathError",
     "WorkerDepthError",
@@ -76,6 +79,47 @@ class RemoteCallError(UserError, AttributeError):
 
     def __str__(self) -> str:  # AttributeError would repr a non-str argument
         return str(self.args[0]) if self.args else ""
+
+
+class CallInterruptedError(ThinkrayError, RuntimeError):
+    """The actor hosting the agent died while it ran a call that changes state. The
+    call is not re-sent (it may have run in part); the agent wakes on the next call.
+
+    ``method`` is the method called."""
+
+    def __init__(self, message: str, method: str = "") -> None:
+        super().__init__(message)
+        self.method = method
+
+
+class RunInterruptedError(CallInterruptedError):
+    """A turn's actor died mid-turn. The turn is not re-run: what it wrote is kept and
+    marked ``interrupted`` when the agent wakes (tool calls left open become errors).
+
+    ``message_id`` is the user message the turn answered (re-sending a message with
+    this id never stores it twice), ``run_id`` the turn, ``session_id`` its session
+    when known."""
+
+    def __init__(
+        self,
+        message: str,
+        method: str = "chat",
+        *,
+        session_id: str | None = None,
+        message_id: str | None = None,
+        run_id: str | None = None,
+    ) -> None:
+        super().__init__(message, method)
+        self.session_id = session_id
+        self.message_id = message_id
+        self.run_id = run_id
+
+
+class UnknownRunError(UserError, LookupError):
+    """No run with this id is in flight or among the recent results this agent keeps."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown run"
 
 
 class InvalidMessageError(UserError, ValueError):

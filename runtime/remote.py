@@ -42,6 +42,7 @@ __all__ = [
     "Response",
     "ResponseStream",
     "check_arguments",
+    "idempotent",
     "remote",
     "remote_methods",
 ]
@@ -133,6 +134,8 @@ class RemoteMethod(Generic[S, P, T, R]):
     def __init__(self, fn: Callable[Concatenate[S, P], T], kind: RemoteKind) -> None:
         self.fn = fn
         self.kind: RemoteKind = kind
+        # Set by @idempotent: a handle may re-send the call after the actor died mid-call.
+        self.idempotent = False
         self.name = fn.__name__
         self.signature = inspect.signature(fn)
         self.__doc__ = fn.__doc__
@@ -217,6 +220,27 @@ def remote(fn: Callable[..., Any]) -> Any:
     if not inspect.isfunction(fn):
         raise InvalidTypeError(f"@remote decorates a function defined in a class, not {fn!r}")
     return _marker(fn, "stream" if inspect.isasyncgenfunction(fn) else "call")
+
+
+M = TypeVar("M", bound=RemoteMethod[Any, Any, Any, Any])
+
+
+def idempotent(method: M) -> M:
+    """Mark a ``@remote`` method safe to run twice (a read, or a write whose repeat
+    changes nothing): when its actor dies mid-call, a handle re-sends it to the woken
+    agent. Place it above ``@remote``.
+
+    Any other remote method is never re-sent once it may have started: the caller gets
+    :class:`~thinkray.runtime.errors.CallInterruptedError` (for a turn,
+    :class:`~thinkray.runtime.errors.RunInterruptedError`) instead.
+
+    Raises:
+        InvalidTypeError: ``method`` is not a ``@remote`` method (the order is wrong).
+    """
+    if not isinstance(method, RemoteMethod):
+        raise InvalidTypeError("@idempotent goes above @remote (it marks a remote method)")
+    method.idempotent = True
+    return method
 
 
 _REGISTRY_CACHE: dict[type, dict[str, RemoteMethod[Any, Any, Any, Any]]] = {}

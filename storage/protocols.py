@@ -135,11 +135,38 @@ class SessionStore(Protocol):
         parent_message_id: str | None = None,
         thread_key: str | None = None,
         model: dict[str, Any] | None = None,
-    ) -> SessionInfo: ...
+    ) -> SessionInfo:
+        """Create an empty session (no messages, no head, zero usage).
 
-    def get_session(self, session_id: str) -> SessionInfo: ...
+        Args:
+            name: the display name.
+            session_id: the id to use; a fresh one when ``None``.
+            metadata: free-form metadata stored on the session.
+            parent_session_id: the session this one branched from, if any.
+            parent_message_id: the parent's message it branched at, if any.
+            thread_key: makes the session a thread (see :meth:`thread`).
+            model: the session's model configuration.
 
-    def has_session(self, session_id: str) -> bool: ...
+        Returns:
+            The new session's info.
+
+        Raises:
+            InvalidInputError: a malformed argument, an id that exists; nothing written.
+            ThreadExistsError: a thread with ``thread_key`` exists.
+        """
+        ...
+
+    def get_session(self, session_id: str) -> SessionInfo:
+        """The session's info (name, head, usage rollups, settings, ...).
+
+        Raises:
+            SessionNotFoundError: no such session.
+        """
+        ...
+
+    def has_session(self, session_id: str) -> bool:
+        """Whether the session exists (never raises for an unknown id)."""
+        ...
 
     def list_sessions(
         self, *, parent_session_id: str | None = None, include_ephemeral: bool = False
@@ -147,7 +174,14 @@ class SessionStore(Protocol):
         """Most recently updated first. With ``parent_session_id``, only its branches."""
         ...
 
-    def rename_session(self, session_id: str, name: str) -> None: ...
+    def rename_session(self, session_id: str, name: str) -> None:
+        """Set the session's display name.
+
+        Raises:
+            SessionNotFoundError: no such session.
+            InvalidInputError: ``name`` is not a string.
+        """
+        ...
 
     def update_session(
         self,
@@ -219,29 +253,76 @@ class SessionStore(Protocol):
         """Insert, or replace the metadata and all parts of an existing message."""
         ...
 
-    def flush_stream(self, flush: StreamFlush) -> None: ...
+    def flush_stream(self, flush: StreamFlush) -> None:
+        """Write what a recorder accumulated, in one transaction: the in-flight
+        message's envelope (inserted on first flush, updated after), its parts by
+        position (the last write of a slot wins) and the run's chunks.
 
-    def get_message(self, message_id: str) -> Message | None: ...
+        Raises:
+            InvalidInputError: a malformed batch, or a message of another session.
+            MessageNotFoundError: a part names a message not in the session.
+            SessionNotFoundError: no such session. Each writes nothing.
+        """
+        ...
 
-    def get_message_row(self, message_id: str) -> MessageRow | None: ...
+    def get_message(self, message_id: str) -> Message | None:
+        """The message with its parts, or ``None`` if there is no such id."""
+        ...
+
+    def get_message_row(self, message_id: str) -> MessageRow | None:
+        """The message with its tree position (session, parent, ``seq``, hidden
+        stamp), or ``None`` if there is no such id."""
+        ...
 
     def get_history(
         self, session_id: str, *, leaf_id: str | None = None, include_hidden: bool = False
-    ) -> list[Message]: ...
+    ) -> list[Message]:
+        """The messages from ``leaf_id`` (default: the head, or the latest visible
+        message when there is none) to the root, root-first, with their parts;
+        hidden ones only with ``include_hidden``.
+
+        Raises:
+            SessionNotFoundError: no such session.
+            MessageNotFoundError: ``leaf_id`` is not in the session.
+        """
+        ...
 
     def get_path(self, session_id: str, *, leaf_id: str | None = None) -> list[MessageRow]:
         """Root-first rows from the leaf to the root, hidden ones included."""
         ...
 
-    def message_count(self, session_id: str, *, include_hidden: bool = False) -> int: ...
+    def message_count(self, session_id: str, *, include_hidden: bool = False) -> int:
+        """How many messages the session holds, on every branch (hidden ones only
+        with ``include_hidden``).
+
+        Raises:
+            SessionNotFoundError: no such session.
+        """
+        ...
 
     def children(self, message_id: str) -> list[Message]:
         """Direct children (the branches at this message), oldest first."""
         ...
 
-    def set_head(self, session_id: str, message_id: str | None) -> None: ...
+    def set_head(self, session_id: str, message_id: str | None) -> None:
+        """Move the head to ``message_id`` (``None`` unsets it): the next append
+        attaches there and :meth:`get_history` walks from there.
 
-    def delete_messages(self, session_id: str, message_ids: list[str]) -> None: ...
+        Raises:
+            SessionNotFoundError: no such session.
+            MessageNotFoundError: the message is not in the session.
+        """
+        ...
+
+    def delete_messages(self, session_id: str, message_ids: list[str]) -> None:
+        """Delete messages and their parts; unknown ids are ignored (deleting twice
+        is a no-op). Children of a deleted message move up to its nearest surviving
+        ancestor, and so does a deleted head.
+
+        Raises:
+            SessionNotFoundError: no such session.
+        """
+        ...
 
     def set_hidden(self, session_id: str, message_ids: list[str], hidden_at: float | None) -> None:
         """Soft-hide (``hidden_at`` set) or un-hide (``None``) messages. Never deletes."""
@@ -253,19 +334,36 @@ class SessionStore(Protocol):
         """The run's chunks from ``start``, in index order."""
         ...
 
-    def delete_chunks(self, generation_ids: list[str]) -> None: ...
+    def delete_chunks(self, generation_ids: list[str]) -> None:
+        """Delete every chunk of these runs; unknown ids are ignored."""
+        ...
 
     def chunk_generations(self) -> list[str]:
         """Generation ids that have chunks, oldest first."""
         ...
 
+    def open_generations(self) -> list[str]:
+        """Generation ids whose log has no final chunk (``is_final``), oldest first: the
+        runs that were cut off (their process died) before they ended."""
+        ...
+
     # -- config ---------------------------------------------------------------------
 
-    def get_config(self, key: str, default: Any = None) -> Any: ...
+    def get_config(self, key: str, default: Any = None) -> Any:
+        """The store-wide config value of ``key``, or ``default`` when it is not set."""
+        ...
 
-    def set_config(self, key: str, value: Any) -> None: ...
+    def set_config(self, key: str, value: Any) -> None:
+        """Set (or replace) a store-wide config value.
 
-    def delete_config(self, key: str) -> None: ...
+        Raises:
+            InvalidInputError: ``value`` is not msgpack-serializable; nothing written.
+        """
+        ...
+
+    def delete_config(self, key: str) -> None:
+        """Remove ``key`` (nothing happens when it is not set)."""
+        ...
 
     # -- threads (seed 001) ---------------------------------------------------------
 
@@ -359,7 +457,10 @@ class SessionStore(Protocol):
 
     # -- lifecycle ------------------------------------------------------------------
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Flush, checkpoint and release the file (when this store opened it).
+        Idempotent; afterwards every other call raises ``DatabaseClosedError``."""
+        ...
 
 
 # -- the stores beside the session store ------------------------------------------------
@@ -1086,12 +1187,17 @@ class Thread:
         self.id = session_id
 
     def append(self, message: Message, *, parent_id: str | None = HEAD) -> bool:
+        """:meth:`SessionStore.append_message` on this thread's session: ``False``
+        (nothing written) if the message id exists."""
         return self.store.append_message(self.id, message, parent_id=parent_id)
 
     def get_messages(self, *, include_hidden: bool = False) -> list[Message]:
+        """The thread's history from its head, root-first
+        (:meth:`SessionStore.get_history`)."""
         return self.store.get_history(self.id, include_hidden=include_hidden)
 
     def info(self) -> SessionInfo:
+        """The thread's session info, read fresh from the store."""
         return self.store.get_session(self.id)
 
     @property
@@ -1105,12 +1211,22 @@ class Thread:
         self.store.update_session(self.id, settings=value)
 
     def get_effective_settings(self) -> dict[str, Any]:
+        """This thread's settings over the store default
+        (:meth:`SessionStore.get_effective_settings`)."""
         return self.store.get_effective_settings(self.id)
 
     def clone(self, dst_key: str, from_message_id: str | None = None) -> Thread:
+        """Copy this thread's visible history (up to ``from_message_id``, default its
+        head) into a new thread ``dst_key`` (:meth:`SessionStore.clone_thread`, same
+        errors) and return it."""
         return self.store.clone_thread(self.key, dst_key, from_message_id)
 
     def delete(self) -> None:
+        """Delete the thread's session and messages.
+
+        Raises:
+            ThreadNotFoundError: the thread is already gone.
+        """
         self.store.delete_thread(self.key)
 
     def __eq__(self, other: object) -> bool:

@@ -72,7 +72,7 @@ import msgpack
 from thinkray.storage.codec import pack as _pack
 from thinkray.storage.codec import unpack as _unpack
 from thinkray.storage.db import Database, DatabaseClosedError, Migration
-from thinkray.storage.protocols import HEAD, Thread
+from thinkray.storage.protocols import HEAD, SessionStore, Thread
 from thinkray.storage.stores import DuckDBStores
 from thinkray.storage.types import (
     DEFAULT_SETTINGS_KEY,
@@ -96,6 +96,7 @@ from thinkray.storage.types import (
     UnrewindInfo,
     empty_rollup,
 )
+from typing_extensions import override
 
 COMPONENT = "sessions"
 ROLES = frozenset({"system", "user", "assistant"})
@@ -459,7 +460,7 @@ class _Tree:
         return out
 
 
-class DuckDBSessionStore:
+class DuckDBSessionStore(SessionStore):
     """:class:`~thinkray.storage.protocols.SessionStore` on one DuckDB file (or ``:memory:``).
 
     Given a path, the store owns its :class:`Database` and closes it in :meth:`close`;
@@ -501,10 +502,17 @@ class DuckDBSessionStore:
 
     @property
     def db(self) -> Database:
+        """The database this store writes to (storage-internal: code outside
+        ``thinkray.storage`` goes through the protocols).
+
+        Raises:
+            DatabaseClosedError: the store is closed.
+        """
         if self._closed:
             raise DatabaseClosedError("session store is closed")
         return self._database
 
+    @override
     @contextmanager
     def transaction(self) -> Iterator[None]:
         """One transaction on the database, covering the :meth:`stores` too; joins
@@ -512,6 +520,7 @@ class DuckDBSessionStore:
         with self.db.transaction():
             yield
 
+    @override
     def stores(self) -> DuckDBStores:
         """The other stores of this database (one object, made on first use)."""
         db = self.db  # closed: DatabaseClosedError
@@ -672,6 +681,7 @@ class DuckDBSessionStore:
 
     # -- sessions -------------------------------------------------------------------
 
+    @override
     def create_session(
         self,
         name: str = "New Chat",
@@ -717,15 +727,18 @@ class DuckDBSessionStore:
             )
         return info
 
+    @override
     def get_session(self, session_id: str) -> SessionInfo:
         row = self.db.fetchone(f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", [session_id])
         if row is None:
             raise SessionNotFoundError(f"session {session_id!r} not found")
         return _session_info(row)
 
+    @override
     def has_session(self, session_id: str) -> bool:
         return self.db.fetchone("SELECT 1 FROM sessions WHERE id = ?", [session_id]) is not None
 
+    @override
     def list_sessions(
         self, *, parent_session_id: str | None = None, include_ephemeral: bool = False
     ) -> list[SessionInfo]:
@@ -740,6 +753,7 @@ class DuckDBSessionStore:
             return infos
         return [info for info in infos if not info.ephemeral]
 
+    @override
     def rename_session(self, session_id: str, name: str) -> None:
         if not isinstance(name, str):
             raise InvalidInputError("session name must be a string")
@@ -768,6 +782,7 @@ class DuckDBSessionStore:
             )
         return info
 
+    @override
     def update_session(
         self,
         session_id: str,
@@ -794,6 +809,7 @@ class DuckDBSessionStore:
 
         return self._rewrite_info(session_id, change)
 
+    @override
     def add_usage(self, session_id: str, usage: dict[str, Any]) -> SessionInfo:
         _check_dict(usage, "usage", optional=False)
         unknown = set(usage) - set(_STEP_TO_ROLLUP) - {"cost_usd"}
@@ -824,6 +840,7 @@ class DuckDBSessionStore:
 
         return self._rewrite_info(session_id, change)
 
+    @override
     def set_usage(self, session_id: str, rollup: dict[str, Any]) -> SessionInfo:
         _check_dict(rollup, "rollup", optional=False)
         unknown = set(rollup) - _ROLLUP_KEYS
@@ -846,6 +863,7 @@ class DuckDBSessionStore:
 
         return self._rewrite_info(session_id, change)
 
+    @override
     def delete_session(self, session_id: str) -> None:
         with self._tx() as con:
             self._head(con, session_id)
@@ -854,6 +872,7 @@ class DuckDBSessionStore:
             con.execute("DELETE FROM sessions WHERE id = ?", [session_id])
             con.execute("DELETE FROM config WHERE key = ?", [_rewind_key(session_id)])
 
+    @override
     def clear_messages(self, session_id: str) -> None:
         with self._tx() as con:
             row = con.execute(
@@ -874,6 +893,7 @@ class DuckDBSessionStore:
 
     # -- messages -------------------------------------------------------------------
 
+    @override
     def append_message(
         self, session_id: str, message: Message, *, parent_id: str | None = HEAD
     ) -> bool:
@@ -889,6 +909,7 @@ class DuckDBSessionStore:
             self._touch(con, session_id, now, head=mid)
         return True
 
+    @override
     def insert_before(self, session_id: str, message: Message, child_id: str) -> bool:
         mid, role, envelope, part_rows = _message(message)
         _check_str(child_id, "child_id")
@@ -975,6 +996,7 @@ class DuckDBSessionStore:
             self._touch(con, session_id, now, head=ids[-1])
         return len(ids)
 
+    @override
     def upsert_message(
         self, session_id: str, message: Message, *, parent_id: str | None = HEAD
     ) -> None:
@@ -1002,6 +1024,7 @@ class DuckDBSessionStore:
             self._insert_message(con, session_id, mid, role, envelope, parent, part_rows, now)
             self._touch(con, session_id, now, head=mid)
 
+    @override
     def flush_stream(self, flush: StreamFlush) -> None:
         # Validate and serialize everything first: a bad batch writes nothing.
         if not isinstance(flush, StreamFlush):
@@ -1107,10 +1130,12 @@ class DuckDBSessionStore:
             if envelope is not None or part_rows or target is not None:
                 self._touch(con, sid, now, head=inserted if inserted else HEAD)
 
+    @override
     def get_message(self, message_id: str) -> Message | None:
         row = self.get_message_row(message_id)
         return row.message if row is not None else None
 
+    @override
     def get_message_row(self, message_id: str) -> MessageRow | None:
         with self._tx() as con:
             row = con.execute(
@@ -1173,11 +1198,13 @@ class DuckDBSessionStore:
                 message["parts"] = parts.get(mid) or []
         return tree, path, messages
 
+    @override
     def get_history(
         self, session_id: str, *, leaf_id: str | None = None, include_hidden: bool = False
     ) -> list[Message]:
         return self._walk(session_id, leaf_id, include_hidden, rows=False)[2]
 
+    @override
     def get_path(self, session_id: str, *, leaf_id: str | None = None) -> list[MessageRow]:
         tree, path, messages = self._walk(session_id, leaf_id, True, rows=True)
         return [
@@ -1194,6 +1221,7 @@ class DuckDBSessionStore:
             for i, message in zip(path, messages, strict=True)
         ]
 
+    @override
     def message_count(self, session_id: str, *, include_hidden: bool = False) -> int:
         hidden = "" if include_hidden else " AND hidden_at IS NULL"
         row = self.db.fetchone(
@@ -1206,6 +1234,7 @@ class DuckDBSessionStore:
             raise SessionNotFoundError(f"session {session_id!r} not found")
         return int(row[1])
 
+    @override
     def children(self, message_id: str) -> list[Message]:
         with self._tx() as con:
             if not con.execute("SELECT 1 FROM messages WHERE id = ?", [message_id]).fetchone():
@@ -1225,6 +1254,7 @@ class DuckDBSessionStore:
             message["parts"] = parts.get(mid) or []
         return messages
 
+    @override
     def set_head(self, session_id: str, message_id: str | None) -> None:
         _check_str(message_id, "message_id", optional=True)
         with self._tx() as con:
@@ -1235,6 +1265,7 @@ class DuckDBSessionStore:
                 )
             self._touch(con, session_id, self._now(), head=message_id)
 
+    @override
     def delete_messages(self, session_id: str, message_ids: list[str]) -> None:
         """Delete messages and their parts. Unknown ids are ignored (deleting twice is a
         no-op). The children of a deleted message move up to its nearest surviving
@@ -1272,6 +1303,7 @@ class DuckDBSessionStore:
             new_head = survivor(head) if head in doomed else HEAD
             self._touch(con, session_id, self._now(), head=new_head)
 
+    @override
     def set_hidden(self, session_id: str, message_ids: list[str], hidden_at: float | None) -> None:
         ids = list(dict.fromkeys(_check_ids(message_ids, "message_ids")))
         if hidden_at is not None and (
@@ -1302,6 +1334,7 @@ class DuckDBSessionStore:
         ).fetchone()
         return row[0] if row else None
 
+    @override
     def thread(self, key: str | None = None) -> Thread:
         key = DEFAULT_THREAD_KEY if key is None else key
         _check_thread_key(key)
@@ -1311,6 +1344,7 @@ class DuckDBSessionStore:
                 sid = self.create_session(key, thread_key=key).id
         return Thread(self, key, sid)
 
+    @override
     def get_thread(self, key: str) -> Thread:
         _check_thread_key(key)
         with self._tx() as con:
@@ -1319,6 +1353,7 @@ class DuckDBSessionStore:
             raise ThreadNotFoundError(f"thread {key!r} not found")
         return Thread(self, key, sid)
 
+    @override
     def list_threads(self) -> list[SessionInfo]:
         rows = self.db.fetchall(
             f"SELECT {_SESSION_COLS} FROM sessions WHERE thread_key IS NOT NULL "
@@ -1326,6 +1361,7 @@ class DuckDBSessionStore:
         )
         return [_session_info(row) for row in rows]
 
+    @override
     def delete_thread(self, key: str) -> None:
         _check_thread_key(key)
         with self._tx() as con:
@@ -1334,6 +1370,7 @@ class DuckDBSessionStore:
                 raise ThreadNotFoundError(f"thread {key!r} not found")
             self.delete_session(sid)
 
+    @override
     def clone_thread(
         self, src_key: str, dst_key: str, from_message_id: str | None = None
     ) -> Thread:
@@ -1351,6 +1388,7 @@ class DuckDBSessionStore:
             info = self._fork(con, src, from_message_id, name=dst_key, thread_key=dst_key)
         return Thread(self, dst_key, info.id)
 
+    @override
     def get_effective_settings(self, session_id: str) -> dict[str, Any]:
         own = self.get_session(session_id).settings
         default = self.get_config(DEFAULT_SETTINGS_KEY) or {}
@@ -1360,6 +1398,7 @@ class DuckDBSessionStore:
 
     # -- branch and rewind (seed 002) -------------------------------------------------
 
+    @override
     def branch_session(
         self,
         parent_session_id: str,
@@ -1582,6 +1621,7 @@ class DuckDBSessionStore:
             blob = _pack(log[-_REWIND_LOG_LIMIT:], "rewind log")
             con.execute("INSERT INTO config VALUES (?, ?)", [key, blob])
 
+    @override
     def rewind_session(
         self, session_id: str, message_id: str, *, include_target: bool = False
     ) -> RewindInfo:
@@ -1652,6 +1692,7 @@ class DuckDBSessionStore:
             include_target=bool(include_target),
         )
 
+    @override
     def unrewind_session(self, session_id: str) -> UnrewindInfo:
         _check_str(session_id, "session_id")
         with _no_gc(), self._tx() as con:
@@ -1715,6 +1756,7 @@ class DuckDBSessionStore:
 
     # -- chunk log ------------------------------------------------------------------
 
+    @override
     def get_chunks(self, generation_id: str, start: int = 0) -> list[dict[str, Any]]:
         _check_index(start, "start")
         rows = self.db.fetchall(
@@ -1723,23 +1765,35 @@ class DuckDBSessionStore:
         )
         return _unpack_many([p for (p,) in rows])
 
+    @override
     def delete_chunks(self, generation_ids: list[str]) -> None:
         ids = _check_ids(generation_ids, "generation_ids")
         if ids:
             self.db.execute(f"DELETE FROM chunks WHERE generation_id IN {_IDS}", [ids])
 
+    @override
     def chunk_generations(self) -> list[str]:
         rows = self.db.fetchall(
             "SELECT generation_id FROM chunks GROUP BY generation_id ORDER BY min(seq)"
         )
         return [g for (g,) in rows]
 
+    @override
+    def open_generations(self) -> list[str]:
+        rows = self.db.fetchall(
+            "SELECT generation_id FROM chunks GROUP BY generation_id "
+            "HAVING NOT bool_or(coalesce(is_final, false)) ORDER BY min(seq)"
+        )
+        return [g for (g,) in rows]
+
     # -- config ---------------------------------------------------------------------
 
+    @override
     def get_config(self, key: str, default: Any = None) -> Any:
         row = self.db.fetchone("SELECT value FROM config WHERE key = ?", [key])
         return default if row is None else _unpack(row[0])
 
+    @override
     def set_config(self, key: str, value: Any) -> None:
         _check_str(key, "config key")
         blob = _pack(value, f"config {key!r}")
@@ -1747,6 +1801,7 @@ class DuckDBSessionStore:
             con.execute("DELETE FROM config WHERE key = ?", [key])
             con.execute("INSERT INTO config VALUES (?, ?)", [key, blob])
 
+    @override
     def delete_config(self, key: str) -> None:
         self.db.execute("DELETE FROM config WHERE key = ?", [key])
 
@@ -1754,8 +1809,10 @@ class DuckDBSessionStore:
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` has been called."""
         return self._closed
 
+    @override
     def close(self) -> None:
         """Idempotent. Closes (checkpointing) the database only if this store opened it."""
         if self._closed:

@@ -20,8 +20,8 @@ from thinkray.runtime.agents.persistent import (
 from thinkray.runtime.agents.think import Think
 from thinkray.runtime.models.base import Model, ModelRequest
 from thinkray.runtime.models.testing import FunctionModel, Reply, reply, tool_call
-from thinkray.runtime.remote import Batch, remote
-from thinkray.runtime.tools.base import Tool
+from thinkray.runtime.remote import Batch, idempotent, remote
+from thinkray.runtime.tools.base import Tool, ToolContext, tool
 
 
 class Counter(Think):
@@ -106,6 +106,7 @@ class ScriptAgent(Think):
         # A fresh token per construction: proves a wake builds a new instance.
         self.incarnation = uuid.uuid4().hex
 
+    @idempotent
     @remote
     def whoami(self) -> dict[str, Any]:
         """This instance's construction token and process id."""
@@ -125,6 +126,7 @@ class ScriptAgent(Think):
         fired = self.store.get_config("alarms_fired", [])
         self.store.set_config("alarms_fired", [*fired, payload])
 
+    @idempotent
     @remote
     def alarms_fired(self) -> list[Any]:
         """The payloads of the alarms that fired, in order."""
@@ -276,3 +278,35 @@ class ScriptedPersistentAgent(PersistentAgent):
                 return reply(tool_call(f"ask_{match['peer']}", {"message": match["text"]}))
         count = sum(1 for m in request.messages if m.role == "user")
         return reply(f"{self.agent_name} got: {' | '.join(batch)} (message {count})")
+
+
+class CrashAgent(ScriptAgent):
+    """A ScriptAgent whose weather tool appends one line per execution to
+    ``tool_log`` (a file path), so a test can count executions across processes."""
+
+    def __init__(self, store: Any = None, *, tool_log: str = "", **kwargs: Any) -> None:
+        self.tool_log = tool_log
+        super().__init__(store, **kwargs)
+
+    def get_tools(self) -> dict[str, Tool]:
+        log_path = self.tool_log
+
+        @tool(name="get_weather")
+        def logged_weather(city: str, ctx: ToolContext) -> dict[str, Any]:
+            """Current weather for a city (each execution is logged)."""
+            with open(log_path, "a", encoding="utf-8") as fh:
+                fh.write(f"{ctx.tool_call_id} {city}\n")
+            return {"city": city, "summary": "fog", "temperature_c": 11}
+
+        return {"get_weather": logged_weather}
+
+
+class AlarmAgent(ScriptAgent):
+    """Records when each alarm fired (epoch seconds), in its own database."""
+
+    def note_alarm(self, payload: Any) -> None:
+        """An alarm handler: appends ``[payload, now]`` to the ``alarms_fired`` config."""
+        import time
+
+        fired = self.store.get_config("alarms_fired", [])
+        self.store.set_config("alarms_fired", [*fired, [payload, time.time()]])

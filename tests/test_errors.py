@@ -29,6 +29,11 @@ SAMPLES: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "UnsafePathError": (("../etc/passwd", "escapes the workspace"), {}),
     "SessionBusyError": (("s-1", "run-9"), {}),
     "NotBoundError": (("agent-a", "agent-b"), {}),
+    "CallInterruptedError": (("the actor died", "configure"), {}),
+    "RunInterruptedError": (
+        ("the actor died mid-turn", "chat"),
+        {"session_id": "s-1", "message_id": "msg-1", "run_id": "run-1"},
+    ),
 }
 
 

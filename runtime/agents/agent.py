@@ -51,7 +51,7 @@ from thinkray.runtime.capabilities.permissions import (
 )
 from thinkray.runtime.capabilities.prompt import SKILLS_DIR, AssembledPrompt, PromptAssembly
 from thinkray.runtime.models.base import Model
-from thinkray.runtime.remote import remote
+from thinkray.runtime.remote import idempotent, remote
 from thinkray.runtime.tools.base import Tool
 from thinkray.runtime.turn.loop import ToolDenial
 from thinkray.storage.protocols import SessionStore
@@ -173,28 +173,40 @@ class Agent(Think):
     # -- Think hooks, answered by the capabilities ------------------------------------
 
     async def prepare_turn(self, options: ChatOptions) -> bool:
+        """Think's hook, then auto-compaction when the session is over its threshold.
+        Returns True if either changed the stored history."""
         changed = await super().prepare_turn(options)
         return await self.compaction.prepare_turn(options) or changed
 
     def context_view(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The compacted view (the latest summary plus the messages after it), then
+        Think's hook on it. ``messages`` is not mutated."""
         return super().context_view(compaction_view(messages))
 
     async def check_tool_permission(
         self, tool_name: str, input: Any, call_id: str, options: ChatOptions | None = None
     ) -> str | ToolDenial | None:
+        """The permission rules' verdict on the call (see
+        :meth:`Permissions.check_tool_permission`): ``None`` to allow, else a reason or a
+        :class:`ToolDenial`. An ``ask`` rule waits here for the answer."""
         return await self.permissions.check_tool_permission(tool_name, input, call_id, options)
 
     async def system_prompt_for(self, options: ChatOptions, tools: dict[str, Tool]) -> str:
+        """The assembled system prompt (identity, environment, skills, tool guidance)
+        for ``tools``; a subclass that overrides ``get_system_prompt`` gets its own
+        prompt instead."""
         if type(self).get_system_prompt is not Think.get_system_prompt:
             # A subclass replaced the assembly altogether.
             return await super().system_prompt_for(options, tools)
         return await self.prompts.system_prompt_for(options, tools)
 
     def message_metadata(self, options: ChatOptions) -> dict[str, Any]:
+        """Think's metadata plus the assembled prompt's ``system_prompt_digest``."""
         return {**super().message_metadata(options), **self.prompts.message_metadata(options)}
 
     # -- remote surface: compaction ---------------------------------------------------
 
+    @idempotent
     @remote
     def get_compaction_config(self, session_id: str | None = None) -> CompactionConfig:
         """The session's effective compaction config (agent default + overrides)."""
@@ -207,11 +219,13 @@ class Agent(Think):
         """Store per-session overrides (validated first; None clears them)."""
         return self.compaction.set_compaction_config(session_id, overrides)
 
+    @idempotent
     @remote
     def compaction_threshold(self, session_id: str | None = None, model: Any = None) -> int:
         """``usable = context_window - min(reserve_tokens, max_output_tokens)``."""
         return self.compaction.compaction_threshold(session_id, model)
 
+    @idempotent
     @remote
     def needs_compaction(self, session_id: str | None = None, model: Any = None) -> bool:
         """``context_window_used >= usable`` for ``model`` (default ``get_model()``)."""
@@ -238,6 +252,7 @@ class Agent(Think):
             session_id, auto=auto, model=model, fit_below=fit_below
         )
 
+    @idempotent
     @remote
     def list_compactions(self, session_id: str | None = None) -> list[dict[str, Any]]:
         """Every compaction on the session's current path, oldest first."""
@@ -274,6 +289,7 @@ class Agent(Think):
         """Remove a rule from the project scope; False if absent."""
         return self.permissions.remove_project_rule(rule)
 
+    @idempotent
     @remote
     def session_rules(self, session_id: str | None = None) -> list[PermissionRule]:
         """The session scope's rules."""
@@ -289,11 +305,13 @@ class Agent(Think):
         """Remove a rule from the session scope; False if absent."""
         return self.permissions.remove_session_rule(rule, session_id)
 
+    @idempotent
     @remote
     def pending_approvals(self, session_id: str | None = None) -> list[dict[str, Any]]:
         """Asks waiting for an answer, oldest first (JSON-ready dicts)."""
         return self.permissions.pending_approvals(session_id)
 
+    @idempotent
     @remote
     def get_approval(self, approval_id: str) -> dict[str, Any] | None:
         """A pending or recently settled approval."""
@@ -308,6 +326,7 @@ class Agent(Think):
 
     # -- remote surface: prompt -------------------------------------------------------
 
+    @idempotent
     @remote
     async def assemble_prompt(self, tools: Mapping[str, Any] | None = None) -> AssembledPrompt:
         """The assembled system prompt for ``tools`` (None: ``get_tools()``)."""

@@ -65,7 +65,7 @@ from thinkray.runtime.errors import (  # re-exported: the errors live in thinkra
 from thinkray.runtime.errors import InvalidArgumentError, InvalidTypeError, OperationTimeoutError
 from thinkray.runtime.messages import message_text, parse_message
 from thinkray.runtime.models.base import Model, ModelMessage
-from thinkray.runtime.remote import remote
+from thinkray.runtime.remote import idempotent, remote
 from thinkray.runtime.status import SessionBusyError
 from thinkray.runtime.tools.base import ModelTool, Tool, ToolContext, ToolExecutionError
 from thinkray.runtime.turn.persistence import check_message_size, prepare_message
@@ -134,11 +134,13 @@ class PersistentAgent(Think):
     # -- the entity --------------------------------------------------------------------
 
     def get_system_prompt(self) -> str:
+        """The agent's ``instructions``, or Think's default prompt when it has none."""
         if self.instructions is not None:
             return self.instructions
         return super().get_system_prompt()
 
     def get_tools(self) -> dict[str, Tool]:
+        """The ``tools`` given at construction, by name (a fresh dict)."""
         return dict(self._own_tools)
 
     # -- user hooks --------------------------------------------------------------------
@@ -165,6 +167,7 @@ class PersistentAgent(Think):
         )
 
     async def assemble_context(self, options: ChatOptions) -> list[ModelMessage]:
+        """Think's hook, routed to :meth:`build_context` with the cycle's batch."""
         return await self.build_context(list(self.current_batch), options)
 
     # -- inbox API ---------------------------------------------------------------------
@@ -203,6 +206,7 @@ class PersistentAgent(Think):
             self._kick()
         return row.id
 
+    @idempotent
     @remote
     async def wait_reply(self, message_id: str, timeout: float | None = None) -> str:
         """The reply to ``message_id`` once its row is done. Raises
@@ -237,6 +241,7 @@ class PersistentAgent(Think):
                 if not waiters:
                     self._waiters.pop(message_id, None)
 
+    @idempotent
     @remote
     def get_reply(self, message_id: str) -> dict[str, Any]:
         """The row's state without waiting: ``id``, ``status``, ``reply``, ``error``."""
@@ -251,10 +256,17 @@ class PersistentAgent(Think):
             "error": row.error,
         }
 
+    @idempotent
     @remote
     def list_inbox(self, status: str | None = None) -> list[dict[str, Any]]:
+        """Inbox rows oldest first (only those with ``status`` when given), as dicts.
+
+        Raises:
+            InvalidInputError: an unknown status.
+        """
         return [r.to_dict() for r in self.inbox.rows(status)]
 
+    @idempotent
     @remote
     def inbox_session_id(self) -> str:
         """The session holding the agent's conversation (created on first use)."""
@@ -272,6 +284,8 @@ class PersistentAgent(Think):
     def get_history(
         self, session_id: str | None = None, *, leaf_id: str | None = None
     ) -> list[dict[str, Any]]:
+        """Think's history, defaulting to the inbox conversation while no session is
+        current."""
         if session_id is None and self.current_session_id is None:
             session_id = self.inbox_session_id()
         return super().get_history(session_id, leaf_id=leaf_id)
@@ -280,6 +294,7 @@ class PersistentAgent(Think):
 
     @property
     def loop_running(self) -> bool:
+        """Whether the inbox loop's task is alive (it drains rows until none is pending)."""
         return self._loop_task is not None and not self._loop_task.done()
 
     def _kick(self) -> None:
@@ -431,6 +446,8 @@ class PersistentAgent(Think):
         return bool(rows)
 
     async def on_wake(self) -> None:
+        """Think's wake (fibers, schedules), then tell waiters about rows given up on
+        and start draining what is pending."""
         await super().on_wake()
         if self.recovered or self.gave_up:
             log.info(
@@ -475,6 +492,8 @@ class PersistentAgent(Think):
         await super().aclose()
 
     def close(self) -> None:
+        """Cancel the loop, fail every waiter with :class:`AgentClosedError`, then
+        Think's close (abort runs, stop timers, close the store)."""
         self._closing = True
         if self._loop_task is not None and not self._loop_task.done():
             self._loop_task.cancel()
@@ -512,12 +531,15 @@ class HandleTarget:
         sender: str | None = None,
         message_id: str | None = None,
     ) -> str:
+        """:meth:`PersistentAgent.send` on the remote agent; returns the message id."""
         return await self.handle.send.remote(content, sender=sender, message_id=message_id)
 
     async def wait_reply(self, message_id: str, timeout: float | None = None) -> str:
+        """:meth:`PersistentAgent.wait_reply` on the remote agent (same errors)."""
         return await self.handle.wait_reply.remote(message_id, timeout=timeout)
 
     async def get_reply(self, message_id: str) -> dict[str, Any]:
+        """:meth:`PersistentAgent.get_reply` on the remote agent, without waiting."""
         return await self.handle.get_reply.remote(message_id)
 
 

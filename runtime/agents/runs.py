@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ChatOptions", "ChatResult", "RunState", "RunStatus", "StreamCallback"]
 
-RunStatus = Literal["completed", "aborted", "error"]
+RunStatus = Literal["completed", "aborted", "error", "interrupted"]
 """How a run ended: ``completed`` (the model finished), ``aborted`` (explicit abort,
 clear, delete or shutdown; partial output kept) or ``error`` (the error is reported)."""
 

@@ -29,6 +29,7 @@ from typing import Any
 from thinkray.runtime.abort import AbortSignal
 from thinkray.runtime.agents import model_switch
 from thinkray.runtime.agents.context import AgentContext, context_being_constructed
+from thinkray.runtime.agents.recovery import RecoveredRun, recover_interrupted_runs
 from thinkray.runtime.agents.runs import ChatOptions, ChatResult, RunState, StreamCallback
 from thinkray.runtime.agents.sessions import (
     CURRENT_SESSION_KEY,
@@ -45,10 +46,10 @@ from thinkray.runtime.durable.services import DurableServices
 from thinkray.runtime.errors import (  # re-exported: the errors live in thinkray.runtime.errors
     InvalidConfigError as InvalidConfigError,
 )
-from thinkray.runtime.errors import ModelNotConfiguredError
+from thinkray.runtime.errors import ModelNotConfiguredError, UnknownRunError
 from thinkray.runtime.messages import Role, parse_message
 from thinkray.runtime.models.base import Model, ModelMessage
-from thinkray.runtime.remote import remote
+from thinkray.runtime.remote import idempotent, remote
 from thinkray.runtime.status import SessionStatus, StatusBoard
 from thinkray.runtime.tools.base import Tool
 from thinkray.runtime.turn.context import prune_tool_calls, to_model_messages
@@ -119,6 +120,7 @@ class Think(metaclass=_StartsAfterInit):
     retry_policy: RetryPolicy = RetryPolicy()
     prune_keep_last: int = 2
     keep_chunk_logs: int = 2  # the current run's and the last finished run's
+    recent_results: int = 64  # finished runs whose ChatResult wait_run still returns
     recover_fibers: bool = True  # restart interrupted fibers from their checkpoint on wake
     models: dict[str, Model] | None = None  # model_id -> Model, for per-turn selection
 
@@ -141,6 +143,8 @@ class Think(metaclass=_StartsAfterInit):
         self.turns = TurnRunner(self, self.status)
         self.sessions = SessionManager(store, self.turns)
         self.durable = DurableServices(store.stores().fibers(), self, recover=self.recover_fibers)
+        # The constructor is the wake path: runs cut off by a crash are closed first.
+        self.recovered_runs: list[RecoveredRun] = recover_interrupted_runs(store)
 
     # -- identity ---------------------------------------------------------------------
 
@@ -294,6 +298,7 @@ class Think(metaclass=_StartsAfterInit):
 
     # -- configuration ----------------------------------------------------------------
 
+    @idempotent
     @remote
     def configure(self, config: dict[str, Any]) -> None:
         """Store the agent's configuration (a dict; persisted in its database)."""
@@ -302,6 +307,7 @@ class Think(metaclass=_StartsAfterInit):
         self.store.set_config(CONFIG_KEY, config)
         self._config = dict(config)
 
+    @idempotent
     @remote
     def get_config(self) -> dict[str, Any] | None:
         """The configuration stored by ``configure`` (None if never configured)."""
@@ -316,6 +322,7 @@ class Think(metaclass=_StartsAfterInit):
         """The current session's id (None: none yet)."""
         return self.sessions.current_id
 
+    @idempotent
     @remote
     def get_current_session_id(self) -> str | None:
         """The current session's id (None: none yet)."""
@@ -331,11 +338,13 @@ class Think(metaclass=_StartsAfterInit):
         """Make an existing session current; returns its visible history."""
         return self.sessions.switch(session_id)
 
+    @idempotent
     @remote
     def get_sessions(self, **kwargs: Any) -> list[SessionInfo]:
         """Every session (filters as ``SessionStore.list_sessions``)."""
         return self.store.list_sessions(**kwargs)
 
+    @idempotent
     @remote
     def get_session(self, session_id: str | None = None) -> SessionInfo:
         """One session (default: the current one)."""
@@ -357,6 +366,7 @@ class Think(metaclass=_StartsAfterInit):
         writes are discarded (the clear-during-stream guard)."""
         self.sessions.clear(session_id)
 
+    @idempotent
     @remote
     def get_history(
         self, session_id: str | None = None, *, leaf_id: str | None = None
@@ -372,16 +382,19 @@ class Think(metaclass=_StartsAfterInit):
         """
         return self.sessions.history(self.sessions.resolve(session_id), leaf_id)
 
+    @idempotent
     @remote
     def message_count(self, session_id: str | None = None) -> int:
         """How many visible messages a session has."""
         return self.store.message_count(self.sessions.resolve(session_id))
 
+    @idempotent
     @remote
     def get_message(self, message_id: str) -> dict[str, Any] | None:
         """One message by id (None if unknown)."""
         return self.store.get_message(message_id)
 
+    @idempotent
     @remote
     def children(self, message_id: str) -> list[dict[str, Any]]:
         """The messages whose parent is ``message_id`` (the branches at that point)."""
@@ -406,6 +419,7 @@ class Think(metaclass=_StartsAfterInit):
         session: chat in it with ``session_id=info.id``."""
         return self.sessions.thread(key)
 
+    @idempotent
     @remote
     def list_threads(self) -> list[SessionInfo]:
         """Every thread."""
@@ -453,11 +467,13 @@ class Think(metaclass=_StartsAfterInit):
 
     # -- status, abort, reservations (TurnRunner) -------------------------------------
 
+    @idempotent
     @remote
     def get_status(self, session_id: str | None = None) -> SessionStatus:
         """The session's status (idle, busy, retrying or error)."""
         return self.status.get(self.sessions.resolve(session_id))
 
+    @idempotent
     @remote
     def abort(
         self,
@@ -486,6 +502,7 @@ class Think(metaclass=_StartsAfterInit):
         may ``emit`` into the turn's stream (held until the stream starts)."""
         return self.turns.own_turn(session_id)
 
+    @idempotent
     @remote
     def active_run(self, session_id: str | None = None) -> str | None:
         """The run id in flight on a session (default: current), or None."""
@@ -584,6 +601,7 @@ class Think(metaclass=_StartsAfterInit):
             return None, False, _no_batches()
         return wanted, False, _one_batch(from_chunk_log(self.store.get_chunks(wanted)))
 
+    @idempotent
     @remote
     async def resume(
         self, session_id: str | None = None, run_id: str | None = None
@@ -595,14 +613,25 @@ class Think(metaclass=_StartsAfterInit):
             for chunk in batch:
                 yield chunk
 
+    @idempotent
     @remote
-    async def wait_run(self, run_id: str) -> ChatResult | None:
-        """Wait for a run in flight and return its result; None if no such run is in
-        flight (it finished before, or never existed here)."""
+    async def wait_run(self, run_id: str) -> ChatResult:
+        """The result of a run: waits while it is in flight; a finished run's result is
+        kept among the agent's recent results (the last ``recent_results``, in memory).
+
+        Raises:
+            UnknownRunError: no such run is in flight or among the recent results (it
+                never ran here, ran before the agent last woke, or is too old)."""
         run = self.turns.runs.get(run_id)
-        if run is None or run.task is None:
-            return None
-        return await asyncio.shield(run.task)
+        if run is not None and run.task is not None:
+            return await asyncio.shield(run.task)
+        result = self.turns.results.get(run_id)
+        if result is None:
+            raise UnknownRunError(
+                f"no run {run_id!r} in flight or among the last {self.recent_results} "
+                "results (results do not survive hibernation; the stored message does)"
+            )
+        return result
 
     # -- fibers and alarms (seed 000 "Durable fibers"; DurableServices) ---------------
 
@@ -638,16 +667,19 @@ class Think(metaclass=_StartsAfterInit):
         """Cancel a fiber; False if it is not running."""
         return self.durable.fiber_manager().cancel_fiber(fiber_id)
 
+    @idempotent
     @remote
     def get_fiber(self, fiber_id: str) -> Any:
         """A fiber's record."""
         return self.durable.fiber_manager().get_fiber(fiber_id)
 
+    @idempotent
     @remote
     def list_fibers(self, status: str | None = None) -> list[Any]:
         """Fiber records, optionally of one status."""
         return self.durable.fiber_manager().list_fibers(status)
 
+    @idempotent
     @remote
     async def wait_fiber(self, fiber_id: str, timeout: float | None = None) -> Any:
         """Wait for a fiber to finish; returns its record."""
@@ -675,6 +707,7 @@ class Think(metaclass=_StartsAfterInit):
         """Cancel a schedule; False if unknown."""
         return self.durable.schedules().cancel_schedule(schedule_id)
 
+    @idempotent
     @remote
     def list_schedules(self) -> list[Any]:
         """Every schedule record."""

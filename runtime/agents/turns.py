@@ -23,6 +23,7 @@ import contextlib
 import inspect
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +82,8 @@ class TurnRunner:
         self.reserved: dict[str, str] = {}  # session id -> operation (reserve)
         self.last_stream: dict[str, RunStream] = {}
         self.clear_generation: dict[str, int] = {}
+        # Finished runs' results, newest last (bounded by the agent's recent_results).
+        self.results: OrderedDict[str, ChatResult] = OrderedDict()
 
     # -- the index of runs ------------------------------------------------------------
 
@@ -386,7 +389,7 @@ class TurnRunner:
                 await _call(callback, "on_error", error_text)
             else:
                 await _call(callback, "on_done")
-        return ChatResult(
+        outcome = ChatResult(
             run_id=run.run_id,
             session_id=sid,
             message_id=run.stream.message_id or "",
@@ -398,6 +401,10 @@ class TurnRunner:
             steps=result.steps,
             user_message_id=user_id,
         )
+        self.results[run.run_id] = outcome
+        while len(self.results) > max(self.agent.recent_results, 0):
+            self.results.popitem(last=False)
+        return outcome
 
     def _final_metadata(
         self,

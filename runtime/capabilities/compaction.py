@@ -123,7 +123,7 @@ from thinkray.runtime.errors import (
 )
 from thinkray.runtime.messages import new_id
 from thinkray.runtime.models.base import ModelError, ModelMessage, TextContent
-from thinkray.runtime.remote import remote
+from thinkray.runtime.remote import idempotent, remote
 from thinkray.runtime.turn.context import render_output
 from thinkray.runtime.turn.loop import LoopResult, RetryPolicy, run_loop
 from thinkray.runtime.usage import Usage
@@ -363,6 +363,10 @@ class CompactionConfig(BaseModel):
 
 @dataclass
 class PruneResult:
+    """What :meth:`Compaction.prune_tool_outputs` did: ``pruned`` tool outputs
+    replaced by a stub, ``reclaimed_tokens`` (estimated) saved, in the messages
+    ``message_ids``."""
+
     pruned: int = 0
     reclaimed_tokens: int = 0
     message_ids: list[str] = field(default_factory=list)
@@ -378,6 +382,11 @@ class PruneResult:
 
 @dataclass
 class CompactionResult:
+    """What one compaction wrote: the synthetic summary message ``message_id``, the
+    ``summarized`` messages it hid (``covers``: first and last id, path order), where
+    the kept tail starts, the recovery ``strategy`` used, any ``warnings`` and the
+    pruning done on the way (``pruned``)."""
+
     session_id: str
     message_id: str
     summary: str
@@ -452,6 +461,7 @@ class Compaction:
 
     # -- configuration --------------------------------------------------------------
 
+    @idempotent
     @remote
     def get_compaction_config(self, session_id: str | None = None) -> CompactionConfig:
         """The session's effective config: agent default, store-wide then session overrides."""
@@ -486,12 +496,14 @@ class Compaction:
 
     # -- threshold ------------------------------------------------------------------
 
+    @idempotent
     @remote
     def compaction_threshold(self, session_id: str | None = None, model: Any = None) -> int:
         """``usable = context_window - min(reserve_tokens, max_output_tokens)``."""
         model = model or self.host.get_model()
         return self.get_compaction_config(session_id).usable(model)
 
+    @idempotent
     @remote
     def needs_compaction(self, session_id: str | None = None, model: Any = None) -> bool:
         """``context_window_used >= usable`` for ``model`` (default ``get_model()``)."""
@@ -599,6 +611,7 @@ class Compaction:
                 )
         return result
 
+    @idempotent
     @remote
     def list_compactions(self, session_id: str | None = None) -> list[dict[str, Any]]:
         """Every compaction on the session's current path, oldest first (hidden ones

@@ -24,6 +24,7 @@ import functools
 import inspect
 import logging
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -34,6 +35,8 @@ from thinkray.storage.types import InvalidInputError
 log = logging.getLogger("thinkray.schedules")
 
 __all__ = ["CronExpression", "ScheduleRecord", "Scheduler"]
+
+_UNREPORTED = object()
 
 # The timer loop re-reads the table at least this often, so a clock jump or a row
 # written by someone else is noticed.
@@ -58,6 +61,11 @@ class Scheduler:
     ) -> None:
         self.store = store
         self.host = host
+        # Told the next due time (None: nothing due) whenever it changes while the timer
+        # runs: the Ray layer keeps the namespace's alarm for this agent with it, so a
+        # crash of the live process does not lose the alarm.
+        self.on_next_due: Callable[[float | None], None] | None = None
+        self._reported: float | None | object = _UNREPORTED
         self.retention_seconds = retention_seconds
         self._inflight: dict[str, asyncio.Task[str | None]] = {}
         self._loop_task: asyncio.Task[None] | None = None
@@ -247,6 +255,15 @@ class Scheduler:
         self._loop_task = None
         self._inflight.clear()
 
+    def _report(self, next_at: float | None) -> None:
+        if self.on_next_due is None or next_at == self._reported:
+            return
+        self._reported = next_at
+        try:
+            self.on_next_due(next_at)
+        except Exception:  # a waker that is gone must not stop the timer
+            log.warning("could not report the next alarm", exc_info=True)
+
     def _rearm(self) -> None:
         if self._wake is not None:
             self._wake.set()
@@ -263,6 +280,7 @@ class Scheduler:
                 # Database closed under us (or similar): stop quietly, a wake restarts us.
                 log.exception("schedule timer stopped")
                 return
+            self._report(next_at)
             timeout = None
             if next_at is not None:
                 timeout = min(max(next_at - time.time(), 0.0), MAX_SLEEP_SECONDS)

@@ -1098,6 +1098,17 @@ class TestChunkLog:
         store.delete_chunks(["never-existed"])
         assert store.chunk_generations() == ["alpha"]
 
+    def test_open_generations_are_the_logs_without_a_final_chunk(self, store: SessionStore) -> None:
+        sid = store.create_session().id
+        self._log(store, sid, "cut", 3)
+        self._log(store, sid, "done", 2)
+        assert store.open_generations() == ["cut", "done"]
+        store.flush_stream(StreamFlush(sid, chunks=[ChunkWrite("done", 2, {"i": 2}, True)]))
+        assert store.open_generations() == ["cut"]
+        assert store.chunk_generations() == ["cut", "done"]
+        store.delete_chunks(["cut"])
+        assert store.open_generations() == []
+
     def test_chunk_payloads_round_trip(self, store: SessionStore) -> None:
         sid = store.create_session().id
         chunk = {
