@@ -9,9 +9,16 @@ The only package that imports ray. A user writes::
 """
 
 from thinkray.actors.bridge import BridgeAccessError, BridgeClient
-from thinkray.actors.errors import RemoteCallError, SyncInEventLoopError, ThinkrayError, UserError
+from thinkray.actors.errors import (
+    CallInterruptedError,
+    RemoteCallError,
+    RunInterruptedError,
+    SyncInEventLoopError,
+    ThinkrayError,
+    UserError,
+)
 from thinkray.actors.namespace import AgentHandle, AgentNamespace, Handle, HandleMethod
-from thinkray.actors.orchestrator import Orchestrator, SubAgent
+from thinkray.actors.orchestrator import Orchestrator, SubAgent, TaskInfo
 from thinkray.actors.relay import AbortReceiver, NotBoundError
 from thinkray.actors.response import AgentResponse, AgentResponseStream
 
@@ -23,13 +30,16 @@ __all__ = [
     "AgentResponseStream",
     "BridgeAccessError",
     "BridgeClient",
+    "CallInterruptedError",
     "Handle",
     "HandleMethod",
     "NotBoundError",
     "Orchestrator",
     "RemoteCallError",
+    "RunInterruptedError",
     "SubAgent",
     "SyncInEventLoopError",
+    "TaskInfo",
     "ThinkrayError",
     "UserError",
 ]

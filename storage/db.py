@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import duckdb
 from thinkray.storage.errors import (
@@ -232,3 +232,30 @@ class Database:
             if self._depth:
                 self._migrated_in_tx.add(component)
             return current
+
+
+class MigratedStore:
+    """Base of the stores that keep one component's tables in a shared :class:`Database`.
+
+    Subclasses set ``component`` and ``migrations``. The tables are made on first use,
+    which may happen inside a transaction; if that transaction rolls back it takes them
+    along, so :attr:`db` migrates again before each use (a dict lookup once done)."""
+
+    component: ClassVar[str]
+    migrations: ClassVar[Sequence[Migration]]
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        db.migrate(self.component, self.migrations)
+
+    @property
+    def db(self) -> Database:
+        """The database, with this store's tables."""
+        self._db.migrate(self.component, self.migrations)
+        return self._db
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One transaction on the database; joins one that is open."""
+        with self.db.transaction():
+            yield

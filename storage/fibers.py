@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Collection, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Collection, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import duckdb
 from thinkray.storage.codec import pack, unpack
-from thinkray.storage.db import Database, Migration
+from thinkray.storage.db import MigratedStore, Migration
 from thinkray.storage.errors import (  # re-exported: the errors live in thinkray.storage.errors
     FiberNotFoundError as FiberNotFoundError,
 )
@@ -151,28 +150,14 @@ def _schedule_info(rec: ScheduleRecord) -> dict[str, Any]:
 _UNSET: Any = object()
 
 
-class DuckDBFiberStore(FiberStore):
+class DuckDBFiberStore(MigratedStore, FiberStore):
     """:class:`~thinkray.storage.protocols.FiberStore` on a :class:`Database` (the
     contract is the protocol's). Synchronous; one writer. Tables are created on first
     use (``db.migrate("fibers", ...)``). Get one from
     :meth:`~thinkray.storage.protocols.Stores.fibers`."""
 
-    def __init__(self, db: Database) -> None:
-        self._db = db
-        db.migrate("fibers", MIGRATIONS)
-
-    @property
-    def db(self) -> Database:
-        """The database, with this store's tables (made again if a rolled-back
-        transaction took them: they are created on first use, maybe inside one)."""
-        self._db.migrate("fibers", MIGRATIONS)
-        return self._db
-
-    @contextmanager
-    def transaction(self) -> Iterator[None]:
-        """One transaction on the database; joins one that is open."""
-        with self.db.transaction():
-            yield
+    component = "fibers"
+    migrations = MIGRATIONS
 
     # -- fibers ------------------------------------------------------------------------
 

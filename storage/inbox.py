@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import duckdb
 from thinkray.storage.codec import pack as _pack
 from thinkray.storage.codec import unpack as _unpack
-from thinkray.storage.db import Database, Migration
+from thinkray.storage.db import Database, MigratedStore, Migration
 from thinkray.storage.errors import (  # re-exported: the errors live in thinkray.storage.errors
     InboxMessageNotFoundError as InboxMessageNotFoundError,
 )
@@ -102,30 +101,19 @@ def _check_id(message_id: Any) -> None:
         )
 
 
-class DuckDBInboxStore(InboxStore):
+class DuckDBInboxStore(MigratedStore, InboxStore):
     """:class:`~thinkray.storage.protocols.InboxStore` on a :class:`Database` (the
     contract is the protocol's). Synchronous; one writer (the bound actor). Keep one
     per database (:meth:`~thinkray.storage.protocols.Stores.inbox`): it keeps
     ``created_at`` strictly increasing, which is what orders the inbox."""
 
+    component = "inbox"
+    migrations = MIGRATIONS
+
     def __init__(self, db: Database) -> None:
-        self._db = db
-        db.migrate("inbox", MIGRATIONS)
+        super().__init__(db)
         row = db.fetchone("SELECT max(created_at) FROM inbox")
         self._last_ts: float = (row[0] if row else None) or 0.0
-
-    @property
-    def db(self) -> Database:
-        """The database, with this store's tables (made again if a rolled-back
-        transaction took them: they are created on first use, maybe inside one)."""
-        self._db.migrate("inbox", MIGRATIONS)
-        return self._db
-
-    @contextmanager
-    def transaction(self) -> Iterator[None]:
-        """One transaction on the database; joins one that is open."""
-        with self.db.transaction():
-            yield
 
     def _now(self) -> float:
         # Strictly increasing: created_at orders the inbox (oldest first) totally.

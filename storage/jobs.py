@@ -15,14 +15,13 @@ the msgpack ``info`` blob; no PRIMARY KEY, ids are checked inside the insert.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import duckdb
 from thinkray.storage.codec import pack as _pack
 from thinkray.storage.codec import unpack as _unpack
-from thinkray.storage.db import Database, Migration
+from thinkray.storage.db import MigratedStore, Migration
 from thinkray.storage.protocols import JobStore
 from thinkray.storage.records import JOB_STATUSES, JobRecord
 from thinkray.storage.types import InvalidInputError
@@ -78,27 +77,13 @@ def _check_status(status: str) -> None:
         raise InvalidInputError(f"unknown job status {status!r}; one of {JOB_STATUSES}")
 
 
-class DuckDBJobStore(JobStore):
+class DuckDBJobStore(MigratedStore, JobStore):
     """:class:`~thinkray.storage.protocols.JobStore` on a :class:`Database` (the
     contract is the protocol's). Synchronous; one writer. Get one from
     :meth:`~thinkray.storage.protocols.Stores.jobs`."""
 
-    def __init__(self, db: Database) -> None:
-        self._db = db
-        db.migrate("jobs", MIGRATIONS)
-
-    @property
-    def db(self) -> Database:
-        """The database, with this store's tables (made again if a rolled-back
-        transaction took them: they are created on first use, maybe inside one)."""
-        self._db.migrate("jobs", MIGRATIONS)
-        return self._db
-
-    @contextmanager
-    def transaction(self) -> Iterator[None]:
-        """One transaction on the database; joins one that is open."""
-        with self.db.transaction():
-            yield
+    component = "jobs"
+    migrations = MIGRATIONS
 
     @override
     def insert(self, rec: JobRecord) -> JobRecord:

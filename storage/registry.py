@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from thinkray.storage.codec import pack, unpack
-from thinkray.storage.db import Database, Migration
+from thinkray.storage.db import MigratedStore, Migration
 from thinkray.storage.errors import (  # re-exported: the errors live in thinkray.storage.errors
     SubAgentNotFoundError as SubAgentNotFoundError,
 )
@@ -25,27 +23,13 @@ def _create(con: Any) -> None:
 MIGRATIONS = [Migration(1, _create)]
 
 
-class DuckDBRegistryStore(RegistryStore):
+class DuckDBRegistryStore(MigratedStore, RegistryStore):
     """:class:`~thinkray.storage.protocols.RegistryStore` on a :class:`Database` (the
     contract is the protocol's). Get one from
     :meth:`~thinkray.storage.protocols.Stores.registry`."""
 
-    def __init__(self, db: Database) -> None:
-        self._db = db
-        db.migrate("registry", MIGRATIONS)
-
-    @property
-    def db(self) -> Database:
-        """The database, with this store's tables (made again if a rolled-back
-        transaction took them: they are created on first use, maybe inside one)."""
-        self._db.migrate("registry", MIGRATIONS)
-        return self._db
-
-    @contextmanager
-    def transaction(self) -> Iterator[None]:
-        """One transaction on the database; joins one that is open."""
-        with self.db.transaction():
-            yield
+    component = "registry"
+    migrations = MIGRATIONS
 
     def _encode(self, record: SubAgentRecord) -> bytes:
         return pack(record.to_dict(), "sub-agent record")

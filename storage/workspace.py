@@ -30,12 +30,11 @@ import builtins
 import mimetypes
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from typing import Any
 
 import duckdb
 import msgpack
-from thinkray.storage.db import Database, Migration
+from thinkray.storage.db import Database, MigratedStore, Migration
 from thinkray.storage.errors import InvalidInputError, InvalidTypeError
 from thinkray.storage.errors import (  # re-exported: the errors live in thinkray.storage.errors
     WorkspaceError as WorkspaceError,
@@ -148,7 +147,7 @@ def _ancestors(path: str) -> list[str]:
     return ["/".join(parts[:i]) for i in range(1, len(parts))]
 
 
-class DuckDBWorkspaceStore:
+class DuckDBWorkspaceStore(MigratedStore):
     """:class:`~thinkray.storage.protocols.WorkspaceStore`: one namespace of the
     ``workspace_files`` table of a :class:`Database` (the contract is the protocol's;
     paths are checked by :func:`check_canonical`). Safe to share between threads (the
@@ -158,6 +157,9 @@ class DuckDBWorkspaceStore:
     Raises:
         InvalidInputError: an empty namespace.
     """
+
+    component = "workspace"
+    migrations = MIGRATIONS
 
     def __init__(
         self,
@@ -171,23 +173,9 @@ class DuckDBWorkspaceStore:
     ) -> None:
         if not namespace or not isinstance(namespace, str):
             raise InvalidInputError("namespace must be a non-empty string")
-        self._db = db
         self.namespace = namespace
         self.limits = limits or WorkspaceLimits(max_file_bytes, max_total_bytes, max_entries)
-        db.migrate("workspace", MIGRATIONS)
-
-    @property
-    def db(self) -> Database:
-        """The database, with this store's tables (made again if a rolled-back
-        transaction took them: they are created on first use, maybe inside one)."""
-        self._db.migrate("workspace", MIGRATIONS)
-        return self._db
-
-    @contextmanager
-    def transaction(self) -> Iterator[None]:
-        """One transaction on the database; joins one that is open."""
-        with self.db.transaction():
-            yield
+        super().__init__(db)
 
     # -- reads ---------------------------------------------------------------------
 
