@@ -87,7 +87,7 @@ def main() -> int:
     # -- file size --------------------------------------------------------------------------
     sizer = ns.get("sizer")
     for i in range(10):
-        sizer.chat(f"message number {i} with a little text")
+        sizer.chat.remote(f"message number {i} with a little text").result()
     assert ns.hibernate("sizer")
     path = Path(root) / "bench" / "sizer.duckdb"
     size20 = path.stat().st_size
@@ -106,7 +106,7 @@ def main() -> int:
 
     # -- memory -----------------------------------------------------------------------------
     agent.chat.remote("warm").result()
-    pid = ns.where(agent.name)["pid"]
+    pid = ns.where("waker")["pid"]
     uss = uss_mib(pid)
     print("\nlive session actor memory")
     line("USS of the actor hosting a bound session", f"{uss:.0f} MiB", "<= 80 MiB")
@@ -121,9 +121,9 @@ def main() -> int:
         agent_kwargs={"chunks": 20000},
     )
     fast = ns_relay.get("fast")
-    fast.chat("warm up")
+    fast.chat.remote("warm up").result()
     t0 = time.perf_counter()
-    stream = fast.stream_chat("go")
+    stream = fast.stream_chat.remote("go")
     count = sum(1 for _ in stream)
     elapsed = time.perf_counter() - t0
     print("\nrelay (Ray streaming generator, batched)")
@@ -144,9 +144,9 @@ def main() -> int:
         agent_kwargs={"chunks": 500, "delay": 0.004, "timestamps": True},
     )
     lat_agent = ns_lat.get("lat")
-    lat_agent.chat("warm up")
+    lat_agent.chat.remote("warm up").result()
     lat = []
-    for chunk in lat_agent.stream_chat("go"):
+    for chunk in lat_agent.stream_chat.remote("go"):
         if chunk["type"] == "text-delta":
             lat.append((time.time() - float(chunk["delta"])) * 1000)
     line(
@@ -208,7 +208,7 @@ def main() -> int:
     handles = [storm.get(n) for n in names]
 
     async def touch_all(hs):
-        return await asyncio.gather(*(h.achat("hi") for h in hs))
+        return await asyncio.gather(*(h.chat.remote("hi") for h in hs))
 
     asyncio.run(touch_all(handles))  # create the 100 sessions
     storm.hibernate_all()
@@ -221,7 +221,7 @@ def main() -> int:
     stats = storm.stats()
     print("\nwake storm: 100 hibernated sessions woken at once (live cap 16, pool 16)")
     line("all 100 answered in", f"{storm_s:.2f} s", "<= 10 s")
-    line("completed turns", f"{sum(r['status'] == 'completed' for r in results)} / 100")
+    line("completed turns", f"{sum(r.status == 'completed' for r in results)} / 100")
     line(
         "actors created during the storm",
         str(stats["counters"]["actors_created"] - created_before),
