@@ -30,3 +30,24 @@ class Raiser:
 
     def echo(self, error: BaseException) -> BaseException:
         return error
+
+
+def kill_agent_process(ns: Any, name: str) -> int:
+    """SIGKILL the process of the actor hosting agent ``name`` (a real crash); its pid."""
+    import os
+    import signal
+
+    pid = int(ns.where(name)["pid"])
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def crash_namespace(namespace_factory: Any, log: Any, *, chunks: int, delay: float) -> Any:
+    """A namespace of ``tests.agents.CrashAgent`` whose tool executions go to ``log``."""
+    from tests.agents import CrashAgent
+
+    return namespace_factory(
+        CrashAgent,
+        agent_kwargs={"tool_log": str(log), "chunks": chunks, "delay": delay},
+        idle_timeout=None,
+    )

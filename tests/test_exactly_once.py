@@ -3,8 +3,6 @@ the actor's process is SIGKILLed mid-turn, for real."""
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -12,15 +10,9 @@ from typing import Any
 import pytest
 from thinkray.runtime.errors import RunInterruptedError, UnknownRunError
 
-from tests.helpers import wait_until
+from tests.helpers import crash_namespace, kill_agent_process, wait_until
 
 pytestmark = pytest.mark.ray
-
-
-def _kill(ns: Any, name: str) -> int:
-    pid = ns.where(name)["pid"]
-    os.kill(pid, signal.SIGKILL)
-    return pid
 
 
 def _tool_runs(log: Path) -> list[str]:
@@ -29,15 +21,8 @@ def _tool_runs(log: Path) -> list[str]:
 
 @pytest.fixture
 def crashy(namespace_factory, tmp_path):
-    from tests.agents import CrashAgent
-
     log = tmp_path / "tools.log"
-    ns = namespace_factory(
-        CrashAgent,
-        agent_kwargs={"tool_log": str(log), "chunks": 40, "delay": 0.05},
-        idle_timeout=None,
-    )
-    return ns, log
+    return crash_namespace(namespace_factory, log, chunks=40, delay=0.05), log
 
 
 def test_a_crash_mid_chat_is_reported_never_rerun(crashy):
@@ -55,7 +40,7 @@ def test_a_crash_mid_chat_is_reported_never_rerun(crashy):
     thread = threading.Thread(target=chat)
     thread.start()
     wait_until(lambda: _tool_runs(log), timeout=30)  # the tool ran, the answer streams
-    old_pid = _kill(ns, "victim")
+    old_pid = kill_agent_process(ns, "victim")
     thread.join(60)
     assert "result" not in outcome, "a crashed turn must not be reported as finished"
     error = outcome["error"]
@@ -94,7 +79,7 @@ def test_a_tool_call_cut_off_by_a_crash_is_closed_at_wake(crashy):
         for chunk in stream:
             seen.append(chunk)
             if chunk["type"] == "tool-input-available":
-                _kill(ns, "mid-tool")
+                kill_agent_process(ns, "mid-tool")
     assert caught.value.run_id == stream.run_id
     assert caught.value.session_id == stream.session_id
     message = agent.get_message.remote(stream.message_id).result()
@@ -119,7 +104,7 @@ def test_a_call_to_an_actor_that_died_while_idle_is_sent_again(crashy):
     ns, _ = crashy
     agent = ns.get("idle-crash")
     first = agent.chat.remote("hi").result()
-    _kill(ns, "idle-crash")
+    kill_agent_process(ns, "idle-crash")
     wait_until(lambda: _dead_or_replaced(ns, "idle-crash"), timeout=20)
     # The handle still holds the dead actor: the turn never started there, so the
     # handle re-sends it (the woken agent has no message with its id).
@@ -168,7 +153,7 @@ def test_an_alarm_fires_on_time_after_its_live_actor_crashed(namespace_factory):
     due = time.time() + 3.0
     wait_until(lambda: ns.stats()["alarms"].get("alarmed"), timeout=5)  # known while live
     time.sleep(1.0)
-    _kill(ns, "alarmed")
+    kill_agent_process(ns, "alarmed")
     wait_until(lambda: ns.where("alarmed") is None, timeout=5)  # the crash is noticed
     assert ns.stats()["alarms"]["alarmed"] == pytest.approx(due, abs=0.5)
     # Nobody calls the agent: the directory wakes it when the alarm is due.

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import subprocess
 import sys
 import textwrap
@@ -23,7 +22,7 @@ from typing import Any
 import pytest
 from thinkray.runtime.errors import CallInterruptedError, RunInterruptedError
 
-from tests.helpers import wait_until
+from tests.helpers import crash_namespace, kill_agent_process, wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.chaos]
 
@@ -40,19 +39,8 @@ def rng() -> random.Random:
 
 @pytest.fixture
 def chaos_ns(namespace_factory, tmp_path):
-    from tests.agents import CrashAgent
-
     log = tmp_path / "tools.log"
-    ns = namespace_factory(
-        CrashAgent,
-        agent_kwargs={"tool_log": str(log), "chunks": 30, "delay": 0.02},
-        idle_timeout=None,
-    )
-    return ns, log
-
-
-def _kill(ns: Any, name: str) -> None:
-    os.kill(ns.where(name)["pid"], signal.SIGKILL)
+    return crash_namespace(namespace_factory, log, chunks=30, delay=0.02), log
 
 
 def _check_invariants(agent: Any, log: Path, sent_ids: list[str], note: str) -> None:
@@ -95,7 +83,7 @@ def test_sigkill_while_streaming_at_a_random_chunk(chaos_ns, rng):
             for _ in stream:
                 seen += 1
                 if seen == cut:
-                    _kill(ns, name)
+                    kill_agent_process(ns, name)
         except RunInterruptedError as exc:
             interrupted = True
             assert exc.run_id == stream.run_id, note
@@ -136,7 +124,7 @@ def test_sigkill_during_blocking_chat_at_a_random_chunk(chaos_ns, rng):
             for _ in agent.resume.remote(run_id=run_id):
                 seen += 1
                 if seen == cut:
-                    _kill(ns, name)
+                    kill_agent_process(ns, name)
                     break
         except CallInterruptedError:
             pass
@@ -221,7 +209,7 @@ def test_a_crash_with_an_alarm_due_fires_it_once(namespace_factory, rng):
         agent.schedule.remote(delay, "note_alarm", round_).result()
         due = time.time() + delay
         time.sleep(kill_at)
-        _kill(ns, name)
+        kill_agent_process(ns, name)
         fired = wait_until(lambda a=agent: a.alarms_fired.remote().result(), timeout=15)
         assert [p for p, _ in fired] == [round_], note
         assert fired[0][1] - due < 1.0, f"{note}: fired {fired[0][1] - due:.2f}s late"
