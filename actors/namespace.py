@@ -296,7 +296,10 @@ class HandleMethod:
         marker = self.marker or remote_methods(Think).get(self.method)
         turn = None
         if marker is not None and self.method in TURN_METHODS:
-            args, kwargs, turn = _keyed_turn(marker, args, kwargs)
+            try:
+                args, kwargs, turn = _keyed_turn(marker, args, kwargs)
+            except TypeError:  # Think's signature, not the (unknown) class's: the
+                turn = None  # actor checks the arguments; the turn goes unkeyed
         policy = CrashPolicy(self.method, bool(marker and marker.idempotent), turn)
         name, method = self.handle.name, self.method
         if marker is not None and marker.kind == "stream":

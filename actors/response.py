@@ -131,9 +131,13 @@ class AgentResponse(Generic[R]):
             except RETRYABLE as exc:
                 if attempt == ATTEMPTS - 1:
                     raise
-                if isinstance(exc, ray.exceptions.RayActorError):
-                    _may_resend_sync(self._handle, self._policy, "during the call")
-                stale = True
+                self._ref = None
+                # The check may already have re-resolved the name: then the handle's
+                # actor is the fresh one, which must not be reported stale again.
+                stale = not (
+                    isinstance(exc, ray.exceptions.RayActorError)
+                    and _may_resend_sync(self._handle, self._policy, "during the call")
+                )
         raise AssertionError("unreachable")
 
     async def _result_async(self) -> R:
@@ -147,9 +151,11 @@ class AgentResponse(Generic[R]):
             except RETRYABLE as exc:
                 if attempt == ATTEMPTS - 1:
                     raise
-                if isinstance(exc, ray.exceptions.RayActorError):
-                    await _may_resend_async(self._handle, self._policy, "during the call")
-                stale = True
+                self._ref = None
+                stale = not (
+                    isinstance(exc, ray.exceptions.RayActorError)
+                    and await _may_resend_async(self._handle, self._policy, "during the call")
+                )
                 await asyncio.sleep(0)
         raise AssertionError("unreachable")
 
@@ -159,10 +165,11 @@ class AgentResponse(Generic[R]):
         return self._result_async().__await__()
 
 
-def _may_resend_sync(handle: AgentHandle[Any], policy: CrashPolicy, during: str) -> None:
-    """Return when the call may be sent again after its actor died; raise otherwise."""
+def _may_resend_sync(handle: AgentHandle[Any], policy: CrashPolicy, during: str) -> bool:
+    """Return when the call may be sent again after its actor died; raise otherwise.
+    True when the check already re-resolved the name (the handle holds the fresh actor)."""
     if policy.idempotent:
-        return
+        return False
     turn = policy.turn
     if turn is None or turn.message_id is None:
         raise policy.interrupted(during)
@@ -175,12 +182,13 @@ def _may_resend_sync(handle: AgentHandle[Any], policy: CrashPolicy, during: str)
         raise policy.interrupted(during) from None
     if found is not None:
         raise policy.interrupted(during)
+    return True
 
 
-async def _may_resend_async(handle: AgentHandle[Any], policy: CrashPolicy, during: str) -> None:
+async def _may_resend_async(handle: AgentHandle[Any], policy: CrashPolicy, during: str) -> bool:
     """:func:`_may_resend_sync` for async callers."""
     if policy.idempotent:
-        return
+        return False
     turn = policy.turn
     if turn is None or turn.message_id is None:
         raise policy.interrupted(during)
@@ -191,6 +199,7 @@ async def _may_resend_async(handle: AgentHandle[Any], policy: CrashPolicy, durin
         raise policy.interrupted(during) from None
     if found is not None:
         raise policy.interrupted(during)
+    return True
 
 
 class AgentResponseStream(Generic[T]):
@@ -229,9 +238,10 @@ class AgentResponseStream(Generic[T]):
             except RETRYABLE as exc:
                 if attempt == ATTEMPTS - 1:
                     raise
-                if isinstance(exc, ray.exceptions.RayActorError):
-                    _may_resend_sync(self._handle, self._policy, "as the stream opened")
-                stale = True
+                stale = not (
+                    isinstance(exc, ray.exceptions.RayActorError)
+                    and _may_resend_sync(self._handle, self._policy, "as the stream opened")
+                )
 
     async def _open_async(self) -> None:
         stale = False
@@ -244,9 +254,10 @@ class AgentResponseStream(Generic[T]):
             except RETRYABLE as exc:
                 if attempt == ATTEMPTS - 1:
                     raise
-                if isinstance(exc, ray.exceptions.RayActorError):
-                    await _may_resend_async(self._handle, self._policy, "as the stream opened")
-                stale = True
+                stale = not (
+                    isinstance(exc, ray.exceptions.RayActorError)
+                    and await _may_resend_async(self._handle, self._policy, "as the stream opened")
+                )
 
     def _died(self) -> CallInterruptedError:
         """The error for an actor that died after the stream opened."""

@@ -106,10 +106,12 @@ def test_a_call_to_an_actor_that_died_while_idle_is_sent_again(crashy):
     first = agent.chat.remote("hi").result()
     kill_agent_process(ns, "idle-crash")
     wait_until(lambda: _dead_or_replaced(ns, "idle-crash"), timeout=20)
+    binds = ns.stats()["counters"]["binds"]
     # The handle still holds the dead actor: the turn never started there, so the
     # handle re-sends it (the woken agent has no message with its id).
     second = agent.chat.remote("still there?").result()
     assert second.status == "completed"
+    assert ns.stats()["counters"]["binds"] == binds + 1  # one wake, not a second one
     users = [m for m in agent.get_history.remote().result() if m["role"] == "user"]
     assert [m["id"] for m in users] == [first.user_message_id, second.user_message_id]
 
