@@ -51,3 +51,28 @@ def crash_namespace(namespace_factory: Any, log: Any, *, chunks: int, delay: flo
         agent_kwargs={"tool_log": str(log), "chunks": chunks, "delay": delay},
         idle_timeout=None,
     )
+
+
+def start_driver(ray: Any, body: str, *args: str) -> Any:
+    """Start another driver process joined to this test session's Ray: it runs ``body``
+    (dedented) after ``ray.init`` with the repository on its workers' path, ``args`` in
+    ``sys.argv[1:]``. Returns the ``subprocess.Popen`` (text pipes for stdout/stderr)."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    repo = str(Path(__file__).resolve().parent.parent)
+    preamble = (
+        "import ray\n"
+        f"ray.init(address={ray.get_runtime_context().gcs_address!r}, log_to_driver=False,\n"
+        f"         runtime_env={{'env_vars': {{'PYTHONPATH': {repo!r}}}}})\n"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", preamble + textwrap.dedent(body), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=repo),
+    )

@@ -4,43 +4,32 @@ reachable by name from any driver, and stopped only by an explicit shutdown."""
 from __future__ import annotations
 
 import gc
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.ray
+from tests.helpers import start_driver
 
-REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.ray
 
 
 def test_a_namespace_outlives_the_driver_that_created_it(ray_local, tmp_path):
     import ray
     from thinkray.actors import AgentNamespace
 
-    address = ray.get_runtime_context().gcs_address
-    script = textwrap.dedent(
+    driver = start_driver(
+        ray,
         f"""
-        import ray
         from thinkray.actors import AgentNamespace
         from tests.agents import ScriptAgent
 
-        ray.init(address={address!r}, log_to_driver=False,
-                 runtime_env={{"env_vars": {{"PYTHONPATH": {str(REPO)!r}}}}})
         ns = AgentNamespace("lifetime-a", ScriptAgent, storage_root={str(tmp_path)!r},
                             pool_size=1, idle_timeout=None)
         print(ns.get("alice").chat.remote("hello").result().status)
-        """
+        """,
     )
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    run = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.strip().endswith("completed")
+    out, err = driver.communicate(timeout=120)
+    assert driver.returncode == 0, err[-3000:]
+    assert out.strip().endswith("completed")
     # The creating driver is gone; another driver reaches the namespace by name.
     ns = AgentNamespace.connect("lifetime-a")
     try:

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -22,13 +19,12 @@ from typing import Any
 import pytest
 from thinkray.runtime.errors import CallInterruptedError, RunInterruptedError
 
-from tests.helpers import crash_namespace, kill_agent_process, wait_until
+from tests.helpers import crash_namespace, kill_agent_process, start_driver, wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.chaos]
 
 ROUNDS = int(os.environ.get("THINKRAY_CHAOS_ROUNDS", "5"))
 SEED = int(os.environ.get("THINKRAY_CHAOS_SEED", str(random.randrange(1 << 30))))
-REPO = Path(__file__).resolve().parents[2]
 OPEN_TOOL_STATES = ("input-streaming", "input-available", "approval-requested")
 
 
@@ -220,16 +216,11 @@ def test_a_crash_with_an_alarm_due_fires_it_once(namespace_factory, rng):
 def test_concurrent_get_or_create_of_one_name_from_two_drivers(ray_local, tmp_path):
     from thinkray.actors import AgentNamespace
 
-    address = ray_local.get_runtime_context().gcs_address
-    script = textwrap.dedent(
-        f"""
+    body = f"""
         import sys
-        import ray
         from thinkray.actors import AgentNamespace
         from tests.agents import ScriptAgent
 
-        ray.init(address={address!r}, log_to_driver=False,
-                 runtime_env={{"env_vars": {{"PYTHONPATH": {str(REPO)!r}}}}})
         ns = AgentNamespace("chaos-race", ScriptAgent, storage_root={str(tmp_path)!r},
                             pool_size=1, idle_timeout=None)
         agent = ns.get("shared")
@@ -238,18 +229,7 @@ def test_concurrent_get_or_create_of_one_name_from_two_drivers(ray_local, tmp_pa
         result = agent.chat.remote("from driver " + sys.argv[1], session_id=session.id).result()
         print(result.status, ns.where("shared")["actor_id"])
         """
-    )
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    drivers = [
-        subprocess.Popen(
-            [sys.executable, "-c", script, str(i)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for i in range(2)
-    ]
+    drivers = [start_driver(ray_local, body, str(i)) for i in range(2)]
     outputs = [d.communicate(timeout=180) for d in drivers]
     ns = AgentNamespace.connect("chaos-race")
     try:
