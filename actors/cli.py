@@ -2,7 +2,8 @@
 
 ``thinkray demo`` starts a local Ray (or joins ``RAY_ADDRESS``), streams a two-turn
 chat with a tool call from a session actor to the terminal, hibernates the actor,
-wakes it and shows the history rebuilt from its DuckDB file.
+wakes it and shows the history rebuilt from its DuckDB file. ``thinkray bench`` runs
+the W1/W2 benchmark (issue 10) with LangGraph beside thinkray (:mod:`thinkray.actors.bench`).
 """
 
 from __future__ import annotations
@@ -242,6 +243,11 @@ def main(argv: list[str] | None = None) -> int:
         "--root", help="storage root (default: $THINKRAY_STORAGE_ROOT, else a temp folder)"
     )
     p_demo.set_defaults(func=demo)
+    from thinkray.actors import bench
+
+    p_bench = sub.add_parser("bench", help="W1/W2 benchmark, LangGraph beside thinkray")
+    bench.add_arguments(p_bench)
+    p_bench.set_defaults(func=bench.run)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 

@@ -1,0 +1,978 @@
+"""``thinkray bench`` (and ``tests/bench/bench_w1.py``): workloads W1 and W2 of issue 10
+on thinkray, with LangGraph beside it, printed side by side with the issue's targets.
+
+W1 (:mod:`thinkray.runtime.models.workloads`): 200 text chunks a turn with no delay,
+a tool call every 5th turn (then 50 more chunks after its result), persistence on.
+
+- in process: :class:`~thinkray.runtime.models.workloads.WorkloadAgent` (a ``Think``)
+  on a DuckDB file per session: 10 sessions × 5 turns one at a time, and one session
+  of 50 turns (its bytes on disk after 5 and 50 turns);
+- through session actors: the same 10 × 5 with the actors already bound;
+- N concurrent sessions (default 50) × 5 turns: brand-new sessions with the default
+  namespace configuration (cold), then a namespace whose pool was pre-warmed to N;
+  then USS and idle CPU of the N live actors;
+- the peer, LangGraph + its SQLite checkpointer
+  (:mod:`thinkray.runtime.models.langgraph_peer`), in child processes of its own: the
+  sequential runs, then N concurrent sessions on asyncio.
+
+W2: a model with real latency (first chunk after 500 ms, 200 chunks over 4 s) at 100
+concurrent sessions through actors: the latency thinkray adds on top of the model's,
+and the machine's CPU use over the run.
+
+TTFC is the time from the call to the first text chunk the caller sees; a turn ends
+when the caller has seen its last chunk. Targets are printed next to each figure;
+machines are noisy: read medians and p95, and compare ratios measured in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from thinkray.runtime.models.workloads import (
+    W1_AFTER_TOOL,
+    W1_CHUNKS,
+    W1_TOOL_EVERY,
+    W2_CHUNKS,
+    W2_FIRST,
+    W2_SPAN,
+    RunFigures,
+    WorkloadAgent,
+    in_process_w1,
+    w1_text_chunks,
+)
+
+__all__ = [
+    "PEER_LOADER",
+    "Report",
+    "add_arguments",
+    "cpu_seconds",
+    "main",
+    "pct",
+    "run",
+    "uss_mib",
+]
+
+PEER_LOADER = (
+    "import importlib.util, sys\n"
+    "spec = importlib.util.spec_from_file_location('thinkray_langgraph_peer', sys.argv[1])\n"
+    "module = importlib.util.module_from_spec(spec)\n"
+    "sys.modules[spec.name] = module\n"
+    "spec.loader.exec_module(module)\n"
+    "raise SystemExit(module.main(sys.argv[2:]))\n"
+)
+"""``python -c PEER_LOADER <langgraph_peer.py> <spec>`` runs the peer from its file,
+without importing the thinkray packages (DuckDB, pydantic models) into its process."""
+
+TARGET_INPROC_RATIO = 1.5  # in-process turns/s >= 1.5x LangGraph's
+TARGET_CPU_PER_TURN = 0.010
+TARGET_ACTOR_TTFC_EXTRA = 0.005  # TTFC through a bound actor <= in-process + 5 ms (p50)
+TARGET_ACTOR_TURN_RATIO = 1.25
+TARGET_COLD_TTFC_P95 = 3.0
+TARGET_WARM_RATIO = 1.0
+TARGET_WARM_TTFC_P95 = 1.0
+TARGET_W2_ADDED_P95 = 0.100
+TARGET_USS_MIB = 55.0
+IDLE_CPU_BEFORE = 1.0  # % of a core per idle live actor before issue 10
+
+
+# -- figures ----------------------------------------------------------------------------
+
+
+def pct(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values`` by nearest rank (nan when empty)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def uss_mib(pid: int) -> float:
+    """Unique set size of process ``pid`` in MiB: its private pages, from
+    ``/proc/<pid>/smaps_rollup`` (what killing the process frees)."""
+    total = 0
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for row in f:
+            if row.startswith(("Private_Clean:", "Private_Dirty:")):
+                total += int(row.split()[1])
+    return total / 1024
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds process ``pid`` used so far (user + system, from ``/proc/<pid>/stat``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _machine_cpu() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot, from ``/proc/stat``."""
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    total = sum(values[:8])
+    tick = os.sysconf("SC_CLK_TCK")
+    return (total - idle) / tick, total / tick
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+def _pair_ms(values: list[float]) -> str:
+    return f"{pct(values, 0.5) * 1000:.1f} / {pct(values, 0.95) * 1000:.1f} ms"
+
+
+def _pair(values: list[float]) -> str:
+    """p50 / p95, in ms below a second, else in seconds."""
+    if not values:
+        return "-"
+    if pct(values, 0.95) < 1.0:
+        return _pair_ms(values)
+    return f"{pct(values, 0.5):.2f} / {pct(values, 0.95):.2f} s"
+
+
+def _bytes(n: float) -> str:
+    return f"{n / 1e6:.2f} MB" if n >= 1e6 else f"{n / 1024:.0f} KiB"
+
+
+def _ratio(ours: float | None, peer: float | None) -> str:
+    if ours is None or peer is None or not peer:
+        return ""
+    return f"{ours / peer:.2f}x"
+
+
+@dataclass
+class Report:
+    """The printed table: sections of rows (figure, LangGraph, thinkray, ratio
+    thinkray/LangGraph, target, verdict)."""
+
+    rows: list[tuple[str, ...]] = field(default_factory=list)
+
+    def section(self, title: str) -> None:
+        """Start a section titled ``title``."""
+        self.rows.append(("section", title))
+
+    def note(self, text: str) -> None:
+        """A line of text under the current section."""
+        self.rows.append(("note", text))
+
+    def row(
+        self,
+        name: str,
+        peer: str = "",
+        ours: str = "",
+        ratio: str = "",
+        target: str = "",
+        ok: bool | None = None,
+    ) -> None:
+        """One figure; ``ok`` None prints no verdict."""
+        verdict = "" if ok is None else ("ok" if ok else "OVER TARGET")
+        self.rows.append(("row", name, peer, ours, ratio, target, verdict))
+
+    def print(self) -> None:
+        """Print the table to stdout."""
+        header = ("figure", "LangGraph", "thinkray", "ratio", "target", "verdict")
+        print(
+            f"  {header[0]:<50} {header[1]:>17} {header[2]:>17} {header[3]:>7}  {header[4]:<30} "
+            f"{header[5]}"
+        )
+        for kind, *rest in self.rows:
+            if kind == "section":
+                print(f"\n{rest[0]}")
+            elif kind == "note":
+                print(f"  {rest[0]}")
+            else:
+                name, peer, ours, ratio, target, verdict = rest
+                print(
+                    f"  {name:<50} {peer:>17} {ours:>17} {ratio:>7}  {target:<30} {verdict}".rstrip()
+                )
+
+
+def _progress(text: str) -> None:
+    print(f"[bench] {text}", file=sys.stderr, flush=True)
+
+
+# -- settings ---------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the benchmark's options to ``parser`` (``thinkray bench`` and bench_w1.py)."""
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer concurrent sessions (about 2 minutes)"
+    )
+    parser.add_argument(
+        "--sessions", type=int, help="concurrent W1 sessions (default 50; --quick 20)"
+    )
+    parser.add_argument(
+        "--concurrent-turns", type=int, default=5, help="turns per concurrent session (5)"
+    )
+    parser.add_argument(
+        "--w2-sessions", type=int, help="concurrent W2 sessions (default 100; --quick 30)"
+    )
+    parser.add_argument("--w2-turns", type=int, default=2, help="turns per W2 session (2)")
+    parser.add_argument(
+        "--seq-sessions", type=int, default=10, help="sessions of the sequential runs (10)"
+    )
+    parser.add_argument(
+        "--seq-turns", type=int, default=5, help="turns per session, sequential runs (5)"
+    )
+    parser.add_argument(
+        "--turns", type=int, default=50, help="turns of the single long session (50)"
+    )
+    parser.add_argument("--no-peer", action="store_true", help="skip LangGraph")
+    parser.add_argument(
+        "--skip-actors", action="store_true", help="in-process only (no Ray, no W2)"
+    )
+    parser.add_argument("--skip-w2", action="store_true", help="skip W2")
+    parser.add_argument("--root", help="storage folder (default: a temp folder, removed after)")
+
+
+@dataclass
+class _Settings:
+    sessions: int
+    concurrent_turns: int
+    w2_sessions: int
+    w2_turns: int
+    seq_sessions: int
+    seq_turns: int
+    turns: int
+    idle_window: float
+    peer: bool
+    actors: bool
+    w2: bool
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> _Settings:
+        quick = args.quick
+        return cls(
+            sessions=args.sessions or (20 if quick else 50),
+            concurrent_turns=args.concurrent_turns,
+            w2_sessions=args.w2_sessions or (30 if quick else 100),
+            w2_turns=args.w2_turns,
+            seq_sessions=args.seq_sessions,
+            seq_turns=args.seq_turns,
+            turns=args.turns,
+            idle_window=2.0 if quick else 5.0,
+            peer=not args.no_peer,
+            actors=not args.skip_actors,
+            w2=not (args.skip_actors or args.skip_w2),
+        )
+
+    @property
+    def size_turns(self) -> tuple[int, ...]:
+        return tuple(sorted({min(5, self.turns), self.turns}))
+
+
+# -- the peer ---------------------------------------------------------------------------
+
+
+@dataclass
+class _PeerRun:
+    figures: RunFigures
+    closed_bytes: int
+    first_ttfc: list[float]
+
+
+def _peer_available() -> str | None:
+    """None when LangGraph and its SQLite checkpointer import, else why not."""
+    for name in ("langgraph", "langgraph.checkpoint.sqlite", "langgraph.prebuilt", "aiosqlite"):
+        try:
+            if importlib.util.find_spec(name) is None:
+                return f"{name} is not installed"
+        except ModuleNotFoundError:
+            return f"{name} is not installed"
+    return None
+
+
+def _run_peer(root: Path, phases: list[dict[str, Any]]) -> tuple[list[_PeerRun], dict[str, int]]:
+    """Run the LangGraph phases in a child process of their own; their figures and the
+    child's memory (KiB) at the end."""
+    spec = importlib.util.find_spec("thinkray.runtime.models.langgraph_peer")
+    assert spec is not None and spec.origin is not None
+    payload = {
+        "root": str(root),
+        "chunks": W1_CHUNKS,
+        "after_tool": W1_AFTER_TOOL,
+        "tool_every": W1_TOOL_EVERY,
+        "phases": phases,
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", PEER_LOADER, spec.origin, json.dumps(payload)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the LangGraph run failed:\n{done.stderr[-3000:]}")
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    runs = []
+    for r in out["results"]:
+        figures = RunFigures(
+            turns=len(r["latency"]),
+            wall=r["wall"],
+            cpu=r["cpu"],
+            ttfc=r["ttfc"],
+            latency=r["latency"],
+            sizes={int(k): v for k, v in r["sizes"].items()},
+        )
+        runs.append(_PeerRun(figures, r["closed_bytes"], r.get("first_ttfc", [])))
+    return runs, out["memory_kib"]
+
+
+# -- thinkray through actors ------------------------------------------------------------
+
+
+@dataclass
+class _Turns:
+    """Per-turn figures of a run through actors (seconds)."""
+
+    ttfc: list[float] = field(default_factory=list)
+    latency: list[float] = field(default_factory=list)
+    first_ttfc: list[float] = field(default_factory=list)  # each session's first turn
+    later_ttfc: list[float] = field(default_factory=list)
+    first_latency: list[float] = field(default_factory=list)
+    later_latency: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    wall: float = 0.0
+
+    def add(self, turn: int, ttfc: float, latency: float) -> None:
+        self.ttfc.append(ttfc)
+        self.latency.append(latency)
+        (self.first_ttfc if turn == 1 else self.later_ttfc).append(ttfc)
+        (self.first_latency if turn == 1 else self.later_latency).append(latency)
+
+    @property
+    def turns_per_s(self) -> float:
+        return len(self.latency) / self.wall if self.wall else 0.0
+
+
+class _Seen:
+    """Tracks one streamed turn: first text chunk, text chunk count, an error chunk."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.first: float | None = None
+        self.texts = 0
+        self.error: str | None = None
+
+    def see(self, chunk: Any) -> None:
+        kind = chunk["type"]
+        if kind == "text-delta":
+            if self.first is None:
+                self.first = time.perf_counter()
+            self.texts += 1
+        elif kind == "error":
+            self.error = chunk.get("errorText")
+
+    def done(self, turn: int, expected: int) -> tuple[float, float]:
+        end = time.perf_counter()
+        if self.error or self.texts != expected or self.first is None:
+            raise RuntimeError(
+                f"turn {turn} streamed {self.texts} text chunks (expected {expected})"
+                + (f": {self.error}" if self.error else "")
+            )
+        return self.first - self.t0, end - self.t0
+
+
+def _turn_sync(handle: Any, turn: int) -> tuple[float, float]:
+    seen = _Seen()
+    for chunk in handle.stream_chat.remote(f"turn {turn}"):
+        seen.see(chunk)
+    return seen.done(turn, w1_text_chunks(turn))
+
+
+async def _turn_async(handle: Any, turn: int, expected: int) -> tuple[float, float]:
+    seen = _Seen()
+    async for chunk in handle.stream_chat.remote(f"turn {turn}"):
+        seen.see(chunk)
+    return seen.done(turn, expected)
+
+
+async def _concurrent(
+    ns: Any, names: list[str], turns: int, expected: Callable[[int], int]
+) -> _Turns:
+    """Every session of ``names`` takes ``turns`` turns in order, all sessions at once."""
+    out = _Turns()
+
+    async def session(name: str) -> None:
+        handle = ns.get(name)
+        for turn in range(1, turns + 1):
+            try:
+                ttfc, latency = await _turn_async(handle, turn, expected(turn))
+            except Exception as exc:  # a failed turn is counted and shown, not fatal
+                out.errors.append(f"{name} turn {turn}: {type(exc).__name__}: {exc}"[:300])
+                continue
+            out.add(turn, ttfc, latency)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(session(n) for n in names))
+    out.wall = time.perf_counter() - t0
+    return out
+
+
+def _pids(ns: Any, names: list[str]) -> list[int]:
+    pids = []
+    for name in names:
+        where = ns.where(name)
+        if where and where.get("pid"):
+            pids.append(int(where["pid"]))
+    return sorted(set(pids))
+
+
+def _cpu_of(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):  # an actor that exited meanwhile
+            total += cpu_seconds(pid)
+    return total
+
+
+@dataclass
+class _ActorFigures:
+    sequential: _Turns
+    seq_cpu_per_turn: float
+    cold: _Turns
+    cold_counters: dict[str, int]
+    warm: _Turns
+    warm_counters: dict[str, int]
+    uss: list[float]
+    idle_cpu: list[float]  # % of a core per live actor
+    w2: _Turns | None = None
+    w2_machine: tuple[float, float] | None = None  # busy core-seconds, wall seconds
+    w2_actor_cpu: float = 0.0
+    w2_counters: dict[str, int] = field(default_factory=dict)
+
+
+def _counters(ns: Any) -> dict[str, int]:
+    """The directory's event counters (empty if it reports none)."""
+    counters = ns.stats().get("counters", {})
+    return {k: int(v) for k, v in counters.items() if isinstance(v, int | float)}
+
+
+def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in after.items()}
+
+
+def _run_actors(root: Path, s: _Settings) -> _ActorFigures:
+    from thinkray.actors.namespace import AgentNamespace
+
+    tag = f"{os.getpid()}"
+    # -- sequential turns through bound actors --
+    _progress(f"through session actors: {s.seq_sessions} sessions x {s.seq_turns} turns")
+    ns: Any = AgentNamespace(f"w1seq{tag}", WorkloadAgent, storage_root=str(root), detached=False)
+    names = [f"s{i:03d}" for i in range(s.seq_sessions)]
+    for name in names:
+        ns.wake(name)
+    pids = _pids(ns, names)
+    sequential = _Turns()
+    cpu0 = _cpu_of(pids) + time.process_time()
+    t0 = time.perf_counter()
+    for turn in range(1, s.seq_turns + 1):
+        for name in names:
+            sequential.add(turn, *_turn_sync(ns.get(name), turn))
+    sequential.wall = time.perf_counter() - t0
+    seq_cpu = (_cpu_of(pids) + time.process_time() - cpu0) / max(1, len(sequential.latency))
+    ns.shutdown()
+
+    # -- N brand-new sessions at once, default configuration --
+    _progress(f"{s.sessions} brand-new sessions at once, default namespace config")
+    cold_ns: Any = AgentNamespace(
+        f"w1cold{tag}", WorkloadAgent, storage_root=str(root), detached=False
+    )
+    before = _counters(cold_ns)
+    names = [f"c{i:03d}" for i in range(s.sessions)]
+    cold = asyncio.run(_concurrent(cold_ns, names, s.concurrent_turns, w1_text_chunks))
+    cold_counters = _delta(before, _counters(cold_ns))
+    cold_ns.shutdown()
+
+    # -- N sessions at once on a pool pre-warmed to N; then memory and idle CPU --
+    _progress(f"{s.sessions} sessions at once, pool pre-warmed to {s.sessions}")
+    warm_ns: Any = AgentNamespace(
+        f"w1warm{tag}",
+        WorkloadAgent,
+        storage_root=str(root),
+        pool_size=s.sessions,
+        max_live=max(64, s.sessions),
+        detached=False,
+    )
+    names = [f"h{i:03d}" for i in range(s.sessions)]
+    before = _counters(warm_ns)
+    warm = asyncio.run(_concurrent(warm_ns, names, s.concurrent_turns, w1_text_chunks))
+    warm_counters = _delta(before, _counters(warm_ns))
+    pids = _pids(warm_ns, names)
+    uss = [uss_mib(p) for p in pids]
+    _progress(f"idle CPU of {len(pids)} live actors over {s.idle_window:.0f} s")
+    time.sleep(1.0)  # let the last turns' background work (flushes, pool top-up) settle
+    idle0 = {p: cpu_seconds(p) for p in pids}
+    t0 = time.perf_counter()
+    time.sleep(s.idle_window)
+    window = time.perf_counter() - t0
+    idle = [(cpu_seconds(p) - idle0[p]) / window * 100 for p in pids]
+    warm_ns.shutdown()
+
+    figures = _ActorFigures(
+        sequential, seq_cpu, cold, cold_counters, warm, warm_counters, uss, idle
+    )
+    if s.w2:
+        _run_w2(root, s, tag, figures)
+    return figures
+
+
+def _run_w2(root: Path, s: _Settings, tag: str, figures: _ActorFigures) -> None:
+    from thinkray.actors.namespace import AgentNamespace
+
+    _progress(f"W2: {s.w2_sessions} sessions at once x {s.w2_turns} turns (4.5 s each)")
+    ns: Any = AgentNamespace(
+        f"w2{tag}",
+        WorkloadAgent,
+        storage_root=str(root),
+        agent_kwargs={"workload": "w2"},
+        max_live=max(64, s.w2_sessions),
+        detached=False,
+    )
+    before = _counters(ns)
+    names = [f"r{i:03d}" for i in range(s.w2_sessions)]
+    busy0, total0 = _machine_cpu()
+    wall0 = time.perf_counter()
+    turns = asyncio.run(_concurrent(ns, names, s.w2_turns, lambda turn: W2_CHUNKS))
+    busy1, total1 = _machine_cpu()
+    wall = time.perf_counter() - wall0
+    figures.w2_actor_cpu = _cpu_of(_pids(ns, names))
+    figures.w2_counters = _delta(before, _counters(ns))
+    ns.shutdown()
+    figures.w2 = turns
+    figures.w2_machine = (busy1 - busy0, wall)
+
+
+# -- the run ----------------------------------------------------------------------------
+
+
+def _init_ray() -> bool:
+    """Start a local Ray for the benchmark; False when one was already running (then it
+    is left running)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default: ``sys.argv[1:]``), run the benchmark, print the table;
+    returns the exit code (0)."""
+    parser = argparse.ArgumentParser(prog="bench_w1", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark with parsed options (see :func:`add_arguments`) and print the
+    table; returns the exit code (0). Storage goes to ``args.root``, else to a temp
+    folder removed afterwards. Starts (and shuts down) a local Ray unless
+    ``--skip-actors`` or one is already running."""
+    s = _Settings.from_args(args)
+    made_root = args.root is None
+    root = Path(args.root or tempfile.mkdtemp(prefix="thinkray-w1-"))
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        _run(root, s)
+    finally:
+        if made_root:
+            shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+def _run(root: Path, s: _Settings) -> None:
+    print(f"thinkray bench: W1 and W2 (issue 10), storage in {root}")
+    _progress(f"in process: {s.seq_sessions} sessions x {s.seq_turns} turns, then 1 x {s.turns}")
+    seq = asyncio.run(in_process_w1(root / "inproc-seq", s.seq_sessions, s.seq_turns))
+    long = asyncio.run(in_process_w1(root / "inproc-long", 1, s.turns, sizes_at=s.size_turns))
+
+    peer: dict[str, _PeerRun] = {}
+    peer_memory: dict[str, int] = {}
+    skipped = None if s.peer else "--no-peer"
+    if skipped is None:
+        skipped = _peer_available()
+    if skipped is None:
+        _progress("LangGraph + SqliteSaver: sequential runs, then concurrent sessions")
+        base = root / "langgraph"
+        base.mkdir(exist_ok=True)
+        try:
+            (peer["sync"], peer["long"], peer["async"]), _ = _run_peer(
+                base,
+                [
+                    {"phase": "sync", "sessions": s.seq_sessions, "turns": s.seq_turns},
+                    {
+                        "phase": "sync",
+                        "sessions": 1,
+                        "turns": s.turns,
+                        "sizes_at": list(s.size_turns),
+                    },
+                    {"phase": "async", "sessions": s.seq_sessions, "turns": s.seq_turns},
+                ],
+            )
+            if s.actors:  # the concurrent figures sit beside the actors' only
+                (peer["concurrent"],), peer_memory = _run_peer(
+                    base,
+                    [{"phase": "concurrent", "sessions": s.sessions, "turns": s.concurrent_turns}],
+                )
+        except Exception as exc:  # the peer failing must not hide thinkray's figures
+            peer.clear()
+            skipped = f"the LangGraph run failed: {exc}"
+
+    actors = None
+    if s.actors:
+        import ray
+
+        started = _init_ray()
+        try:
+            actors = _run_actors(root / "actors", s)
+        finally:
+            if started:
+                ray.shutdown()
+
+    report = _report(s, seq, long, peer, peer_memory, actors)
+    print(
+        "ratio = thinkray / LangGraph (of the p50s for p50 / p95 pairs); TTFC = time from "
+        "the call to the first text chunk the caller sees\n"
+    )
+    report.print()
+    if skipped:
+        print(f"\nLangGraph peer skipped: {skipped}")
+
+
+@dataclass
+class _Best:
+    """The peer's best run for each figure (LangGraph's sync or async API)."""
+
+    turns: RunFigures
+    cpu: RunFigures
+    ttfc: RunFigures
+    latency: RunFigures
+
+    @classmethod
+    def of(cls, runs: list[RunFigures]) -> _Best:
+        return cls(
+            turns=max(runs, key=lambda f: f.turns_per_s),
+            cpu=min(runs, key=lambda f: f.cpu_per_turn),
+            ttfc=min(runs, key=lambda f: pct(f.ttfc, 0.5)),
+            latency=min(runs, key=lambda f: pct(f.latency, 0.5)),
+        )
+
+
+def _report(
+    s: _Settings,
+    seq: RunFigures,
+    long: RunFigures,
+    peer: dict[str, _PeerRun],
+    peer_memory: dict[str, int],
+    actors: _ActorFigures | None,
+) -> Report:
+    rep = Report()
+    best = _Best.of([peer["sync"].figures, peer["async"].figures]) if peer else None
+
+    def p50(values: list[float]) -> float:
+        return pct(values, 0.5)
+
+    rep.section(
+        f"W1 in process, {s.seq_sessions} sessions x {s.seq_turns} turns, one turn at a time "
+        "(thinkray: a Think and a DuckDB file per session; LangGraph: one SQLite file)"
+    )
+    peer_tps = best.turns.turns_per_s if best else None
+    rep.row(
+        "turns/s",
+        f"{peer_tps:.1f}" if peer_tps else "",
+        f"{seq.turns_per_s:.1f}",
+        _ratio(seq.turns_per_s, peer_tps),
+        f">= {TARGET_INPROC_RATIO}x LangGraph",
+        None if not peer_tps else seq.turns_per_s / peer_tps >= TARGET_INPROC_RATIO,
+    )
+    rep.row(
+        "CPU per turn",
+        _ms(best.cpu.cpu_per_turn) if best else "",
+        _ms(seq.cpu_per_turn),
+        _ratio(seq.cpu_per_turn, best.cpu.cpu_per_turn if best else None),
+        f"<= {TARGET_CPU_PER_TURN * 1000:.0f} ms",
+        seq.cpu_per_turn <= TARGET_CPU_PER_TURN,
+    )
+    rep.row(
+        "TTFC p50 / p95",
+        _pair(best.ttfc.ttfc) if best else "",
+        _pair(seq.ttfc),
+        _ratio(p50(seq.ttfc), p50(best.ttfc.ttfc) if best else None),
+    )
+    rep.row(
+        "turn latency p50 / p95",
+        _pair(best.latency.latency) if best else "",
+        _pair(seq.latency),
+        _ratio(p50(seq.latency), p50(best.latency.latency) if best else None),
+    )
+    if peer:
+        sync, asyn = peer["sync"].figures, peer["async"].figures
+        rep.note(
+            "LangGraph: the better of its two APIs for each figure: sync (graph.stream, "
+            f"SqliteSaver) {sync.turns_per_s:.1f} turns/s, CPU {_ms(sync.cpu_per_turn)}, "
+            f"TTFC p50 {_ms(p50(sync.ttfc))}; async (astream, AsyncSqliteSaver) "
+            f"{asyn.turns_per_s:.1f} turns/s, CPU {_ms(asyn.cpu_per_turn)}, "
+            f"TTFC p50 {_ms(p50(asyn.ttfc))}"
+        )
+
+    rep.section(f"W1 in process, one session of {s.turns} turns")
+    lp = peer["long"] if peer else None
+    rep.row(
+        "turns/s",
+        f"{lp.figures.turns_per_s:.1f}" if lp else "",
+        f"{long.turns_per_s:.1f}",
+        _ratio(long.turns_per_s, lp.figures.turns_per_s if lp else None),
+    )
+    for turns in s.size_turns:
+        theirs = lp.figures.sizes.get(turns) if lp else None
+        ours = long.sizes.get(turns, 0)
+        rep.row(
+            f"bytes on disk after {turns} turns (file + WAL, open)",
+            _bytes(theirs) if theirs is not None else "",
+            _bytes(ours),
+            _ratio(ours, theirs),
+        )
+    rep.row(
+        f"file after {s.turns} turns, closed",
+        _bytes(lp.closed_bytes) if lp else "",
+        _bytes(long.closed_bytes),
+        _ratio(long.closed_bytes, lp.closed_bytes if lp else None),
+    )
+
+    if actors is not None:
+        _report_actors(rep, s, seq, best, peer, peer_memory, actors)
+    return rep
+
+
+def _report_actors(
+    rep: Report,
+    s: _Settings,
+    seq: RunFigures,
+    best: _Best | None,
+    peer: dict[str, _PeerRun],
+    peer_memory: dict[str, int],
+    a: _ActorFigures,
+) -> None:
+    def p50(values: list[float]) -> float:
+        return pct(values, 0.5)
+
+    q = a.sequential
+    rep.section(
+        f"W1 through session actors (already bound), {s.seq_sessions} sessions x "
+        f"{s.seq_turns} turns, one turn at a time"
+    )
+    rep.row(
+        "turns/s",
+        f"{best.turns.turns_per_s:.1f}" if best else "",
+        f"{q.turns_per_s:.1f}",
+        _ratio(q.turns_per_s, best.turns.turns_per_s if best else None),
+    )
+    limit = p50(seq.ttfc) + TARGET_ACTOR_TTFC_EXTRA
+    rep.row(
+        "TTFC p50 / p95",
+        _pair(best.ttfc.ttfc) if best else "",
+        _pair(q.ttfc),
+        _ratio(p50(q.ttfc), p50(best.ttfc.ttfc) if best else None),
+        f"p50 <= in-process + 5 ms ({_ms(limit)})",
+        p50(q.ttfc) <= limit,
+    )
+    rep.row(
+        "turn latency p50 / p95",
+        _pair(best.latency.latency) if best else "",
+        _pair(q.latency),
+        _ratio(p50(q.latency), p50(best.latency.latency) if best else None),
+    )
+    turn_ratio = p50(q.latency) / p50(seq.latency)
+    rep.row(
+        "turn latency p50, actor / in-process",
+        "",
+        f"{turn_ratio:.2f}x",
+        "",
+        f"<= {TARGET_ACTOR_TURN_RATIO}x",
+        turn_ratio <= TARGET_ACTOR_TURN_RATIO,
+    )
+    rep.row("CPU per turn, actor + driver", "", _ms(a.seq_cpu_per_turn))
+
+    pc = peer.get("concurrent")
+    pcf = pc.figures if pc else None
+    c = a.cold
+    rep.section(
+        f"W1, {s.sessions} brand-new sessions at once x {s.concurrent_turns} turns, default "
+        "namespace config (LangGraph: asyncio, AsyncSqliteSaver)"
+    )
+    rep.row(
+        "turns/s",
+        f"{pcf.turns_per_s:.1f}" if pcf else "",
+        f"{c.turns_per_s:.1f}",
+        _ratio(c.turns_per_s, pcf.turns_per_s if pcf else None),
+    )
+    rep.row(
+        "TTFC p50 / p95, all turns",
+        _pair(pcf.ttfc) if pcf else "",
+        _pair(c.ttfc),
+        _ratio(p50(c.ttfc), p50(pcf.ttfc) if pcf else None),
+    )
+    rep.row(
+        "TTFC p50 / p95, first turns",
+        _pair(pc.first_ttfc) if pc else "",
+        _pair(c.first_ttfc),
+        _ratio(p50(c.first_ttfc), p50(pc.first_ttfc) if pc else None),
+        f"p95 <= {TARGET_COLD_TTFC_P95:.0f} s",
+        pct(c.first_ttfc, 0.95) <= TARGET_COLD_TTFC_P95 and not c.errors,
+    )
+    rep.row(
+        "turn latency p50 / p95",
+        _pair(pcf.latency) if pcf else "",
+        _pair(c.latency),
+        _ratio(p50(c.latency), p50(pcf.latency) if pcf else None),
+    )
+    _pool_row(rep, a.cold_counters)
+    if c.errors:
+        rep.note(f"{len(c.errors)} turns failed; first: {c.errors[0]}")
+
+    w = a.warm
+    rep.section(
+        f"W1, {s.sessions} new sessions at once x {s.concurrent_turns} turns, pool pre-warmed "
+        f"to {s.sessions}"
+    )
+    warm_ratio = w.turns_per_s / pcf.turns_per_s if pcf and pcf.turns_per_s else None
+    rep.row(
+        "turns/s",
+        f"{pcf.turns_per_s:.1f}" if pcf else "",
+        f"{w.turns_per_s:.1f}",
+        _ratio(w.turns_per_s, pcf.turns_per_s if pcf else None),
+        f">= {TARGET_WARM_RATIO}x LangGraph",
+        None if warm_ratio is None else warm_ratio >= TARGET_WARM_RATIO and not w.errors,
+    )
+    rep.row(
+        "TTFC p50 / p95",
+        _pair(pcf.ttfc) if pcf else "",
+        _pair(w.ttfc),
+        _ratio(p50(w.ttfc), p50(pcf.ttfc) if pcf else None),
+        f"p95 <= {TARGET_WARM_TTFC_P95:.0f} s",
+        pct(w.ttfc, 0.95) <= TARGET_WARM_TTFC_P95 and not w.errors,
+    )
+    rep.row(
+        "turn latency p50 / p95",
+        _pair(pcf.latency) if pcf else "",
+        _pair(w.latency),
+        _ratio(p50(w.latency), p50(pcf.latency) if pcf else None),
+    )
+    _pool_row(rep, a.warm_counters)
+    if w.errors:
+        rep.note(f"{len(w.errors)} turns failed; first: {w.errors[0]}")
+
+    rep.section(f"memory and idle CPU of {len(a.uss)} live sessions (the pre-warmed run's)")
+    if a.uss:
+        mean = sum(a.uss) / len(a.uss)
+        rep.row(
+            "USS per live session actor, mean (max)",
+            "",
+            f"{mean:.0f} ({max(a.uss):.0f}) MiB",
+            "",
+            f"<= {TARGET_USS_MIB:.0f} MiB",
+            mean <= TARGET_USS_MIB,
+        )
+        rss = peer_memory.get("VmRSS")
+        rep.row(
+            f"memory for {len(a.uss)} live sessions (RSS; USS sum)",
+            _bytes(rss * 1024) if rss else "",
+            _bytes(sum(a.uss) * 1024 * 1024),
+            _ratio(sum(a.uss) * 1024, rss),
+        )
+    if a.idle_cpu:
+        mean = sum(a.idle_cpu) / len(a.idle_cpu)
+        rep.row(
+            "idle CPU per live actor, mean (max)",
+            "",
+            f"{mean:.2f}% ({max(a.idle_cpu):.2f}%)",
+            "",
+            f"< {IDLE_CPU_BEFORE:.0f}% of a core (was ~1%)",
+            mean < IDLE_CPU_BEFORE,
+        )
+
+    if a.w2 is None or a.w2_machine is None:
+        return
+    t = a.w2
+    model_end = W2_FIRST + W2_SPAN
+    rep.section(
+        f"W2: first chunk after {W2_FIRST * 1000:.0f} ms, {W2_CHUNKS} chunks over "
+        f"{W2_SPAN:.0f} s; {s.w2_sessions} new sessions at once x {s.w2_turns} turns through "
+        f"actors (default config, max_live {max(64, s.w2_sessions)})"
+    )
+
+    def added(values: list[float], model: float) -> list[float]:
+        return [v - model for v in values]
+
+    rep.note(
+        f"added TTFC = TTFC - {W2_FIRST * 1000:.0f} ms; added end = turn - {model_end:.1f} s "
+        "(what the model alone takes)"
+    )
+    for title, ttfc, latency in (
+        ("all turns", t.ttfc, t.latency),
+        ("first turns (binding)", t.first_ttfc, t.first_latency),
+        ("later turns (bound)", t.later_ttfc, t.later_latency),
+    ):
+        if not latency:
+            continue
+        head = title == "all turns"
+        added_ttfc = added(ttfc, W2_FIRST)
+        added_end = added(latency, model_end)
+        rep.row(
+            f"{title}: added TTFC p50 / p95",
+            "",
+            _pair(added_ttfc),
+            "",
+            f"p95 <= {TARGET_W2_ADDED_P95 * 1000:.0f} ms" if head else "",
+            pct(added_ttfc, 0.95) <= TARGET_W2_ADDED_P95 if head else None,
+        )
+        rep.row(
+            f"{title}: added end p50 / p95",
+            "",
+            _pair(added_end),
+            "",
+            f"p95 <= {TARGET_W2_ADDED_P95 * 1000:.0f} ms" if head else "",
+            pct(added_end, 0.95) <= TARGET_W2_ADDED_P95 if head else None,
+        )
+    busy, wall = a.w2_machine
+    cores = os.cpu_count() or 1
+    rep.row(
+        f"machine CPU over the run ({wall:.1f} s, all processes)",
+        "",
+        f"{busy / wall:.2f} of {cores} cores",
+        "",
+        f"{busy / wall / cores * 100:.0f}% busy",
+    )
+    rep.row("session actors' CPU (start-up included)", "", f"{a.w2_actor_cpu:.1f} core-s")
+    _pool_row(rep, a.w2_counters)
+    if t.errors:
+        rep.note(f"{len(t.errors)} turns failed; first: {t.errors[0]}")
+
+
+def _pool_row(rep: Report, counters: dict[str, int]) -> None:
+    """Actors started, pool hits and misses during a run (from the directory)."""
+    if not counters:
+        return
+    rep.row(
+        "actors started; pool hits / misses during the run",
+        "",
+        f"{counters.get('actors_created', 0)}; "
+        f"{counters.get('pool_hits', 0)} / {counters.get('pool_misses', 0)}",
+    )

@@ -1,0 +1,80 @@
+"""The W1 benchmark (``thinkray bench``, tests/bench/bench_w1.py) keeps running: its
+in-process part, for a few turns, prints every figure with sane values, beside
+LangGraph's when the bench extra is installed. No timing assertions: targets live in
+the benchmark, never in unit tests. No Ray (``--skip-actors``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import pytest
+from thinkray.actors.cli import main as cli_main
+
+SMALL = ["--skip-actors", "--seq-sessions", "2", "--seq-turns", "2", "--turns", "6"]
+
+
+def _has_langgraph() -> bool:
+    try:
+        return importlib.util.find_spec("langgraph.checkpoint.sqlite") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def _rows(out: str) -> dict[str, list[float]]:
+    """Figure name -> the numbers on its row (the first occurrence of each name)."""
+    rows: dict[str, list[float]] = {}
+    for line in out.splitlines():
+        if not line.startswith("  ") or len(line) < 54:
+            continue
+        name, rest = line[2:52].strip(), line[52:]
+        rest = rest.split(">=")[0].split("<=")[0]  # drop the target column
+        rows.setdefault(name, [float(x) for x in re.findall(r"\d+(?:\.\d+)?", rest)])
+    return rows
+
+
+def _sizes(out: str, name: str) -> list[float]:
+    """The byte figures on row ``name``, in bytes."""
+    line = next(row for row in out.splitlines() if row[2:52].strip() == name)
+    unit = {"KiB": 1024, "MB": 1e6}
+    return [float(n) * unit[u] for n, u in re.findall(r"(\d+(?:\.\d+)?) (KiB|MB)", line)]
+
+
+def _check_thinkray(out: str, *, peer: bool) -> None:
+    rows = _rows(out)
+    # with the peer each row reads: LangGraph, thinkray, ratio
+    k = 1 if peer else 0
+    assert rows["turns/s"][k] > 0
+    assert rows["CPU per turn"][k] > 0
+    p50, p95 = rows["TTFC p50 / p95"][2 * k : 2 * k + 2]
+    assert 0 < p50 <= p95
+    p50, p95 = rows["turn latency p50 / p95"][2 * k : 2 * k + 2]
+    assert 0 < p50 <= p95
+    after5 = _sizes(out, "bytes on disk after 5 turns (file + WAL, open)")
+    after6 = _sizes(out, "bytes on disk after 6 turns (file + WAL, open)")
+    assert len(after5) == len(after6) == 1 + k
+    assert all(0 < a <= b for a, b in zip(after5, after6, strict=True))
+    assert len(_sizes(out, "file after 6 turns, closed")) == 1 + k
+
+
+def test_thinkray_bench_in_process(tmp_path, capsys):
+    assert cli_main(["bench", *SMALL, "--no-peer", "--root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "W1 in process, 2 sessions x 2 turns" in out
+    assert "one session of 6 turns" in out
+    assert "LangGraph peer skipped: --no-peer" in out
+    assert "OVER TARGET" in out or " ok" in out  # verdicts are printed
+    _check_thinkray(out, peer=False)
+
+
+@pytest.mark.skipif(not _has_langgraph(), reason="the bench extra (LangGraph) is not installed")
+def test_bench_beside_langgraph(tmp_path, capsys):
+    from thinkray.actors.bench import main
+
+    assert main([*SMALL, "--root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "skipped" not in out
+    _check_thinkray(out, peer=True)
+    turns = _rows(out)["turns/s"]
+    assert turns[0] > 0 and turns[2] == pytest.approx(turns[1] / turns[0], rel=0.02, abs=0.01)
+    assert "sync (graph.stream, SqliteSaver)" in out
