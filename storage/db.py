@@ -54,6 +54,8 @@ class Database:
       use joins the outer transaction.
     - ``close()`` checkpoints so that no ``.wal`` file is left behind, and is
       idempotent. Any use after close raises :class:`DatabaseClosedError`.
+    - ``rollbacks`` counts transactions that did not commit: a store that keeps what
+      it wrote in memory compares it to learn that its last writes may not have landed.
     """
 
     def __init__(
@@ -65,6 +67,10 @@ class Database:
         self.path = str(path)
         self._lock = threading.RLock()
         self._depth = 0
+        self.rollbacks = 0
+        # What stores of one component keep in memory about this file, shared by every
+        # store on this connection (see DuckDBSessionStore).
+        self.state: dict[str, Any] = {}
         self._migrated: set[str] = set()
         # Components migrated inside the open transaction: a rollback takes their
         # tables with it, so they are forgotten and migrated again on next use.
@@ -180,6 +186,7 @@ class Database:
                 yield con
             except BaseException:
                 self._depth = 0
+                self.rollbacks += 1
                 self._forget_migrations()
                 con.execute("ROLLBACK")
                 raise
@@ -187,6 +194,7 @@ class Database:
             try:
                 con.execute("COMMIT")
             except BaseException:
+                self.rollbacks += 1
                 self._forget_migrations()
                 raise
             self._migrated_in_tx.clear()

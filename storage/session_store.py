@@ -7,7 +7,8 @@ Layout (``sessions`` component, version 1)::
     messages(id, session_id, parent_id, role, seq BIGINT, created_at DOUBLE,
              hidden_at DOUBLE, envelope BLOB)
     parts(session_id, message_id, idx INTEGER, type, state, tool_call_id, payload BLOB)
-    chunks(generation_id, idx INTEGER, payload BLOB, is_final BOOLEAN, seq BIGINT)
+    chunks(generation_id, idx INTEGER, payload BLOB, is_final BOOLEAN, seq BIGINT,
+           n INTEGER)                                    (n: version 2)
     config(key, value BLOB)
 
 Why it looks like this:
@@ -35,6 +36,17 @@ Why it looks like this:
 - A stream flush is one transaction with a constant number of statements; rows go in
   through ``INSERT ... SELECT unnest(?)`` with list parameters (``executemany`` and
   multi-row ``VALUES`` are several times slower here).
+- A flush's chunks with consecutive indexes are one ``chunks`` row: ``idx`` is the
+  first index, ``n`` the count and ``payload`` a msgpack array (a turn's ~200 chunks
+  are one row, not 200; rows of version 1, and chunks written out of order, are one
+  chunk each with ``n`` NULL).
+- The store is the file's only writer, so it keeps what it last read or wrote of
+  recently used sessions in memory (``_Cached``: the sessions row and the visible
+  history from the head, as the stored bytes) and serves ``get_session`` and
+  ``get_history`` from it; a turn's writes (``append_message``, ``flush_stream``,
+  ``add_usage``) update it as they commit, so a turn costs two transactions and no
+  history read. Every other write forgets it, and so does any rollback
+  (``Database.rollbacks``): what is in memory is only ever what was committed.
 
 Threads, branches and rewind (seeds 001 and 002) need no table of their own:
 
@@ -63,8 +75,10 @@ import re
 import sys
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import duckdb
@@ -79,6 +93,7 @@ from thinkray.storage.types import (
     DEFAULT_THREAD_KEY,
     THREAD_KEY_PATTERN,
     USAGE_KEYS,
+    ChunkPrune,
     ChunkWrite,
     InvalidInputError,
     Message,
@@ -132,7 +147,12 @@ def _v1(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
-MIGRATIONS: list[Migration] = [Migration(1, _v1)]
+def _v2(con: duckdb.DuckDBPyConnection) -> None:
+    # A row holds n consecutive chunks (a msgpack array); NULL: one chunk (version 1).
+    con.execute("ALTER TABLE chunks ADD COLUMN IF NOT EXISTS n INTEGER")
+
+
+MIGRATIONS: list[Migration] = [Migration(1, _v1), Migration(2, _v2)]
 
 _SESSION_COLS = (
     "id, name, parent_session_id, parent_message_id, thread_key, head_id, "
@@ -141,11 +161,51 @@ _SESSION_COLS = (
 _INSERT_PARTS = (
     "INSERT INTO parts SELECT ?::VARCHAR, unnest(?::VARCHAR[]), unnest(?::INTEGER[]), "
     "unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::BLOB[])"
-)
+)  # session_id, then one list per column of _part_row
 _INSERT_CHUNKS = (
     "INSERT INTO chunks SELECT unnest(?::VARCHAR[]), unnest(?::INTEGER[]), "
-    "unnest(?::BLOB[]), unnest(?::BOOLEAN[]), unnest(?::BIGINT[])"
+    "unnest(?::BLOB[]), unnest(?::BOOLEAN[]), unnest(?::BIGINT[]), unnest(?::INTEGER[])"
 )
+# Up to this many rows go in as ``VALUES`` (binding list parameters costs ~0.3 ms more
+# than a few scalars); more as ``unnest`` of lists (one bind whatever the count).
+_VALUES_ROWS = 3
+
+
+def _insert_rows(
+    con: duckdb.DuckDBPyConnection, table: str, unnest_sql: str, rows: Sequence[tuple[Any, ...]]
+) -> None:
+    """Insert ``rows`` (full rows of ``table``) the cheaper way for their count."""
+    if not rows:
+        return
+    width = len(rows[0])
+    if len(rows) <= _VALUES_ROWS:
+        one = "(" + ", ".join("?" * width) + ")"
+        con.execute(
+            f"INSERT INTO {table} VALUES " + ", ".join([one] * len(rows)),
+            [value for row in rows for value in row],
+        )
+    else:
+        con.execute(unnest_sql, _as_columns(rows, width))
+
+
+def _insert_parts(
+    con: duckdb.DuckDBPyConnection, session_id: str, part_rows: Sequence[tuple[Any, ...]]
+) -> None:
+    """Insert part rows (``_part_row``'s) of messages of ``session_id``."""
+    if len(part_rows) <= _VALUES_ROWS:
+        _insert_rows(con, "parts", _INSERT_PARTS, [(session_id, *row) for row in part_rows])
+    else:
+        con.execute(_INSERT_PARTS, [session_id, *_as_columns(part_rows, 6)])
+
+
+# Insert a message unless its id exists anywhere (ids are store-wide): the count it
+# returns is the duplicate check, so a new message costs one statement.
+_INSERT_NEW_MESSAGE = (
+    "INSERT INTO messages SELECT ?, ?, ?, ?, ?, ?, NULL, ? "
+    "WHERE NOT EXISTS (SELECT 1 FROM messages WHERE id = ?)"
+)
+# How many sessions' rows and histories the store keeps in memory.
+_CACHED_SESSIONS = 16
 _IDS = "(SELECT unnest(?::VARCHAR[]))"
 
 # Branch and clone copy a path with one INSERT ... SELECT per table. A copy's id is
@@ -342,6 +402,37 @@ def _check_ids(ids: Any, what: str) -> list[str]:
     return out
 
 
+def _check_usage(usage: Any) -> None:
+    """Validate one step's usage (what ``add_usage`` takes)."""
+    _check_dict(usage, "usage", optional=False)
+    unknown = set(usage) - set(_STEP_TO_ROLLUP) - {"cost_usd"}
+    if unknown:
+        raise InvalidInputError(f"unknown usage keys {sorted(unknown)}")
+    for key in _STEP_TO_ROLLUP:
+        if key in usage:
+            _check_index(usage[key], f"usage[{key!r}]")
+    cost = usage.get("cost_usd")
+    if cost is not None and (isinstance(cost, bool) or not isinstance(cost, int | float)):
+        raise InvalidInputError(f"usage['cost_usd'] must be a number, got {cost!r}")
+
+
+def _add_usage(info: SessionInfo, usage: dict[str, Any]) -> None:
+    """Add one step's (checked) usage to the session's rollup."""
+    rollup = info.usage
+    for step_key, rollup_key in _STEP_TO_ROLLUP.items():
+        amount = usage.get(step_key, 0)
+        rollup[rollup_key] = rollup.get(rollup_key, 0) + amount
+        rollup["total_tokens"] = rollup.get("total_tokens", 0) + amount
+    cost = usage.get("cost_usd")
+    if cost is not None:
+        rollup["cost_usd"] = (rollup.get("cost_usd") or 0) + cost
+    step_tokens = sum(usage.get(k, 0) for k in _STEP_TO_ROLLUP)
+    if step_tokens:
+        # The context is what this call read and wrote, not a sum over calls (each
+        # re-read the conversation); a step that reported nothing leaves it as it was.
+        info.context_tokens = step_tokens
+
+
 def _check_parent(parent_id: Any) -> None:
     if parent_id is not HEAD and parent_id is not None:
         _check_str(parent_id, "parent_id")
@@ -460,6 +551,216 @@ class _Tree:
         return out
 
 
+def _build_messages(
+    ids: Sequence[str], envelopes: Sequence[bytes], part_payloads: Sequence[Sequence[bytes]]
+) -> list[Message]:
+    """Messages from stored bytes: each envelope with its id (the id column is the
+    truth: a branch or clone copies envelopes verbatim and gives the copies new ids)
+    and its parts, decoded with two msgpack calls in all."""
+    messages = _unpack_many(envelopes)
+    parts = _unpack_many([p for payloads in part_payloads for p in payloads])
+    at = 0
+    for message, mid, payloads in zip(messages, ids, part_payloads, strict=True):
+        message["id"] = mid
+        end = at + len(payloads)
+        message["parts"] = parts[at:end]
+        at = end
+    return messages
+
+
+@dataclass
+class _FlushBatch:
+    """A :class:`StreamFlush`, checked and serialized (see :meth:`check`)."""
+
+    sid: str
+    envelope: tuple[str, str, bytes] | None
+    parent_id: str | None
+    use_head: bool
+    part_rows: list[tuple[Any, ...]]
+    target: str | None  # the message ``parts_length`` shrinks
+    parts_length: int | None
+    named: set[str]  # messages the batch writes parts of (or shrinks), but its own
+    chunk_rows: list[tuple[Any, ...]]
+    usage: list[dict[str, Any]]
+    prune: ChunkPrune | None
+
+    @classmethod
+    def check(cls, flush: Any) -> _FlushBatch:
+        """Validate and serialize everything, so that a bad batch writes nothing.
+
+        Raises:
+            InvalidInputError: what is malformed.
+        """
+        if not isinstance(flush, StreamFlush):
+            raise InvalidInputError("flush must be a StreamFlush")
+        sid = flush.session_id
+        _check_str(sid, "session_id")
+        envelope = _envelope(flush.message) if flush.message is not None else None
+        _check_str(flush.parent_id, "parent_id", optional=True)
+        latest: dict[tuple[str, int], PartWrite] = {}
+        for pw in flush.parts:
+            if not isinstance(pw, PartWrite):
+                raise InvalidInputError("flush.parts must hold PartWrite items")
+            _check_str(pw.message_id, "part message_id")
+            _check_index(pw.index, "part index")
+            latest[(pw.message_id, pw.index)] = pw  # the last write of a slot wins
+        target: str | None = None
+        length = flush.parts_length
+        if length is not None:
+            _check_index(length, "parts_length")
+            if envelope is not None:
+                target = envelope[0]
+            else:
+                mids = {mid for mid, _ in latest}
+                if len(mids) != 1:
+                    raise InvalidInputError(
+                        "parts_length needs flush.message or parts of exactly one message"
+                    )
+                target = mids.pop()
+        part_rows = [
+            _part_row(mid, idx, pw.part)
+            for (mid, idx), pw in latest.items()
+            if not (mid == target and length is not None and idx >= length)
+        ]
+        named = {mid for mid, _ in latest} | ({target} if target else set())
+        if envelope is not None:
+            named.discard(envelope[0])
+        for usage in flush.usage:
+            _check_usage(usage)
+        prune = flush.prune_chunks
+        if prune is not None:
+            if not isinstance(prune, ChunkPrune):
+                raise InvalidInputError("flush.prune_chunks must be a ChunkPrune")
+            _check_index(prune.keep, "prune_chunks.keep")
+            _check_ids(prune.active, "prune_chunks.active")
+        return cls(
+            sid,
+            envelope,
+            flush.parent_id,
+            flush.use_head,
+            part_rows,
+            target,
+            length,
+            named,
+            _chunk_rows(flush.chunks),
+            list(flush.usage),
+            prune,
+        )
+
+
+def _chunk_rows(chunks: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """``chunks`` rows ``(generation_id, idx, payload, is_final, n)``: each run of
+    consecutive indexes of one generation is one row holding a msgpack array; a chunk
+    out of order is a row of its own (``n`` None)."""
+    for cw in chunks:
+        if not isinstance(cw, ChunkWrite):
+            raise InvalidInputError("flush.chunks must hold ChunkWrite items")
+        _check_str(cw.generation_id, "generation_id")
+        _check_index(cw.index, "chunk index")
+        _check_dict(cw.chunk, "chunk", optional=False)
+    runs: list[list[ChunkWrite]] = []
+    for cw in chunks:
+        last = runs[-1][-1] if runs else None
+        if (
+            last is not None
+            and cw.generation_id == last.generation_id
+            and cw.index == last.index + 1
+        ):
+            runs[-1].append(cw)
+        else:
+            runs.append([cw])
+    rows: list[tuple[Any, ...]] = []
+    for run in runs:
+        first = run[0]
+        if len(run) == 1:
+            payload = _pack(first.chunk, f"chunk {first.index} of {first.generation_id!r}")
+            rows.append((first.generation_id, first.index, payload, bool(first.is_final), None))
+            continue
+        try:
+            payload = msgpack.packb([cw.chunk for cw in run], use_bin_type=True)
+        except (TypeError, ValueError, OverflowError):
+            for cw in run:  # name the chunk that cannot be stored
+                _pack(cw.chunk, f"chunk {cw.index} of {cw.generation_id!r}")
+            raise
+        is_final = any(cw.is_final for cw in run)
+        rows.append((first.generation_id, first.index, payload, is_final, len(run)))
+    return rows
+
+
+def _new_slots(entry: _Cached, slots: list[tuple[str, int]]) -> bool:
+    """Whether every ``(message id, index)`` is past the cached message's parts (no
+    stored row to replace)."""
+    return all(idx >= len(entry.parts[entry.pos[mid]]) for mid, idx in slots)
+
+
+@dataclass
+class _StoreState:
+    """What the session stores of one :class:`Database` keep in memory.
+
+    ``seq`` orders messages (and ``chunk_seq`` chunks) store-wide, and ``last_ts``
+    keeps timestamps strictly increasing: the file has one writer, so counters
+    initialised from it are enough. ``cache`` is what was committed of recently used
+    sessions (most recent last) and ``generations`` the chunk log's generations
+    oldest first (None: not read yet); both are valid while ``Database.rollbacks``
+    equals ``epoch`` (see the module)."""
+
+    seq: int
+    chunk_seq: int
+    last_ts: float
+    cache: OrderedDict[str, _Cached] = field(default_factory=OrderedDict)
+    generations: list[str] | None = None
+    epoch: int = 0
+
+
+@dataclass
+class _Cached:
+    """What the store knows of one session without reading the file: its
+    ``sessions`` row (``_SESSION_COLS`` order) and, once a history was read or
+    written, the visible messages from the head as stored (envelope and part bytes;
+    ``path`` None when unknown). See the module's notes."""
+
+    row: list[Any]
+    path: list[str] | None = None
+    envelopes: list[bytes] = field(default_factory=list)
+    parts: list[list[bytes]] = field(default_factory=list)
+    pos: dict[str, int] = field(default_factory=dict)
+
+    def set_path(self, ids: list[str], envelopes: list[bytes], parts: list[list[bytes]]) -> None:
+        self.path, self.envelopes, self.parts = ids, envelopes, parts
+        self.pos = {mid: i for i, mid in enumerate(ids)}
+
+    def forget_path(self) -> None:
+        self.path = None
+        self.envelopes, self.parts, self.pos = [], [], {}
+
+    def extend(self, parent: str | None, mid: str, envelope: bytes, parts: list[bytes]) -> None:
+        """A message was added under ``parent`` and became the head."""
+        if self.path is None:
+            return
+        if parent is None:
+            keep = 0
+        elif parent in self.pos:
+            keep = self.pos[parent] + 1
+        else:
+            self.forget_path()
+            return
+        if keep < len(self.path):
+            self.set_path(self.path[:keep], self.envelopes[:keep], self.parts[:keep])
+        self.pos[mid] = len(self.path)
+        self.path.append(mid)
+        self.envelopes.append(envelope)
+        self.parts.append(parts)
+
+    def write_part(self, mid: str, index: int, payload: bytes) -> None:
+        parts = self.parts[self.pos[mid]]
+        if index < len(parts):
+            parts[index] = payload
+        elif index == len(parts):
+            parts.append(payload)
+        else:  # a gap: the stored list skips it, so read it back rather than mimic that
+            self.forget_path()
+
+
 class DuckDBSessionStore(SessionStore):
     """:class:`~thinkray.storage.protocols.SessionStore` on one DuckDB file (or ``:memory:``).
 
@@ -483,20 +784,22 @@ class DuckDBSessionStore(SessionStore):
         try:
             db_ = self._database
             db_.migrate(COMPONENT, MIGRATIONS)
-            row = db_.fetchone(
-                "SELECT (SELECT max(seq) FROM messages), (SELECT max(seq) FROM chunks), "
-                "(SELECT max(updated_at) FROM sessions)"
-            )
+            state = db_.state.get(COMPONENT)
+            if state is None:
+                row = db_.fetchone(
+                    "SELECT (SELECT max(seq) FROM messages), (SELECT max(seq) FROM chunks), "
+                    "(SELECT max(updated_at) FROM sessions)"
+                )
+                assert row is not None
+                state = db_.state[COMPONENT] = _StoreState(
+                    row[0] or 0, row[1] or 0, row[2] or 0.0, epoch=db_.rollbacks
+                )
         except BaseException:
             if self._owns:
                 self._database.close()
             raise
-        assert row is not None
-        # seq orders messages (and chunks) store-wide; one writer, so a counter in
-        # memory initialised from the file is enough.
-        self._seq: int = row[0] or 0
-        self._chunk_seq: int = row[1] or 0
-        self._last_ts: float = row[2] or 0.0
+        # Stores on one Database share this: they are one writer of one file.
+        self._state: _StoreState = state
 
     # -- plumbing -------------------------------------------------------------------
 
@@ -529,22 +832,73 @@ class DuckDBSessionStore(SessionStore):
         return self._stores
 
     @contextmanager
-    def _tx(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        with self.db.transaction() as con:
+    def _tx(self, *, keep_cache: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A transaction (joins one that is open). Unless ``keep_cache`` (reads, and
+        the writes that update the cache themselves), what is cached is forgotten."""
+        db = self.db
+        if not keep_cache:
+            self._forget()
+        with db.transaction() as con:
             yield con
+
+    # -- the cache ------------------------------------------------------------------
+
+    def _forget(self) -> None:
+        self._state.cache.clear()
+        self._state.generations = None
+
+    def _cached(self, session_id: str) -> _Cached | None:
+        """The session's cache entry, if any (everything is forgotten after a rollback:
+        a write it recorded may not have landed)."""
+        if self._state.epoch != self._database.rollbacks:
+            self._forget()
+            self._state.epoch = self._database.rollbacks
+            return None
+        entry = self._state.cache.get(session_id)
+        if entry is not None:
+            self._state.cache.move_to_end(session_id)
+        return entry
+
+    def _remember(self, row: Sequence[Any]) -> _Cached:
+        """Cache a ``sessions`` row just read (keeping a known history only if the head
+        is the same)."""
+        self._cached("")  # drop a stale cache first
+        entry = self._state.cache.get(row[0])
+        if entry is None or entry.row[5] != row[5]:
+            entry = _Cached(list(row))
+        else:
+            entry.row = list(row)
+        self._state.cache[row[0]] = entry
+        self._state.cache.move_to_end(row[0])
+        while len(self._state.cache) > _CACHED_SESSIONS:
+            self._state.cache.popitem(last=False)
+        return entry
+
+    def _session_row(self, con: duckdb.DuckDBPyConnection, session_id: str) -> _Cached:
+        """The session's cache entry, reading its row if needed; raises if the session
+        does not exist."""
+        entry = self._cached(session_id)
+        if entry is not None:
+            return entry
+        row = con.execute(
+            f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", [session_id]
+        ).fetchone()
+        if row is None:
+            raise SessionNotFoundError(f"session {session_id!r} not found")
+        return self._remember(row)
 
     def _now(self) -> float:
         # Strictly increasing, so "most recently updated first" is a total order even
         # when two writes land within the clock's resolution.
         now = time.time()
-        if now <= self._last_ts:
-            now = self._last_ts + 1e-6
-        self._last_ts = now
+        if now <= self._state.last_ts:
+            now = self._state.last_ts + 1e-6
+        self._state.last_ts = now
         return now
 
     def _next_seq(self) -> int:
-        self._seq += 1
-        return self._seq
+        self._state.seq += 1
+        return self._state.seq
 
     @staticmethod
     def _head(con: duckdb.DuckDBPyConnection, session_id: str) -> str | None:
@@ -621,7 +975,28 @@ class DuckDBSessionStore(SessionStore):
             [mid, session_id, parent, role, self._next_seq(), now, envelope],
         )
         if part_rows:
-            con.execute(_INSERT_PARTS, [session_id, *_as_columns(part_rows, 6)])
+            _insert_parts(con, session_id, part_rows)
+
+    def _insert_new(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        session_id: str,
+        mid: str,
+        role: str,
+        envelope: bytes,
+        parent: str | None,
+        now: float,
+    ) -> bool:
+        """Insert a message row unless ``mid`` exists (in any session); False if it
+        did, and then nothing was written."""
+        row = con.execute(
+            _INSERT_NEW_MESSAGE,
+            [mid, session_id, parent, role, self._state.seq + 1, now, envelope, mid],
+        ).fetchone()
+        if not row or not row[0]:
+            return False
+        self._next_seq()
+        return True
 
     @staticmethod
     def _touch(
@@ -645,38 +1020,40 @@ class DuckDBSessionStore(SessionStore):
         return _Tree(_columns(cur, 7 if rows else 4))
 
     @staticmethod
-    def _parts_by_message(
+    def _part_payloads(
         con: duckdb.DuckDBPyConnection, where: str, params: list[Any]
-    ) -> dict[str, list[Part]]:
-        """``message id -> parts`` (in index order) of the messages matching ``where``."""
+    ) -> dict[str, list[bytes]]:
+        """``message id -> part payloads`` (in index order, still encoded) of the
+        messages matching ``where``."""
         cur = con.execute(
             f"SELECT message_id, payload FROM parts WHERE {where} ORDER BY message_id, idx",
             params,
         )
         np = sys.modules.get("numpy")
         if np is None:
-            out: dict[str, list[Part]] = {}
+            out: dict[str, list[bytes]] = {}
             get = out.get
             mids, payloads = _columns(cur, 2)
-            for mid, part in zip(mids, _unpack_many(payloads), strict=True):
+            for mid, payload in zip(mids, payloads, strict=True):
                 parts = get(mid)
                 if parts is None:
-                    out[mid] = [part]
+                    out[mid] = [payload]
                 else:
-                    parts.append(part)
+                    parts.append(payload)
             return out
         # Each message's parts are one contiguous run: find the run boundaries in C and
         # slice, instead of a dict lookup and an append per part.
         result = cur.fetchnumpy()
         mids_array = result["message_id"]
-        parts = _unpack_many(result["payload"].tolist())
-        if not parts:
+        payloads = result["payload"].tolist()
+        if not payloads:
             return {}
         cuts = (np.flatnonzero(mids_array[1:] != mids_array[:-1]) + 1).tolist()
         starts = [0, *cuts]
         keys = mids_array[starts].tolist()
         return {
-            key: parts[a:b] for key, a, b in zip(keys, starts, [*cuts, len(parts)], strict=True)
+            key: payloads[a:b]
+            for key, a, b in zip(keys, starts, [*cuts, len(payloads)], strict=True)
         }
 
     # -- sessions -------------------------------------------------------------------
@@ -729,14 +1106,21 @@ class DuckDBSessionStore(SessionStore):
 
     @override
     def get_session(self, session_id: str) -> SessionInfo:
-        row = self.db.fetchone(f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", [session_id])
-        if row is None:
-            raise SessionNotFoundError(f"session {session_id!r} not found")
-        return _session_info(row)
+        db = self.db  # closed: DatabaseClosedError
+        entry = self._cached(session_id)
+        if entry is None:
+            row = db.fetchone(f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", [session_id])
+            if row is None:
+                raise SessionNotFoundError(f"session {session_id!r} not found")
+            entry = self._remember(row)
+        return _session_info(entry.row)
 
     @override
     def has_session(self, session_id: str) -> bool:
-        return self.db.fetchone("SELECT 1 FROM sessions WHERE id = ?", [session_id]) is not None
+        db = self.db
+        if self._cached(session_id) is not None:
+            return True
+        return db.fetchone("SELECT 1 FROM sessions WHERE id = ?", [session_id]) is not None
 
     @override
     def list_sessions(
@@ -765,14 +1149,11 @@ class DuckDBSessionStore(SessionStore):
             )
 
     def _rewrite_info(self, session_id: str, change: Any) -> SessionInfo:
-        """Read-modify-write of ``sessions.info`` in one transaction."""
-        with self._tx() as con:
-            row = con.execute(
-                f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", [session_id]
-            ).fetchone()
-            if row is None:
-                raise SessionNotFoundError(f"session {session_id!r} not found")
-            info = _session_info(row)
+        """Read-modify-write of ``sessions.info`` in one transaction (the read is the
+        cached row when there is one)."""
+        with self._tx(keep_cache=True) as con:
+            entry = self._session_row(con, session_id)
+            info = _session_info(entry.row)
             change(info)
             blob = _info_blob(info)
             info.updated_at = self._now()
@@ -780,6 +1161,7 @@ class DuckDBSessionStore(SessionStore):
                 "UPDATE sessions SET info = ?, updated_at = ? WHERE id = ?",
                 [blob, info.updated_at, session_id],
             )
+            entry.row[7], entry.row[8] = info.updated_at, blob
         return info
 
     @override
@@ -811,34 +1193,8 @@ class DuckDBSessionStore(SessionStore):
 
     @override
     def add_usage(self, session_id: str, usage: dict[str, Any]) -> SessionInfo:
-        _check_dict(usage, "usage", optional=False)
-        unknown = set(usage) - set(_STEP_TO_ROLLUP) - {"cost_usd"}
-        if unknown:
-            raise InvalidInputError(f"unknown usage keys {sorted(unknown)}")
-        for key in _STEP_TO_ROLLUP:
-            if key in usage:
-                _check_index(usage[key], f"usage[{key!r}]")
-        cost = usage.get("cost_usd")
-        if cost is not None and (isinstance(cost, bool) or not isinstance(cost, int | float)):
-            raise InvalidInputError(f"usage['cost_usd'] must be a number, got {cost!r}")
-
-        step_tokens = sum(usage.get(k, 0) for k in _STEP_TO_ROLLUP)
-
-        def change(info: SessionInfo) -> None:
-            rollup = info.usage
-            for step_key, rollup_key in _STEP_TO_ROLLUP.items():
-                amount = usage.get(step_key, 0)
-                rollup[rollup_key] = rollup.get(rollup_key, 0) + amount
-                rollup["total_tokens"] = rollup.get("total_tokens", 0) + amount
-            if cost is not None:
-                rollup["cost_usd"] = (rollup.get("cost_usd") or 0) + cost
-            if step_tokens:
-                # The context is what this call read and wrote, not a sum over calls
-                # (each re-read the conversation); a step that reported nothing
-                # leaves it as it was.
-                info.context_tokens = step_tokens
-
-        return self._rewrite_info(session_id, change)
+        _check_usage(usage)
+        return self._rewrite_info(session_id, lambda info: _add_usage(info, usage))
 
     @override
     def set_usage(self, session_id: str, rollup: dict[str, Any]) -> SessionInfo:
@@ -899,14 +1255,33 @@ class DuckDBSessionStore(SessionStore):
     ) -> bool:
         mid, role, envelope, part_rows = _message(message)
         _check_parent(parent_id)
-        with self._tx() as con:
-            head, owners = self._lookup(con, session_id, [mid, parent_id])
-            if mid in owners:
-                return False  # the first write wins, wherever it landed
-            parent = self._resolve_parent(con, session_id, parent_id, head, owners)
-            now = self._now()
-            self._insert_message(con, session_id, mid, role, envelope, parent, part_rows, now)
+        with self._tx(keep_cache=True) as con:
+            entry = self._cached(session_id)
+            parent: str | None
+            if entry is not None and (
+                (parent_id is HEAD and entry.row[5] is not None)
+                or parent_id is None
+                or parent_id in entry.pos
+            ):
+                # The parent is known: the insert is the duplicate check too.
+                parent = entry.row[5] if parent_id is HEAD else parent_id
+                now = self._now()
+                if not self._insert_new(con, session_id, mid, role, envelope, parent, now):
+                    return False  # the first write wins, wherever it landed
+                if part_rows:
+                    _insert_parts(con, session_id, part_rows)
+            else:
+                head, owners = self._lookup(con, session_id, [mid, parent_id])
+                if mid in owners:
+                    return False  # the first write wins, wherever it landed
+                parent = self._resolve_parent(con, session_id, parent_id, head, owners)
+                now = self._now()
+                self._insert_message(con, session_id, mid, role, envelope, parent, part_rows, now)
             self._touch(con, session_id, now, head=mid)
+            entry = self._cached(session_id)
+            if entry is not None:
+                entry.extend(parent, mid, envelope, [row[5] for row in part_rows])
+                entry.row[5], entry.row[7] = mid, now
         return True
 
     @override
@@ -940,8 +1315,8 @@ class DuckDBSessionStore(SessionStore):
             now = self._now()
             parent = parent_of[child_id]
             self._insert_message(con, session_id, mid, role, envelope, parent, part_rows, now)
-            first = self._seq + 1
-            self._seq += len(subtree)
+            first = self._state.seq + 1
+            self._state.seq += len(subtree)
             con.execute(
                 "UPDATE messages SET parent_id = ? WHERE session_id = ? AND id = ?",
                 [mid, session_id, child_id],
@@ -992,7 +1367,7 @@ class DuckDBSessionStore(SessionStore):
                 _as_columns(rows, 7),
             )
             if part_rows:
-                con.execute(_INSERT_PARTS, [session_id, *_as_columns(part_rows, 6)])
+                _insert_parts(con, session_id, part_rows)
             self._touch(con, session_id, now, head=ids[-1])
         return len(ids)
 
@@ -1017,7 +1392,7 @@ class DuckDBSessionStore(SessionStore):
                 )
                 con.execute("DELETE FROM parts WHERE message_id = ?", [mid])
                 if part_rows:
-                    con.execute(_INSERT_PARTS, [session_id, *_as_columns(part_rows, 6)])
+                    _insert_parts(con, session_id, part_rows)
                 self._touch(con, session_id, now)
                 return
             parent = self._resolve_parent(con, session_id, parent_id, head, owners)
@@ -1026,109 +1401,163 @@ class DuckDBSessionStore(SessionStore):
 
     @override
     def flush_stream(self, flush: StreamFlush) -> None:
-        # Validate and serialize everything first: a bad batch writes nothing.
-        if not isinstance(flush, StreamFlush):
-            raise InvalidInputError("flush must be a StreamFlush")
-        sid = flush.session_id
-        _check_str(sid, "session_id")
-        envelope: tuple[str, str, bytes] | None = None
-        if flush.message is not None:
-            envelope = _envelope(flush.message)
-        _check_str(flush.parent_id, "parent_id", optional=True)
-        latest: dict[tuple[str, int], PartWrite] = {}
-        for pw in flush.parts:
-            if not isinstance(pw, PartWrite):
-                raise InvalidInputError("flush.parts must hold PartWrite items")
-            _check_str(pw.message_id, "part message_id")
-            _check_index(pw.index, "part index")
-            latest[(pw.message_id, pw.index)] = pw  # the last write of a slot wins
-        target: str | None = None
-        if flush.parts_length is not None:
-            _check_index(flush.parts_length, "parts_length")
-            if envelope is not None:
-                target = envelope[0]
-            else:
-                mids = {mid for mid, _ in latest}
-                if len(mids) != 1:
-                    raise InvalidInputError(
-                        "parts_length needs flush.message or parts of exactly one message"
-                    )
-                target = mids.pop()
-        part_rows = [
-            _part_row(mid, idx, pw.part)
-            for (mid, idx), pw in latest.items()
-            if not (mid == target and idx >= flush.parts_length)  # type: ignore[operator]
-        ]
-        chunk_rows: list[tuple[Any, ...]] = []
-        for cw in flush.chunks:
-            if not isinstance(cw, ChunkWrite):
-                raise InvalidInputError("flush.chunks must hold ChunkWrite items")
-            _check_str(cw.generation_id, "generation_id")
-            _check_index(cw.index, "chunk index")
-            _check_dict(cw.chunk, "chunk", optional=False)
-            chunk_rows.append(
-                (
-                    cw.generation_id,
-                    cw.index,
-                    _pack(cw.chunk, f"chunk {cw.index} of {cw.generation_id!r}"),
-                    bool(cw.is_final),
-                )
-            )
-
-        with self._tx() as con:
-            wanted: list[str | None] = [mid for mid, _ in latest]
-            wanted += [envelope[0] if envelope else None, flush.parent_id, target]
-            head, owners = self._lookup(con, sid, wanted)
+        batch = _FlushBatch.check(flush)  # a bad batch raises before anything is written
+        sid = batch.sid
+        with self._tx(keep_cache=True) as con:
             now = self._now()
-            # Check every message the batch names before writing anything.
-            inserted: str | None = None
-            if envelope is not None:
-                owner = owners.get(envelope[0])
-                if owner is None:
-                    inserted = envelope[0]
-                elif owner != sid:
-                    raise InvalidInputError(f"message {envelope[0]!r} belongs to session {owner!r}")
-            for mid in {m for m, _ in latest} | ({target} if target else set()):
-                if mid != inserted and owners.get(mid) != sid:
-                    raise MessageNotFoundError(f"message {mid!r} not found in session {sid!r}")
-            if envelope is not None:
-                mid, role, blob = envelope
-                if inserted is not None:
-                    if flush.parent_id is not None:
-                        parent = self._resolve_parent(con, sid, flush.parent_id, head, owners)
-                    elif flush.use_head:
-                        parent = self._resolve_parent(con, sid, HEAD, head, owners)
-                    else:
-                        parent = None
-                    self._insert_message(con, sid, mid, role, blob, parent, [], now)
-                else:
-                    con.execute(
-                        "UPDATE messages SET role = ?, envelope = ? WHERE id = ?", [role, blob, mid]
-                    )
-            if part_rows:
-                old = [(mid, idx) for mid, idx, *_ in part_rows if mid != inserted]
-                if old:
-                    con.execute(
-                        "DELETE FROM parts USING (SELECT unnest(?::VARCHAR[]) AS m, "
-                        "unnest(?::INTEGER[]) AS i) d WHERE parts.message_id = d.m "
-                        "AND parts.idx = d.i",
-                        _as_columns(old, 2),
-                    )
-            if target is not None and target != inserted:
+            known, inserted = self._flush_known(con, batch, now)
+            if not known:
+                inserted = self._flush_lookup(con, batch, now)
+            entry = self._cached(sid)
+            old = [(mid, idx) for mid, idx, *_ in batch.part_rows if mid != inserted]
+            if old and not (
+                entry is not None and entry.path is not None and _new_slots(entry, old)
+            ):
+                con.execute(
+                    "DELETE FROM parts USING (SELECT unnest(?::VARCHAR[]) AS m, "
+                    "unnest(?::INTEGER[]) AS i) d WHERE parts.message_id = d.m "
+                    "AND parts.idx = d.i",
+                    _as_columns(old, 2),
+                )
+            if batch.target is not None and batch.target != inserted:
                 con.execute(
                     "DELETE FROM parts WHERE message_id = ? AND idx >= ?",
-                    [target, flush.parts_length],
+                    [batch.target, batch.parts_length],
                 )
-            if part_rows:
-                con.execute(_INSERT_PARTS, [sid, *_as_columns(part_rows, 6)])
-            if chunk_rows:
-                cols = _as_columns(chunk_rows, 4)
-                first = self._chunk_seq + 1
-                self._chunk_seq += len(chunk_rows)
-                cols.append(list(range(first, self._chunk_seq + 1)))
-                con.execute(_INSERT_CHUNKS, cols)
-            if envelope is not None or part_rows or target is not None:
-                self._touch(con, sid, now, head=inserted if inserted else HEAD)
+            if batch.part_rows:
+                _insert_parts(con, sid, batch.part_rows)
+            if batch.chunk_rows:
+                self._write_chunks(con, batch.chunk_rows)
+            info_blob: bytes | None = None
+            if batch.usage:
+                entry = self._session_row(con, sid)
+                info = _session_info(entry.row)
+                for usage in batch.usage:
+                    _add_usage(info, usage)
+                info_blob = _info_blob(info)
+            touched = batch.envelope is not None or batch.part_rows or batch.target is not None
+            if touched or info_blob is not None:
+                head: Any = inserted if inserted else HEAD
+                if info_blob is None:
+                    self._touch(con, sid, now, head=head)
+                elif head is HEAD:
+                    con.execute(
+                        "UPDATE sessions SET updated_at = ?, info = ? WHERE id = ?",
+                        [now, info_blob, sid],
+                    )
+                else:
+                    con.execute(
+                        "UPDATE sessions SET updated_at = ?, head_id = ?, info = ? WHERE id = ?",
+                        [now, head, info_blob, sid],
+                    )
+            if batch.prune is not None:
+                self._prune_chunks(con, batch.prune)
+            self._flushed(batch, inserted, now, touched, info_blob)
+
+    def _flush_known(
+        self, con: duckdb.DuckDBPyConnection, batch: _FlushBatch, now: float
+    ) -> tuple[bool, str | None]:
+        """Check and insert the batch's message from the cache alone: every message it
+        names on the cached history, the new one's parent known. Returns whether the
+        cache could tell (if not, nothing was written) and the inserted message id
+        (None: nothing inserted)."""
+        entry = self._cached(batch.sid)
+        if entry is None or entry.path is None:
+            return False, None
+        pos = entry.pos
+        new: str | None = None
+        parent: str | None = None
+        if batch.envelope is not None and batch.envelope[0] not in pos:
+            new = batch.envelope[0]
+            if batch.parent_id is not None:
+                if batch.parent_id not in pos:
+                    return False, None
+                parent = batch.parent_id
+            elif batch.use_head:
+                parent = entry.row[5]
+                if parent is None:
+                    return False, None
+        for mid in batch.named:
+            if mid != new and mid not in pos:
+                return False, None
+        if new is not None:
+            _, role, blob = batch.envelope  # type: ignore[misc]
+            if not self._insert_new(con, batch.sid, new, role, blob, parent, now):
+                return False, None  # it exists elsewhere: the full check says where
+            entry.extend(parent, new, blob, [])
+        elif batch.envelope is not None:
+            mid, role, blob = batch.envelope
+            con.execute(
+                "UPDATE messages SET role = ?, envelope = ? WHERE id = ?", [role, blob, mid]
+            )
+            entry.envelopes[pos[mid]] = blob
+        return True, new
+
+    def _flush_lookup(
+        self, con: duckdb.DuckDBPyConnection, batch: _FlushBatch, now: float
+    ) -> str | None:
+        """Check the batch's messages against the file and insert or update its
+        message; returns the inserted id (None if none). The session's cached history
+        is forgotten."""
+        sid, envelope, target = batch.sid, batch.envelope, batch.target
+        wanted: list[str | None] = list(batch.named)
+        wanted += [envelope[0] if envelope else None, batch.parent_id]
+        head, owners = self._lookup(con, sid, wanted)
+        entry = self._cached(sid)
+        if entry is not None:
+            entry.forget_path()
+        # Check every message the batch names before writing anything.
+        inserted: str | None = None
+        if envelope is not None:
+            owner = owners.get(envelope[0])
+            if owner is None:
+                inserted = envelope[0]
+            elif owner != sid:
+                raise InvalidInputError(f"message {envelope[0]!r} belongs to session {owner!r}")
+        for mid in batch.named | ({target} if target else set()):
+            if mid != inserted and owners.get(mid) != sid:
+                raise MessageNotFoundError(f"message {mid!r} not found in session {sid!r}")
+        if envelope is not None:
+            mid, role, blob = envelope
+            if inserted is not None:
+                if batch.parent_id is not None:
+                    parent = self._resolve_parent(con, sid, batch.parent_id, head, owners)
+                elif batch.use_head:
+                    parent = self._resolve_parent(con, sid, HEAD, head, owners)
+                else:
+                    parent = None
+                self._insert_message(con, sid, mid, role, blob, parent, [], now)
+            else:
+                con.execute(
+                    "UPDATE messages SET role = ?, envelope = ? WHERE id = ?", [role, blob, mid]
+                )
+        return inserted
+
+    def _flushed(
+        self,
+        batch: _FlushBatch,
+        inserted: str | None,
+        now: float,
+        touched: Any,
+        info_blob: bytes | None,
+    ) -> None:
+        """Record a flush's writes in the session's cache entry."""
+        entry = self._cached(batch.sid)
+        if entry is None:
+            return
+        if entry.path is not None:
+            for mid, idx, *_, payload in batch.part_rows:
+                if entry.path is None:
+                    break
+                entry.write_part(mid, idx, payload)
+            if batch.target is not None and entry.path is not None:
+                del entry.parts[entry.pos[batch.target]][batch.parts_length :]
+        if inserted:
+            entry.row[5] = inserted
+        if touched or info_blob is not None:
+            entry.row[7] = now
+        if info_blob is not None:
+            entry.row[8] = info_blob
 
     @override
     def get_message(self, message_id: str) -> Message | None:
@@ -1168,8 +1597,9 @@ class DuckDBSessionStore(SessionStore):
         """Load the session, walk from the leaf, and build the messages on the path."""
         if leaf_id is not None:
             _check_str(leaf_id, "leaf_id")
-        with _no_gc(), self._tx() as con:
-            head = self._head(con, session_id)
+        with _no_gc(), self._tx(keep_cache=True) as con:
+            entry = self._session_row(con, session_id)
+            head = entry.row[5]
             tree = self._load_tree(con, session_id, rows)
             if leaf_id is not None:
                 leaf = tree.pos.get(leaf_id)
@@ -1188,20 +1618,26 @@ class DuckDBSessionStore(SessionStore):
                 path = [i for i in path if hidden[i] is None]
             if not path:
                 return tree, path, []
-            parts = self._parts_by_message(con, "session_id = ?", [session_id])
-            envelopes, column_ids = tree.envelopes, tree.ids
-            messages = _unpack_many([envelopes[i] for i in path])
-            for message, i in zip(messages, path, strict=True):
-                # The id column is the truth: a branch or clone copies envelopes
-                # verbatim and gives the copies new ids in SQL.
-                mid = message["id"] = column_ids[i]
-                message["parts"] = parts.get(mid) or []
+            payloads = self._part_payloads(con, "session_id = ?", [session_id])
+            ids = [tree.ids[i] for i in path]
+            envelopes = [tree.envelopes[i] for i in path]
+            part_payloads = [payloads.get(mid) or [] for mid in ids]
+            messages = _build_messages(ids, envelopes, part_payloads)
+            if leaf_id is None and not include_hidden and head is not None and head in tree.pos:
+                entry.set_path(ids, envelopes, part_payloads)
         return tree, path, messages
 
     @override
     def get_history(
         self, session_id: str, *, leaf_id: str | None = None, include_hidden: bool = False
     ) -> list[Message]:
+        if leaf_id is None and not include_hidden:
+            if self._closed:
+                raise DatabaseClosedError("session store is closed")
+            entry = self._cached(session_id)
+            if entry is not None and entry.path is not None:
+                with _no_gc():
+                    return _build_messages(entry.path, entry.envelopes, entry.parts)
         return self._walk(session_id, leaf_id, include_hidden, rows=False)[2]
 
     @override
@@ -1236,7 +1672,7 @@ class DuckDBSessionStore(SessionStore):
 
     @override
     def children(self, message_id: str) -> list[Message]:
-        with self._tx() as con:
+        with self._tx(keep_cache=True) as con:
             if not con.execute("SELECT 1 FROM messages WHERE id = ?", [message_id]).fetchone():
                 raise MessageNotFoundError(f"message {message_id!r} not found")
             rows = con.execute(
@@ -1245,14 +1681,13 @@ class DuckDBSessionStore(SessionStore):
             ).fetchall()
             if not rows:
                 return []
-            parts = self._parts_by_message(
+            payloads = self._part_payloads(
                 con, "message_id IN (SELECT id FROM messages WHERE parent_id = ?)", [message_id]
             )
-        messages = _unpack_many([env for _, env in rows])
-        for message, (mid, _) in zip(messages, rows, strict=True):
-            message["id"] = mid
-            message["parts"] = parts.get(mid) or []
-        return messages
+        ids = [mid for mid, _ in rows]
+        return _build_messages(
+            ids, [env for _, env in rows], [payloads.get(mid) or [] for mid in ids]
+        )
 
     @override
     def set_head(self, session_id: str, message_id: str | None) -> None:
@@ -1540,8 +1975,8 @@ class DuckDBSessionStore(SessionStore):
                 rows, extra = _COPY_BY_RANGE, {"fork": fork_seq}
             else:
                 rows, extra = _COPY_BY_LIST, {"old": [ids[i] for i in chosen]}
-            base = self._seq
-            self._seq += count
+            base = self._state.seq
+            self._state.seq += count
             con.execute(_COPY_MESSAGES.format(rows=rows), {**params, **extra, "base": base})
             if count == len(ids):
                 con.execute(_COPY_PARTS.format(rows=""), params)
@@ -1673,7 +2108,7 @@ class DuckDBSessionStore(SessionStore):
                     "include_target": bool(include_target),
                     "head": head,
                     "hidden_at": now,
-                    "seq": self._seq,
+                    "seq": self._state.seq,
                     "unhidden": [[ts, mids] for ts, mids in groups.items()],
                 }
             )
@@ -1756,27 +2191,70 @@ class DuckDBSessionStore(SessionStore):
 
     # -- chunk log ------------------------------------------------------------------
 
+    def _write_chunks(self, con: duckdb.DuckDBPyConnection, rows: list[tuple[Any, ...]]) -> None:
+        generations = self._known_generations(con)
+        first = self._state.chunk_seq + 1
+        self._state.chunk_seq += len(rows)
+        rows = [(*row[:4], seq, row[4]) for seq, row in enumerate(rows, first)]
+        _insert_rows(con, "chunks", _INSERT_CHUNKS, rows)
+        seen = set(generations)
+        for generation in dict.fromkeys(row[0] for row in rows):
+            if generation not in seen:
+                generations.append(generation)
+
+    def _known_generations(self, con: duckdb.DuckDBPyConnection) -> list[str]:
+        """The chunk log's generations, oldest first (read once, then kept)."""
+        self._cached("")  # forgets everything after a rollback
+        if self._state.generations is None:
+            rows = con.execute(
+                "SELECT generation_id FROM chunks GROUP BY generation_id ORDER BY min(seq)"
+            ).fetchall()
+            self._state.generations = [g for (g,) in rows]
+        return self._state.generations
+
+    def _prune_chunks(self, con: duckdb.DuckDBPyConnection, prune: ChunkPrune) -> None:
+        generations = self._known_generations(con)
+        keep = len(generations) - prune.keep
+        active = set(prune.active)
+        doomed = [g for g in generations[: max(keep, 0)] if g not in active]
+        if doomed:
+            self._delete_generations(con, doomed)
+
+    def _delete_generations(self, con: duckdb.DuckDBPyConnection, ids: list[str]) -> None:
+        con.execute(f"DELETE FROM chunks WHERE generation_id IN {_IDS}", [ids])
+        if self._state.generations is not None:
+            gone = set(ids)
+            self._state.generations = [g for g in self._state.generations if g not in gone]
+
     @override
     def get_chunks(self, generation_id: str, start: int = 0) -> list[dict[str, Any]]:
         _check_index(start, "start")
         rows = self.db.fetchall(
-            "SELECT payload FROM chunks WHERE generation_id = ? AND idx >= ? ORDER BY idx",
+            "SELECT idx, n, payload FROM chunks WHERE generation_id = ? "
+            "AND idx + coalesce(n, 1) > ? ORDER BY idx, seq",
             [generation_id, start],
         )
-        return _unpack_many([p for (p,) in rows])
+        out: list[dict[str, Any]] = []
+        values = _unpack_many([p for *_, p in rows])
+        for (first, n, _), value in zip(rows, values, strict=True):
+            if n is None:
+                if first >= start:
+                    out.append(value)
+            else:
+                out.extend(value[max(start - first, 0) :])
+        return out
 
     @override
     def delete_chunks(self, generation_ids: list[str]) -> None:
         ids = _check_ids(generation_ids, "generation_ids")
         if ids:
-            self.db.execute(f"DELETE FROM chunks WHERE generation_id IN {_IDS}", [ids])
+            with self._tx(keep_cache=True) as con:
+                self._delete_generations(con, ids)
 
     @override
     def chunk_generations(self) -> list[str]:
-        rows = self.db.fetchall(
-            "SELECT generation_id FROM chunks GROUP BY generation_id ORDER BY min(seq)"
-        )
-        return [g for (g,) in rows]
+        with self._tx(keep_cache=True) as con:
+            return list(self._known_generations(con))
 
     @override
     def open_generations(self) -> list[str]:

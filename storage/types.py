@@ -179,6 +179,12 @@ class StreamFlush:
     metadata updated on later ones. ``parts_length``, when set, drops parts at or
     beyond that index (a message can only shrink when a part was removed by
     sanitization).
+
+    ``usage`` holds model steps' usage (what ``add_usage`` takes), added to the
+    session's rollup in order, in the same transaction. ``prune_chunks``, when set,
+    then deletes the chunk logs of all but the newest ``keep`` generations, never one
+    named in ``active`` (runs still in flight): the end of a run writes its last
+    parts, its usage and the pruning atomically.
     """
 
     session_id: str
@@ -188,6 +194,17 @@ class StreamFlush:
     parts: list[PartWrite] = field(default_factory=list)
     chunks: list[ChunkWrite] = field(default_factory=list)
     parts_length: int | None = None
+    usage: list[dict[str, Any]] = field(default_factory=list)
+    prune_chunks: ChunkPrune | None = None
+
+
+@dataclass
+class ChunkPrune:
+    """Keep the chunk logs of the newest ``keep`` generations (by first write) and of
+    those in ``active``; delete the others (see :class:`StreamFlush`)."""
+
+    keep: int
+    active: list[str] = field(default_factory=list)
 
 
 # -- threads, branches, rewind (seeds 001 and 002) -----------------------------------

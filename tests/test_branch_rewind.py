@@ -78,7 +78,8 @@ async def test_branch_copies_history_and_new_turns_go_to_the_branch(store):
 
 
 async def test_branch_rejected_while_the_parent_runs(store):
-    agent = Think(store, model=ScriptedModel([reply("a", "b", delay=0.01), reply("c")]))
+    # The second turn is the slow one: it is still streaming while we branch.
+    agent = Think(store, model=ScriptedModel([reply("a", "b"), reply("c", "d", delay=0.05)]))
     await talk(agent, "first")
     sid = agent.current_session_id
     fork = agent.get_history()[0]["id"]

@@ -144,8 +144,8 @@ def test_schema_version_recorded(tmp_path: Path) -> None:
 def test_flush_failure_inside_the_transaction_rolls_back(
     store: DuckDBSessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The chunk insert is the last statement of a flush: make it fail after the
-    message, its parts and the head moved, and check none of it landed."""
+    """Make the chunk insert fail after the message and its parts were written, and
+    check none of it landed."""
     sid = store.create_session().id
     chain(store, sid, "u1")
     store.flush_stream(
@@ -154,7 +154,14 @@ def test_flush_failure_inside_the_transaction_rolls_back(
         )  # fmt: skip
     )
     before = store.get_session(sid)
-    monkeypatch.setattr(session_store_module, "_INSERT_CHUNKS", "INSERT INTO no_such_table SELECT ?, ?, ?, ?, ?")  # fmt: skip
+    insert_rows = session_store_module._insert_rows
+
+    def failing(con: Any, table: str, sql: str, rows: Any) -> None:
+        if table == "chunks":
+            con.execute("INSERT INTO no_such_table VALUES (1)")
+        insert_rows(con, table, sql, rows)
+
+    monkeypatch.setattr(session_store_module, "_insert_rows", failing)
     with pytest.raises(Exception, match="no_such_table"):
         store.flush_stream(
             StreamFlush(

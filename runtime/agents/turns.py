@@ -52,7 +52,7 @@ from thinkray.runtime.turn.persistence import (
 from thinkray.runtime.turn.recorder import Recorder
 from thinkray.runtime.turn.stream import RunStream
 from thinkray.runtime.usage import Usage
-from thinkray.storage.types import PartWrite, StreamFlush
+from thinkray.storage.types import ChunkPrune, PartWrite, StreamFlush
 
 if TYPE_CHECKING:
     from thinkray.runtime.agents.think import Think
@@ -271,7 +271,10 @@ class TurnRunner:
                 nonlocal step_usage
                 step_usage = step_usage + usage
                 if not stale():
-                    store.add_usage(sid, usage.to_dict())
+                    if recorder is not None:  # into the rollup with its next batch
+                        recorder.add_usage(usage.to_dict())
+                    else:
+                        store.add_usage(sid, usage.to_dict())
                     agent.on_step_usage(sid, usage)
 
             def on_retry(attempt: int, exc: ModelError, delay: float) -> None:
@@ -460,15 +463,15 @@ class TurnRunner:
         metadata: dict[str, Any],
         stale: Callable[[], bool],
     ) -> dict[str, Any] | None:
+        prune = ChunkPrune(keep=max(self.agent.keep_chunk_logs, 1), active=list(self.runs))
         try:
-            message = recorder.finish(metadata)
+            message = recorder.finish(metadata, prune=prune)
         except Exception:
             log.exception("final persist of run %s failed", run.run_id)
             raise
         if stale():
             return None
         self._enforce_max_persisted(run.session_id)
-        self._prune_chunk_logs()
         return message
 
     async def _emit(
@@ -546,15 +549,6 @@ class TurnRunner:
             store.delete_messages(session_id, doomed)
             for mid in doomed:
                 self.persist_cache.forget(mid)
-
-    def _prune_chunk_logs(self) -> None:
-        store = self.agent.store
-        keep = max(self.agent.keep_chunk_logs, 1)
-        generations = store.chunk_generations()
-        active = set(self.runs)
-        doomed = [g for g in generations[:-keep] if g not in active]
-        if doomed:
-            store.delete_chunks(doomed)
 
 
 def _finish_chunk(chunk: FinishChunk, metadata: dict[str, Any]) -> FinishChunk:

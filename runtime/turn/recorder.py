@@ -1,10 +1,12 @@
 """The recorder: the one consumer always attached to a run (seed 002).
 
 It folds chunks into the assistant message and writes, in batches, the parts that
-changed and the chunk log. A batch is flushed when its oldest chunk is
-``flush_interval`` old — on the next chunk, or by a timer if the stream stalls — and
-at the end of the run, so a chunk is durable within about ``flush_interval`` of its
-emission while storage pays one transaction per batch, not one per chunk.
+changed, the chunk log and the model steps' usage. A batch is flushed when its oldest
+entry is ``flush_interval`` old — on the next chunk, or by a timer if the stream
+stalls — and at the end of the run, so a chunk (or a step's usage) is durable within
+about ``flush_interval`` of its emission while storage pays one transaction per batch,
+not one per chunk. The last batch also prunes old chunk logs: the run's final message,
+its usage and the pruning commit together.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from thinkray.runtime.chunks import UIChunk
 from thinkray.runtime.turn.builder import MessageBuilder
 from thinkray.runtime.turn.persistence import PersistCache, enforce_row_size, sanitize_message
 from thinkray.storage.protocols import SessionStore
-from thinkray.storage.types import ChunkWrite, PartWrite, StreamFlush
+from thinkray.storage.types import ChunkPrune, ChunkWrite, PartWrite, StreamFlush
 
 DEFAULT_FLUSH_INTERVAL = 0.03
 
@@ -53,6 +55,7 @@ class Recorder:
         self.record_chunks = record_chunks
         self._dirty: set[int] = set()
         self._pending_chunks: list[ChunkWrite] = []
+        self._pending_usage: list[dict[str, Any]] = []
         self._oldest_pending: float | None = None
         self._chunk_index = 0
         self._inserted = False
@@ -80,6 +83,15 @@ class Recorder:
         if self.record_chunks:
             self._pending_chunks.append(ChunkWrite(self.run_id, self._chunk_index, chunk))
         self._chunk_index += 1
+        self._pending()
+
+    def add_usage(self, usage: dict[str, Any]) -> None:
+        """Queue one model step's usage for the session's rollup (written with the
+        next batch)."""
+        self._pending_usage.append(usage)
+        self._pending()
+
+    def _pending(self) -> None:
         now = time.monotonic()
         if self._oldest_pending is None:
             self._oldest_pending = now
@@ -100,15 +112,23 @@ class Recorder:
         if not self.closed and self._oldest_pending is not None:
             self.flush()
 
-    def flush(self, *, final: bool = False, parts_length: int | None = None) -> None:
-        """Write what accumulated, in one transaction. Discards if the session was
-        cleared since the run started (the clear-during-stream guard)."""
+    def flush(
+        self,
+        *,
+        final: bool = False,
+        parts_length: int | None = None,
+        prune: ChunkPrune | None = None,
+    ) -> None:
+        """Write what accumulated, in one transaction (with ``prune``, pruning the
+        chunk logs in it too). Discards if the session was cleared since the run
+        started (the clear-during-stream guard)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         if self.is_stale():
             self._dirty.clear()
             self._pending_chunks.clear()
+            self._pending_usage.clear()
             self._oldest_pending = None
             return
         message_id = self.builder.message["id"]
@@ -124,7 +144,14 @@ class Recorder:
         need_envelope = (
             not self._inserted or self.builder.metadata_dirty or parts_length is not None
         )
-        if not writes and not self._pending_chunks and not need_envelope and parts_length is None:
+        if (
+            not writes
+            and not self._pending_chunks
+            and not self._pending_usage
+            and not need_envelope
+            and parts_length is None
+            and prune is None
+        ):
             self._oldest_pending = None
             return
         envelope = None
@@ -141,6 +168,8 @@ class Recorder:
                 parts=writes,
                 chunks=self._pending_chunks,
                 parts_length=parts_length,
+                usage=self._pending_usage,
+                prune_chunks=prune,
             )
         )
         self.flush_seconds += time.perf_counter() - started
@@ -148,10 +177,14 @@ class Recorder:
         self._inserted = True
         self.builder.metadata_dirty = False
         self._pending_chunks = []
+        self._pending_usage = []
         self._oldest_pending = None
 
-    def finish(self, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Final persist: sanitize, row-size, write what changed. Returns the message."""
+    def finish(
+        self, metadata: dict[str, Any] | None = None, *, prune: ChunkPrune | None = None
+    ) -> dict[str, Any]:
+        """Final persist: sanitize, row-size, write what changed (and ``prune`` the
+        chunk logs), in one transaction. Returns the message."""
         for idx in self.builder.finalize_streaming():
             self._dirty.add(idx)
         if metadata:
@@ -173,7 +206,7 @@ class Recorder:
                 if old != new:
                     self.builder.message["parts"][idx] = new
                     self._dirty.add(idx)
-        self.flush(final=True, parts_length=length)
+        self.flush(final=True, parts_length=length, prune=prune)
         self.close()
         return self.builder.message
 
