@@ -232,7 +232,7 @@ class AgentResponseStream(Generic[T]):
         for attempt in range(ATTEMPTS):
             refs = self._open(self._handle._actor_sync(stale=stale))
             try:
-                self._header = ray.get(next(refs))
+                self._take_header(ray.get(next(refs)))
                 self._refs = refs
                 return
             except RETRYABLE as exc:
@@ -248,7 +248,7 @@ class AgentResponseStream(Generic[T]):
         for attempt in range(ATTEMPTS):
             refs = self._open(await self._handle._actor_async(stale=stale))
             try:
-                self._header = await (await refs.__anext__())
+                self._take_header(await (await refs.__anext__()))
                 self._refs = refs
                 return
             except RETRYABLE as exc:
@@ -258,6 +258,15 @@ class AgentResponseStream(Generic[T]):
                     isinstance(exc, ray.exceptions.RayActorError)
                     and await _may_resend_async(self._handle, self._policy, "as the stream opened")
                 )
+
+    def _take_header(self, header: dict[str, Any]) -> None:
+        """The stream's first item: the header, which may carry the first batch of
+        items (``items``)."""
+        items = header.pop("items", None)
+        self._header = header
+        if items:
+            self._buffer.extend(items)
+            self.batches += 1
 
     def _died(self) -> CallInterruptedError:
         """The error for an actor that died after the stream opened."""

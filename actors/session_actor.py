@@ -42,6 +42,8 @@ DEFAULT_PRELOAD = (
 # Relay batches wait this long to gather chunks: ~2 ms of latency for far fewer Ray
 # items per turn (each costs the actor and the consumer ~0.1-0.3 ms).
 RELAY_COALESCE = 0.002
+# How long a turn's stream header waits to travel with the first batch of chunks.
+HEADER_WAIT = 0.02
 
 
 @dataclass
@@ -276,9 +278,24 @@ class SessionActor:
             check_arguments(marker, args, kwargs)
             if method == "stream_chat":
                 run = agent.start_chat(*args, **kwargs)
-                yield self._run_header(name, run)
-                async for batch in run.stream.follow(coalesce=RELAY_COALESCE):
-                    yield batch
+                header = self._run_header(name, run)
+                batches = run.stream.follow(coalesce=RELAY_COALESCE)
+                # The header travels with the first batch (one Ray item fewer, and the
+                # first text delta is in it); alone if the turn is slow to start (a
+                # long prepare_turn), so the caller can abort meanwhile.
+                first = asyncio.ensure_future(anext(batches, None))
+                done, _ = await asyncio.wait({first}, timeout=HEADER_WAIT)
+                if done:
+                    items = first.result()
+                    yield {**header, "items": items or []}
+                else:
+                    yield header
+                    items = await first
+                    if items is not None:
+                        yield items
+                if items is not None:
+                    async for batch in batches:
+                        yield batch
             elif method == "resume":
                 run_id, live, batches = agent.replay(*args, **kwargs, coalesce=RELAY_COALESCE)
                 yield {"run_id": run_id, "live": live}

@@ -385,6 +385,9 @@ class TurnRunner:
                 final_metadata = self._final_metadata(
                     run, options, status, step_usage, finish_reason
                 )
+            # The final commit blocks this loop for a few ms: let relays send what is
+            # buffered (the stream's last chunks) first.
+            await run.stream.delivered()
             message = self._finish_recorder(recorder, run, final_metadata, stale)
         self._end_run(run, status, error_text)
         if callback is not None:

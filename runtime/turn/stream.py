@@ -8,13 +8,30 @@ disconnect"). A consumer that goes away detaches; it never cancels the run.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator
 
 from thinkray.runtime.chunks import UIChunk
 
+# Chunks that carry content a reader waits for (the first of them is the time to first
+# token): a relay never holds one back to gather more.
+_CONTENT = frozenset(
+    {"text-delta", "reasoning-delta", "tool-input-start", "tool-input-available", "error"}
+)
+
+_FOLLOWERS = itertools.count()
+
 
 class RunStream:
-    """The chunk log of one run plus wake-ups for tailing consumers."""
+    """The chunk log of one run plus wake-ups for tailing consumers.
+
+    Followers that coalesce (a relay across a process boundary) gather chunks for up
+    to ``coalesce`` seconds per batch, except that the first content chunk (a text or
+    reasoning delta, a tool call starting: what a reader waits for) ends its batch at
+    once; :meth:`drain` ends every gathering early and :meth:`delivered` waits until
+    the followers took everything, so a producer about to block (a storage commit)
+    lets what is buffered go out first.
+    """
 
     def __init__(self, run_id: str, session_id: str, message_id: str | None = None) -> None:
         self.run_id = run_id
@@ -24,23 +41,62 @@ class RunStream:
         self.done = False
         self.error: str | None = None
         self._waiters: list[asyncio.Future[None]] = []
+        self._gathering: list[asyncio.Future[None]] = []
+        self._awaiting_content: list[asyncio.Future[None]] = []
+        self._positions: dict[int, int] = {}  # follower -> chunks it has taken
+        self._taken: asyncio.Event | None = None
+        self._draining = False  # within delivered(): followers do not gather
 
     def push(self, chunk: UIChunk) -> None:
         """Append ``chunk`` to the log and wake the tailing consumers."""
         self.chunks.append(chunk)
         self._wake()
+        if self._awaiting_content and chunk.get("type") in _CONTENT:
+            waiting, self._awaiting_content = self._awaiting_content, []
+            for fut in waiting:
+                _resolve(fut)
 
     def close(self, error: str | None = None) -> None:
         """Mark the run done (``error``: why it failed) and wake the consumers."""
         self.done = True
         self.error = error
         self._wake()
+        self.drain()
 
     def _wake(self) -> None:
         waiters, self._waiters = self._waiters, []
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
+
+    def drain(self) -> None:
+        """Followers gathering a batch send it now."""
+        gathering, self._gathering = self._gathering, []
+        waiting, self._awaiting_content = self._awaiting_content, []
+        for fut in (*gathering, *waiting):
+            _resolve(fut)
+
+    async def delivered(self, timeout: float = 0.002) -> None:
+        """Drain, then wait (at most ``timeout``) until every follower has taken every
+        chunk pushed so far. Returns at once when nobody follows."""
+        self.drain()
+        self._draining = True
+        try:
+            deadline = asyncio.get_running_loop().time() + timeout
+            while any(pos < len(self.chunks) for pos in self._positions.values()):
+                remaining = deadline - asyncio.get_running_loop().time()
+                if remaining <= 0:
+                    return
+                self._taken = self._taken or asyncio.Event()
+                self._taken.clear()
+                try:
+                    await asyncio.wait_for(self._taken.wait(), remaining)
+                except TimeoutError:
+                    return
+            # One more turn of the loop: the follower's consumer sends what it took.
+            await asyncio.sleep(0)
+        finally:
+            self._draining = False
 
     async def wait_beyond(self, index: int) -> None:
         """Return once there are more than ``index`` chunks or the run is done."""
@@ -49,36 +105,70 @@ class RunStream:
             self._waiters.append(fut)
             await fut
 
+    async def _gather(self, seconds: float, until_content: bool) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        self._gathering.append(fut)
+        if until_content:
+            self._awaiting_content.append(fut)
+        timer = asyncio.get_running_loop().call_later(seconds, _resolve, fut)
+        try:
+            await fut
+        finally:
+            timer.cancel()
+
     async def follow(
         self, start: int = 0, max_batch: int = 2048, coalesce: float = 0.0
     ) -> AsyncIterator[list[UIChunk]]:
         """Batches of chunks from ``start``: whatever accumulated since the last batch.
 
         Batching is what lets a slow consumer (a Ray call per batch) keep up: the
-        faster the producer, the larger each batch. ``coalesce`` waits that long after
-        a batch before taking the next, trading that much latency for fewer items
-        across a process boundary.
+        faster the producer, the larger each batch. ``coalesce`` waits up to that long
+        before taking a batch, trading that much latency for fewer items across a
+        process boundary; the first content chunk and :meth:`drain` end the wait (see
+        the class).
         """
         index = start
-        while True:
-            await self.wait_beyond(index)
-            # The first batch goes at once (time to first chunk); later ones gather.
-            if (
-                coalesce
-                and index > start
-                and not self.done
-                and len(self.chunks) - index < max_batch
-            ):
-                await asyncio.sleep(coalesce)
-            if index < len(self.chunks):
-                batch = self.chunks[index : index + max_batch]
-                index += len(batch)
-                yield batch
-                continue
-            if self.done:
-                return
+        key = next(_FOLLOWERS)
+        self._positions[key] = index
+        content_sent = False
+        try:
+            while True:
+                await self.wait_beyond(index)
+                if (
+                    coalesce
+                    and not self.done
+                    and not self._draining
+                    and len(self.chunks) - index < max_batch
+                    and not (
+                        not content_sent
+                        and any(c.get("type") in _CONTENT for c in self.chunks[index:])
+                    )
+                ):
+                    await self._gather(coalesce, until_content=not content_sent)
+                if index < len(self.chunks):
+                    batch = self.chunks[index : index + max_batch]
+                    index += len(batch)
+                    self._positions[key] = index
+                    if self._taken is not None:
+                        self._taken.set()
+                    content_sent = content_sent or any(
+                        chunk.get("type") in _CONTENT for chunk in batch
+                    )
+                    yield batch
+                    continue
+                if self.done:
+                    return
+        finally:
+            self._positions.pop(key, None)
+            if self._taken is not None:
+                self._taken.set()
 
     async def __aiter__(self) -> AsyncIterator[UIChunk]:  # pragma: no cover - convenience
         async for batch in self.follow():
             for chunk in batch:
                 yield chunk
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

@@ -1,0 +1,94 @@
+"""RunStream's followers: what a relay across a process boundary sends, and when.
+
+A coalescing follower gathers chunks into fewer batches, but the first content chunk
+(the reader's time to first token) goes at once, and a producer about to block drains
+what is buffered first. The coalesce windows here are far longer than the tests' own
+timeouts, so a follower that waited them out fails instead of passing slowly."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from thinkray.runtime.turn.stream import RunStream
+
+LONG = 30.0  # a coalesce window no test may wait out
+
+
+async def _next(batches, timeout: float = 2.0):  # type: ignore[no-untyped-def]
+    return await asyncio.wait_for(anext(batches), timeout)
+
+
+async def test_the_first_content_chunk_ends_the_first_batch_at_once() -> None:
+    stream = RunStream("r", "s")
+    batches = stream.follow(coalesce=LONG)
+    stream.push({"type": "start"})
+    stream.push({"type": "start-step"})
+    first = asyncio.ensure_future(_next(batches))
+    await asyncio.sleep(0.01)
+    assert not first.done()  # no content yet: the follower gathers
+    stream.push({"type": "text-start", "id": "t"})
+    stream.push({"type": "text-delta", "id": "t", "delta": "Hi"})
+    batch = await first
+    assert [c["type"] for c in batch] == ["start", "start-step", "text-start", "text-delta"]
+
+
+async def test_after_the_first_content_the_follower_gathers_until_drained() -> None:
+    stream = RunStream("r", "s")
+    batches = stream.follow(coalesce=LONG)
+    stream.push({"type": "text-delta", "id": "t", "delta": "a"})
+    assert len(await _next(batches)) == 1
+    nxt = asyncio.ensure_future(_next(batches))
+    for i in range(5):
+        stream.push({"type": "text-delta", "id": "t", "delta": str(i)})
+        await asyncio.sleep(0)
+    await asyncio.sleep(0.01)
+    assert not nxt.done()  # gathering: content already went out
+    stream.drain()
+    assert [c["delta"] for c in await nxt] == ["0", "1", "2", "3", "4"]
+
+
+async def test_closing_the_stream_sends_what_is_gathered_and_ends() -> None:
+    stream = RunStream("r", "s")
+    batches = stream.follow(coalesce=LONG)
+    stream.push({"type": "text-delta", "id": "t", "delta": "a"})
+    await _next(batches)
+    stream.push({"type": "finish"})
+    stream.close()
+    assert [c["type"] for c in await _next(batches)] == ["finish"]
+    with pytest.raises(StopAsyncIteration):
+        await _next(batches)
+
+
+async def test_delivered_waits_until_every_follower_took_everything() -> None:
+    stream = RunStream("r", "s")
+    taken: list[int] = []
+
+    async def relay() -> None:
+        async for batch in stream.follow(coalesce=LONG):
+            taken.extend(c["i"] for c in batch)
+
+    task = asyncio.ensure_future(relay())
+    stream.push({"type": "text-delta", "i": 0})
+    await asyncio.sleep(0.01)
+    for i in range(1, 4):
+        stream.push({"type": "text-delta", "i": i})
+    await stream.delivered(timeout=LONG)
+    assert taken == [0, 1, 2, 3]
+    stream.close()
+    await task
+
+
+async def test_delivered_returns_at_once_without_followers() -> None:
+    stream = RunStream("r", "s")
+    stream.push({"type": "text-delta"})
+    await asyncio.wait_for(stream.delivered(timeout=LONG), 1.0)
+
+
+async def test_a_late_follower_replays_from_the_start_once() -> None:
+    stream = RunStream("r", "s")
+    for i in range(3):
+        stream.push({"type": "text-delta", "i": i})
+    stream.close()
+    seen = [c["i"] async for batch in stream.follow(coalesce=LONG) for c in batch]
+    assert seen == [0, 1, 2]
