@@ -43,6 +43,11 @@ class WorkspaceBridge:
         self.kv: KeyValueStore = self._stores.kv()
         self.ops = LocalWorkspace(self._stores.workspace())
         self.calls = 0
+        # Token -> grant, as stored: this actor is the only writer of its grants, so
+        # a call checks its token without a read of the file.
+        self._grants: dict[str, dict[str, Any]] = {
+            key[len(_GRANT) :]: grant for key, grant in self.kv.items(_GRANT).items()
+        }
 
     def ready(self) -> bool:
         """True once the actor is constructed (callers ``ray.get`` it to wait)."""
@@ -52,11 +57,11 @@ class WorkspaceBridge:
         """Issue (or replace) ``agent``'s grant; returns its token."""
         if access not in ("none", "read", "read-write"):
             raise InvalidArgumentError(f"access must be none, read or read-write, not {access!r}")
-        for token, grant in self.kv.items(_GRANT).items():
-            if grant["agent"] == agent:
-                self.kv.delete(token)
+        self.revoke(agent)
         token = secrets.token_urlsafe(18)
-        self.kv.set(_GRANT + token, {"agent": agent, "access": access})
+        grant = {"agent": agent, "access": access}
+        self.kv.set(_GRANT + token, grant)
+        self._grants[token] = grant
         return token
 
     def revoke(self, agent: str) -> int:
@@ -66,6 +71,7 @@ class WorkspaceBridge:
         for key, grant in self.kv.items(_GRANT).items():
             if grant["agent"] == agent:
                 self.kv.delete(key)
+                self._grants.pop(key[len(_GRANT) :], None)
                 revoked += 1
         return revoked
 
@@ -81,7 +87,7 @@ class WorkspaceBridge:
             BridgeAccessError: the token is unknown or revoked, ``method`` is not a
                 workspace operation, or the grant's access does not cover it.
         """
-        grant = self.kv.get(_GRANT + token)
+        grant = self._grants.get(token)
         if grant is None:
             raise BridgeAccessError("unknown or revoked bridge grant")
         access = grant["access"]

@@ -302,13 +302,13 @@ class DuckDBWorkspaceStore(MigratedStore):
         now = time.time()
         mime = mime_type or guess_mime_type(path, data)
         with self.db.transaction() as con:
-            existing = self._row(con, path)
+            existing, ancestors, usage = self._inspect(con, path)
             if existing is not None and existing[1] == "dir":
                 raise WorkspaceIsADirectoryError(f"{path!r} is a directory, not a file")
-            missing = self._missing_ancestors(con, path)
+            missing = self._missing(path, ancestors)
             new_entries = len(missing) + (0 if existing else 1)
             old_size = existing[2] if existing else 0
-            self._check_quota(con, new_entries, len(data) - old_size)
+            self._check_quota(con, new_entries, len(data) - old_size, usage)
             for ancestor in missing:
                 self._insert_dir(con, ancestor, now)
             if existing is None:
@@ -333,15 +333,15 @@ class DuckDBWorkspaceStore(MigratedStore):
         check_canonical(path)
         now = time.time()
         with self.db.transaction() as con:
-            existing = self._row(con, path)
+            existing, ancestors, usage = self._inspect(con, path)
             if existing is not None:
                 if existing[1] == "file":
                     raise WorkspaceExistsError(f"{path!r} exists and is a file")
                 if not exist_ok:
                     raise WorkspaceExistsError(f"directory {path!r} already exists")
                 return _info(existing)
-            missing = self._missing_ancestors(con, path)
-            self._check_quota(con, len(missing) + 1, 0)
+            missing = self._missing(path, ancestors)
+            self._check_quota(con, len(missing) + 1, 0, usage)
             for p in [*missing, path]:
                 self._insert_dir(con, p, now)
         return EntryInfo(path, "dir", 0, None, now, now)
@@ -403,21 +403,48 @@ class DuckDBWorkspaceStore(MigratedStore):
             [self.namespace, path],
         ).fetchone()
 
-    def _missing_ancestors(self, con: duckdb.DuckDBPyConnection, path: str) -> Sequence[str]:
+    def _inspect(
+        self, con: duckdb.DuckDBPyConnection, path: str
+    ) -> tuple[tuple[Any, ...] | None, Sequence[tuple[str, str | None]], tuple[int, int] | None]:
+        """What a write needs to know, in one statement: ``path``'s row (path, kind,
+        size, meta) or None; its ancestors as ``(path, kind)``, kind None where there is
+        no entry, root first; and the namespace's ``(entries, bytes)`` when a quota
+        applies (else None)."""
         ancestors = _ancestors(path)
-        if not ancestors:
-            return []
+        quota = self.limits.max_entries is not None or self.limits.max_total_bytes is not None
+        wanted = (
+            "SELECT path, kind, size, meta FROM workspace_files "
+            "WHERE namespace = $ns AND (path = $path OR list_contains($ancestors, path))"
+        )
+        if quota:
+            sql = (
+                "SELECT f.path, f.kind, f.size, f.meta, u.n, u.total FROM (SELECT count(*) AS n, "
+                "coalesce(sum(size), 0) AS total FROM workspace_files WHERE namespace = $ns) u "
+                f"LEFT JOIN ({wanted}) f ON true"
+            )
+        else:
+            sql = wanted
         rows = con.execute(
-            "SELECT path, kind FROM workspace_files WHERE namespace = ? AND list_contains(?, path)",
-            [self.namespace, ancestors],
+            sql, {"ns": self.namespace, "path": path, "ancestors": ancestors}
         ).fetchall()
-        kinds = dict(rows)
-        for ancestor in ancestors:
-            if kinds.get(ancestor) == "file":
+        usage = (int(rows[0][4]), int(rows[0][5])) if quota and rows else None
+        found = {row[0]: row[:4] for row in rows if row[0] is not None}
+        kinds = {p: (found[p][1] if p in found else None) for p in ancestors}
+        return found.get(path), list(kinds.items()), usage
+
+    @staticmethod
+    def _missing(path: str, ancestors: Sequence[tuple[str, str | None]]) -> Sequence[str]:
+        """The ancestors (from :meth:`_inspect`) to create, root first.
+
+        Raises:
+            WorkspaceNotADirectoryError: an ancestor is a file.
+        """
+        for ancestor, kind in ancestors:
+            if kind == "file":
                 raise WorkspaceNotADirectoryError(
                     f"cannot create {path!r}: {ancestor!r} is a file, not a directory"
                 )
-        return [a for a in ancestors if a not in kinds]
+        return [a for a, kind in ancestors if kind is None]
 
     def _usage(self, con: duckdb.DuckDBPyConnection | None = None) -> tuple[int, int]:
         sql = "SELECT count(*), coalesce(sum(size), 0) FROM workspace_files WHERE namespace = ?"
@@ -425,12 +452,16 @@ class DuckDBWorkspaceStore(MigratedStore):
         return int(row[0]), int(row[1])
 
     def _check_quota(
-        self, con: duckdb.DuckDBPyConnection, new_entries: int, added_bytes: int
+        self,
+        con: duckdb.DuckDBPyConnection,
+        new_entries: int,
+        added_bytes: int,
+        usage: tuple[int, int] | None = None,
     ) -> None:
         max_entries, max_total = self.limits.max_entries, self.limits.max_total_bytes
         if max_entries is None and max_total is None:
             return
-        count, total = self._usage(con)
+        count, total = usage if usage is not None else self._usage(con)
         if max_entries is not None and new_entries and count + new_entries > max_entries:
             raise WorkspaceLimitError(
                 f"the workspace holds {count} entries; the limit is {max_entries}"

@@ -144,21 +144,28 @@ def bench_flush(tmp: Path) -> None:
 # -- history -------------------------------------------------------------------------
 
 
-def time_history(path: Path, sid: str, runs: int) -> tuple[float, list[float]]:
-    """(first call after open, later calls) for get_history of the session's head."""
+def time_history(path: Path, sid: str, runs: int) -> tuple[list[float], list[float]]:
+    """get_history of the session's head: (each run the first call after opening the
+    file, as on a wake; later calls on the same store, served from what it keeps in
+    memory)."""
+    cold: list[float] = []
+    for _ in range(runs):
+        store = DuckDBSessionStore(path)
+        started = time.perf_counter()
+        history = store.get_history(sid)
+        cold.append(time.perf_counter() - started)
+        del history
+        store.close()
     store = DuckDBSessionStore(path)
-    started = time.perf_counter()
-    history = store.get_history(sid)
-    first = time.perf_counter() - started
-    del history
-    later: list[float] = []
+    store.get_history(sid)
+    cached: list[float] = []
     for _ in range(runs):
         started = time.perf_counter()
         history = store.get_history(sid)
-        later.append(time.perf_counter() - started)
+        cached.append(time.perf_counter() - started)
         del history
     store.close()
-    return first, later
+    return cold, cached
 
 
 def bench_history(tmp: Path) -> None:
@@ -178,7 +185,7 @@ def bench_history(tmp: Path) -> None:
         assert store.get_history(sid) == messages
         store.close()
 
-        first, runs = time_history(path, sid, 20)
+        runs, cached = time_history(path, sid, 20)
         median, p95 = statistics.median(runs), pct(runs, 0.95)
         # What no store can beat: decoding the same messages from one msgpack buffer.
         packed = msgpack.packb(messages)
@@ -192,13 +199,13 @@ def bench_history(tmp: Path) -> None:
             del decoded
         saved = sys.modules.pop("numpy")
         try:
-            _, no_numpy = time_history(path, sid, 10)
+            no_numpy, _ = time_history(path, sid, 10)
         finally:
             sys.modules["numpy"] = saved
 
         print(f"  [{label}]")
-        line("get_history median / p95 (20 runs)", f"{ms(median)} / {ms(p95)}", "<= 30 ms", median <= 0.030)  # fmt: skip
-        line("  first call after open", ms(first), "-")
+        line("get_history from the file, median / p95 (20 opens)", f"{ms(median)} / {ms(p95)}", "<= 30 ms", median <= 0.030)  # fmt: skip
+        line("  again on the same store (kept in memory), median", ms(statistics.median(cached)), "-")  # fmt: skip
         line("  msgpack decode floor (same messages)", ms(statistics.median(floor)), "-")
         line("  without numpy (fetchall path), median", ms(statistics.median(no_numpy)), "-")
         line("  bulk import (append_messages)", ms(imported), "-")
