@@ -632,6 +632,7 @@ class _FlushBatch:
             if not isinstance(prune, ChunkPrune):
                 raise InvalidInputError("flush.prune_chunks must be a ChunkPrune")
             _check_index(prune.keep, "prune_chunks.keep")
+            _check_index(prune.slack, "prune_chunks.slack")
             _check_ids(prune.active, "prune_chunks.active")
         return cls(
             sid,
@@ -2214,6 +2215,8 @@ class DuckDBSessionStore(SessionStore):
 
     def _prune_chunks(self, con: duckdb.DuckDBPyConnection, prune: ChunkPrune) -> None:
         generations = self._known_generations(con)
+        if len(generations) <= prune.keep + prune.slack:
+            return
         keep = len(generations) - prune.keep
         active = set(prune.active)
         doomed = [g for g in generations[: max(keep, 0)] if g not in active]

@@ -201,10 +201,13 @@ class StreamFlush:
 @dataclass
 class ChunkPrune:
     """Keep the chunk logs of the newest ``keep`` generations (by first write) and of
-    those in ``active``; delete the others (see :class:`StreamFlush`)."""
+    those in ``active``; delete the others (see :class:`StreamFlush`) — but only once
+    there are more than ``keep + slack``, so that pruning costs a statement every
+    ``slack + 1`` runs rather than every run."""
 
     keep: int
     active: list[str] = field(default_factory=list)
+    slack: int = 0
 
 
 # -- threads, branches, rewind (seeds 001 and 002) -----------------------------------

@@ -408,3 +408,18 @@ async def test_tool_call_awaiting_approval_is_finalized_after_restart(store):
     )
     await agent.chat("again")
     assert store.get_message("a")["parts"][0]["state"] == "output-error"
+
+
+async def test_old_chunk_logs_are_pruned_a_few_at_a_time(store):
+    from thinkray.runtime.agents.turns import PRUNE_SLACK
+
+    agent = Think(store, model=ScriptedModel(["ok"], loop=True))
+    runs = []
+    for i in range(12):
+        runs.append((await agent.chat(f"m{i}")).run_id)
+        kept = store.chunk_generations()
+        # The newest keep_chunk_logs runs' logs are always there, in order...
+        assert kept[-agent.keep_chunk_logs :] == runs[-agent.keep_chunk_logs :]
+        # ...and at most PRUNE_SLACK older ones wait for the next pruning.
+        assert len(kept) <= agent.keep_chunk_logs + PRUNE_SLACK
+    assert store.chunk_generations()[0] != runs[0]

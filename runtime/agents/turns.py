@@ -59,6 +59,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("thinkray.think")
 
+# How many chunk logs beyond keep_chunk_logs may wait for the next pruning.
+PRUNE_SLACK = 2
+
 ORPHAN_ERROR = "aborted by restart: the tool call did not complete before the agent restarted"
 
 __all__ = ["ORPHAN_ERROR", "DuplicateRunError", "NothingToAnswerError", "TurnRunner"]
@@ -466,7 +469,10 @@ class TurnRunner:
         metadata: dict[str, Any],
         stale: Callable[[], bool],
     ) -> dict[str, Any] | None:
-        prune = ChunkPrune(keep=max(self.agent.keep_chunk_logs, 1), active=list(self.runs))
+        # Old chunk logs go a few at a time: one statement every PRUNE_SLACK + 1 runs.
+        prune = ChunkPrune(
+            keep=max(self.agent.keep_chunk_logs, 1), active=list(self.runs), slack=PRUNE_SLACK
+        )
         try:
             message = recorder.finish(metadata, prune=prune)
         except Exception:
