@@ -29,6 +29,7 @@ from thinkray.actors.relay import AbortReceiver, NotBoundError, as_callback
 from thinkray.runtime.agents.context import AgentContext, constructing
 from thinkray.runtime.agents.think import Think
 from thinkray.runtime.remote import Batch, RemoteMethod, check_arguments, remote_methods
+from thinkray.runtime.turn.stream import Pacing
 from thinkray.storage.session_store import DuckDBSessionStore
 from thinkray.storage.types import SessionNotFoundError
 
@@ -39,9 +40,11 @@ DEFAULT_PRELOAD = (
     "thinkray.runtime.turn.loop",
     "thinkray.storage.session_store",
 )
-# Relay batches wait this long to gather chunks: ~2 ms of latency for far fewer Ray
-# items per turn (each costs the actor and the consumer ~0.1-0.3 ms).
+# Relay batches wait at least this long to gather chunks: ~2 ms of latency for far
+# fewer Ray items per turn (each costs the actor and the consumer ~0.3-0.5 ms); longer,
+# up to RELAY_MAX_WINDOW, while the consumer is slow to take them (runtime Pacing).
 RELAY_COALESCE = 0.002
+RELAY_MAX_WINDOW = 0.1
 # How long a turn's stream header waits to travel with the first batch of chunks.
 HEADER_WAIT = 0.02
 
@@ -279,7 +282,7 @@ class SessionActor:
             if method == "stream_chat":
                 run = agent.start_chat(*args, **kwargs)
                 header = self._run_header(name, run)
-                batches = run.stream.follow(coalesce=RELAY_COALESCE)
+                batches = run.stream.follow(coalesce=Pacing(RELAY_COALESCE, RELAY_MAX_WINDOW))
                 # The header travels with the first batch (one Ray item fewer, and the
                 # first text delta is in it); alone if the turn is slow to start (a
                 # long prepare_turn), so the caller can abort meanwhile.
@@ -297,7 +300,9 @@ class SessionActor:
                     async for batch in batches:
                         yield batch
             elif method == "resume":
-                run_id, live, batches = agent.replay(*args, **kwargs, coalesce=RELAY_COALESCE)
+                run_id, live, batches = agent.replay(
+                    *args, **kwargs, coalesce=Pacing(RELAY_COALESCE, RELAY_MAX_WINDOW)
+                )
                 yield {"run_id": run_id, "live": live}
                 async for batch in batches:
                     yield batch

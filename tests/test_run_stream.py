@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from thinkray.runtime.turn.stream import RunStream
+from thinkray.runtime.turn.stream import Pacing, RunStream
 
 LONG = 30.0  # a coalesce window no test may wait out
 
@@ -92,3 +92,33 @@ async def test_a_late_follower_replays_from_the_start_once() -> None:
     stream.close()
     seen = [c["i"] async for batch in stream.follow(coalesce=LONG) for c in batch]
     assert seen == [0, 1, 2]
+
+
+def test_pacing_widens_the_window_while_the_consumer_is_slow_and_narrows_after() -> None:
+    pacing = Pacing(base=0.002, limit=0.1, factor=4.0)
+    assert pacing.window() == 0.002  # nothing known yet: the base
+    for _ in range(20):
+        pacing.took(0.015)  # a loaded consumer: 15 ms to take each batch
+    assert 0.05 < pacing.window() <= 0.1
+    for _ in range(5):
+        pacing.took(1.0)
+    assert pacing.window() == 0.1  # never beyond the limit
+    for _ in range(40):
+        pacing.took(0.0002)  # the load went away
+    assert pacing.window() == 0.002
+
+
+async def test_a_paced_follower_learns_how_long_its_consumer_takes() -> None:
+    stream = RunStream("r", "s")
+    pacing = Pacing(base=0.001, limit=LONG)
+    batches = stream.follow(coalesce=pacing)
+    stream.push({"type": "text-delta", "id": "t", "delta": "a"})
+    await _next(batches)
+    await asyncio.sleep(0.02)  # the consumer is slow to come back
+    stream.push({"type": "text-delta", "id": "t", "delta": "b"})
+    stream.drain()
+    nxt = asyncio.ensure_future(_next(batches))
+    await asyncio.sleep(0)
+    stream.drain()
+    await nxt
+    assert pacing.average >= 0.005

@@ -56,7 +56,7 @@ from thinkray.runtime.turn.context import prune_tool_calls, to_model_messages
 from thinkray.runtime.turn.loop import RetryPolicy, ToolDenial, run_loop
 from thinkray.runtime.turn.persistence import ROW_MAX_BYTES, prepare_message
 from thinkray.runtime.turn.recorder import DEFAULT_FLUSH_INTERVAL
-from thinkray.runtime.turn.stream import RunStream
+from thinkray.runtime.turn.stream import Pacing, RunStream
 from thinkray.runtime.usage import Usage
 from thinkray.storage.protocols import HEAD, SessionStore
 from thinkray.storage.types import SessionInfo
@@ -586,7 +586,11 @@ class Think(metaclass=_StartsAfterInit):
                 yield chunk
 
     def replay(
-        self, session_id: str | None = None, run_id: str | None = None, *, coalesce: float = 0.0
+        self,
+        session_id: str | None = None,
+        run_id: str | None = None,
+        *,
+        coalesce: float | Pacing = 0.0,
     ) -> tuple[str | None, bool, AsyncIterator[list[UIChunk]]]:
         """What :meth:`resume` reads: ``(run_id, live, batches)`` for the run in flight
         (by id, else the session's), else its last finished run — from memory while
