@@ -3,9 +3,32 @@ live actor hosting each, keeps a warm pool of generic session actors, caps the n
 of live agents (least recently used idle ones hibernate first) and wakes hibernated
 agents when an alarm is due.
 
-Why a pool: creating a Ray actor costs ~0.5 s here (1.5 s with anthropic imported)
-and actors come up at ~2.3/s, while opening a DuckDB file costs ~25 ms. A wake binds a
-pre-started actor and never creates one unless the pool is empty.
+Why a pool: creating a Ray actor costs ~0.5 CPU-s here (a process importing Ray,
+DuckDB and thinkray) and actors come up at ~2.3/s, while binding a started one to an
+agent's file costs ~40 ms. A wake binds a spare and never waits for a process if it
+can help it.
+
+The pool's policy:
+
+- **It grows with demand.** The pool keeps ``target`` spares: at least ``pool_size``,
+  more after misses (each adds one, decaying with a half-life of ``pool_ttl``) and when
+  binds come fast (the spares that the bind rate consumes while one actor starts).
+  Spares above the target that stay unused for ``pool_ttl`` retire; at most
+  ``max_pool`` are kept, and never more than the live cap could use.
+- **Spares start before they are needed, when the node can afford it**: a spare is
+  started only while the node has about a core idle, so a burst's binds and turns are
+  not slowed by processes starting for later.
+- **Binds queue fairly.** A bind that finds no spare (or the live cap reached) waits
+  in one FIFO queue. It takes whichever comes first: an actor another bind gave back,
+  a newly started one, or the actor of an idle agent (no call or run in flight, least
+  recently used first) that the directory hibernates for it. Under a burst of short
+  turns that means a few actors serve many agents in turn instead of the machine
+  starting a process per agent; actors are started for waiting binds only when no
+  actor was freed for them for ``start_patience`` (every agent is busy: long turns),
+  or when the node is idle, and one more for every ``RECLAIMS_PER_START`` agents
+  hibernated to make room (renting actors by hibernation long enough pays for buying
+  one). At most ``max_starting`` actor starts are in flight (default: the cluster's
+  CPUs), whatever the demand.
 
 Concurrency: a per-name asyncio lock makes get-or-create exactly-once (two processes
 resolving one name get one actor and one writer); an entry being hibernated is
@@ -18,8 +41,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import os
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,13 +58,27 @@ from thinkray.storage.types import SessionNotFoundError
 
 log = logging.getLogger("thinkray.directory")
 
+RATE_WINDOW = 10.0
+"""Seconds of binds the pool's bind rate is measured over."""
+RECLAIMS_PER_START = 16
+"""Agents hibernated to make room for waiting binds that pay for starting one actor:
+an actor start costs about as much CPU as that many hibernate-and-rebind cycles."""
+PROBE_TIMEOUT = 10.0
+"""How long one ``until_idle`` call waits on a busy agent before answering."""
+FRESH_GRACE = 2.0
+"""An agent bound this recently and not called yet is not hibernated for another bind:
+the call that woke it is on its way."""
+_DEFICIT_CHECK = 0.25  # how often the pool re-checks a deficit it could not fill yet
+
 
 @dataclass
 class NamespaceConfig:
     """How a namespace hosts its agents: where their files live, the agent class and
-    its keyword arguments, the warm pool size, the live cap, the idle timeout before
-    hibernation, after how many bindings an actor process is recycled, and the Ray
-    options of the session actors."""
+    its keyword arguments, the warm pool (see the module: ``pool_size`` spares at least,
+    ``max_pool`` at most, retired after ``pool_ttl`` unused, ``max_starting`` actor
+    starts in flight, ``start_patience`` before a waiting bind starts one), the live
+    cap, the idle timeout before hibernation, after how many bindings an actor process
+    is recycled, and the Ray options of the session actors."""
 
     namespace: str
     storage_root: str
@@ -52,18 +91,23 @@ class NamespaceConfig:
     actor_options: dict[str, Any] = field(default_factory=dict)
     preload: tuple[str, ...] = DEFAULT_PRELOAD
     cap_wait: float = 5.0  # how long a wake waits at the live cap before exceeding it
+    max_pool: int | None = None  # most spares kept (None: max_live)
+    pool_ttl: float = 60.0
+    max_starting: int | None = None  # actor starts in flight (None: the cluster's CPUs)
+    start_patience: float = 0.5
 
 
 @dataclass
 class PooledActor:
-    """A generic session actor of the pool: its handle, where it runs, and how many
-    agents it has hosted so far (``bindings``)."""
+    """A generic session actor of the pool: its handle, where it runs, how many
+    agents it has hosted so far (``bindings``) and since when it is a spare."""
 
     handle: Any
     actor_id: str
     node_id: str
     pid: int
     bindings: int = 0
+    free_since: float = 0.0
 
 
 @dataclass
@@ -72,6 +116,54 @@ class Entry:
 
     actor: PooledActor
     bound_at: float = field(default_factory=time.time)
+
+
+@dataclass(eq=False)
+class _Waiter:
+    """A bind waiting for an actor (FIFO). ``may_exceed``: it waited ``cap_wait`` at the
+    live cap and may now exceed it; ``start_pending``: an actor is being started on its
+    node for it (binds pinned to a node)."""
+
+    name: str
+    node_id: str | None
+    future: asyncio.Future[PooledActor]
+    since: float
+    may_exceed: bool = False
+    start_pending: bool = False
+
+
+class _CpuMeter:
+    """Idle cores of this node, from /proc/stat deltas (Linux; elsewhere the node always
+    looks idle). Sampled by the pool loop only while the pool is short of spares."""
+
+    def __init__(self) -> None:
+        self.ncpu = os.cpu_count() or 1
+        self._prev: tuple[int, int] | None = None
+        self._prev_at = 0.0
+        self.idle_cores: float | None = None
+        self.at = 0.0
+
+    def sample(self) -> None:
+        """Take a sample; the idle cores since the previous one become current."""
+        now = time.monotonic()
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(x) for x in f.readline().split()[1:9]]
+        except (OSError, ValueError):
+            self.idle_cores, self.at = float(self.ncpu), now
+            return
+        idle, total = fields[3] + fields[4], sum(fields)
+        # A delta over a long quiet spell says nothing about now: start over.
+        if self._prev is not None and now - self._prev_at < 2.0 and total > self._prev[1]:
+            share = (idle - self._prev[0]) / (total - self._prev[1])
+            self.idle_cores, self.at = share * self.ncpu, now
+        self._prev, self._prev_at = (idle, total), now
+
+    def calm(self) -> bool:
+        """About a core idle (half the node's on a one-core node) in a recent sample."""
+        if self.idle_cores is None or time.monotonic() - self.at > 1.0:
+            return False
+        return self.idle_cores >= min(1.0, self.ncpu / 2)
 
 
 class Directory:
@@ -88,27 +180,62 @@ class Directory:
         self.cfg = config
         self.entries: dict[str, Entry] = {}
         self.free: list[PooledActor] = []
-        self.starting = 0
-        self.binding = 0  # binds in flight: they count toward the live cap
-        self._admission = asyncio.Lock()
+        self.waiters: deque[_Waiter] = deque()
+        self.starting = 0  # actor starts in flight
+        self.starting_peak = 0
+        self.binding = 0  # binds holding an actor, not yet live: they count toward the cap
         self.locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.alarms: dict[str, float] = {}
         self._alarm_changed: asyncio.Event | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self.counters: defaultdict[str, int] = defaultdict(int)
         self._closed = False
+        # pool policy state (see the module)
+        self._max_starting = max(1, config.max_starting or 1)
+        self._boost = 0.0
+        self._boost_at = time.monotonic()
+        self._bind_times: deque[float] = deque()
+        self._start_secs = 1.0  # moving average of how long an actor takes to start
+        self._served_at = time.monotonic()  # a waiting bind last got an actor
+        self._credit = 0.0  # starts earned by hibernations for waiting binds
+        self._fill = 0  # spares start() waits for, started even on a busy node
+        self._failures = 0
+        self._backoff_until = 0.0
+        self._cpu = _CpuMeter()
+        self._pool_changed: asyncio.Event | None = None
+        self._pool_grew = asyncio.Event()  # an actor started (or failed to)
+        self._pool_idle = False  # the pool loop sleeps with nothing to re-check
+        self._short = False  # the last kick left a deficit it may not fill yet
+        self._reclaim_changed: asyncio.Event | None = None
+        self._reclaimer: asyncio.Task[None] | None = None
+        self._reclaiming: set[str] = set()
+        self._probing: set[str] = set()
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     async def start(self) -> dict[str, Any]:
-        """Fill the pool and start the alarm loop (idempotent)."""
+        """Fill the pool to ``pool_size`` and start the alarm and pool loops
+        (idempotent)."""
         if self._alarm_changed is None:
+            if self.cfg.max_starting is None:
+                cpus = ray.cluster_resources().get("CPU", 1)
+                self._max_starting = max(1, int(cpus))
             self._alarm_changed = asyncio.Event()
+            self._pool_changed = asyncio.Event()
+            self._reclaim_changed = asyncio.Event()
             self._spawn(self._alarm_loop())
-        await self._top_up()
+            self._spawn(self._pool_loop())
+        headroom = self.cfg.max_live + 1 - self._live()
+        self._fill = max(0, min(self.cfg.pool_size, headroom))
+        self._kick()
+        while len(self.free) < self._fill and self.starting and not self._closed:
+            self._pool_grew.clear()
+            await self._pool_event(self._pool_grew, 1.0)
+        self._fill = 0
         return await self.stats()
 
     # -- pool ------------------------------------------------------------------------
@@ -119,7 +246,9 @@ class Directory:
         if node_id is not None:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
             options.pop("resources", None)
-        return RemoteSessionActor.options(**options).remote(self.cfg.preload)
+        # The agent class's module too: deserializing the first BindSpec imports it.
+        preload = (*self.cfg.preload, self.cfg.agent_cls.__module__)
+        return RemoteSessionActor.options(**options).remote(tuple(dict.fromkeys(preload)))
 
     async def _start_actor(self, node_id: str | None = None) -> PooledActor:
         handle = self._new_actor(node_id)
@@ -127,52 +256,379 @@ class Directory:
         self.counters["actors_created"] += 1
         return PooledActor(handle, info["actor_id"], info["node_id"], info["pid"])
 
-    async def _top_up(self) -> None:
-        # Spare processes beyond the live cap are useless (a wake at the cap reuses the
-        # actor of the agent it hibernates), and starting one costs ~1 s of CPU.
-        headroom = self.cfg.max_live + 1 - len(self.entries) - self.binding - len(self.free)
-        missing = min(self.cfg.pool_size - len(self.free), headroom) - self.starting
-        if missing <= 0 or self._closed:
-            return
-        self.starting += missing
+    def _live(self) -> int:
+        return len(self.entries) + self.binding
 
-        async def one() -> None:
-            try:
-                actor = await self._start_actor()
-                if self._closed:
-                    ray.kill(actor.handle)
-                else:
-                    self.free.append(actor)
-            except Exception as exc:
-                log.warning("could not start a pooled actor: %s", exc)
-            finally:
-                self.starting -= 1
+    def _max_pool(self) -> int:
+        most = self.cfg.max_live if self.cfg.max_pool is None else self.cfg.max_pool
+        return max(self.cfg.pool_size, most)
 
-        await asyncio.gather(*(one() for _ in range(missing)))
+    def target(self) -> int:
+        """How many spares the pool keeps now: ``pool_size`` at least, raised by recent
+        misses and by the bind rate, at most ``max_pool``."""
+        now = time.monotonic()
+        while self._bind_times and self._bind_times[0] < now - RATE_WINDOW:
+            self._bind_times.popleft()
+        by_rate = math.ceil(len(self._bind_times) / RATE_WINDOW * self._start_secs - 1e-9)
+        boost = math.ceil(self._boost_now(now) - 1e-9)
+        return min(self._max_pool(), max(self.cfg.pool_size, by_rate, boost))
 
-    async def _take_actor(self, node_id: str | None) -> PooledActor:
-        for i, actor in enumerate(self.free):
-            if node_id is None or actor.node_id == node_id:
-                self.free.pop(i)
+    def _boost_now(self, now: float) -> float:
+        return self._boost * 0.5 ** ((now - self._boost_at) / max(self.cfg.pool_ttl, 1e-3))
+
+    def _pop_free(self, node_id: str | None) -> PooledActor | None:
+        for i in range(len(self.free) - 1, -1, -1):  # the most recently used first
+            if node_id is None or self.free[i].node_id == node_id:
+                return self.free.pop(i)
+        return None
+
+    async def _acquire(self, name: str, node_id: str | None, retry: bool) -> PooledActor:
+        """An actor for ``name``'s bind, counted in ``binding`` (the caller gives it
+        back or makes it live). Waits in the FIFO queue when there is no spare, or at
+        the live cap; ``retry`` (a bind that failed on a dead actor) rejoins at the
+        head."""
+        if self._closed:
+            raise InvalidStateError(f"namespace {self.cfg.namespace!r} is shutting down")
+        now = time.monotonic()
+        self._bind_times.append(now)
+        if not self.waiters and self._live() < self.cfg.max_live:
+            actor = self._pop_free(node_id)
+            if actor is not None:
                 self.counters["pool_hits"] += 1
-                self._spawn(self._top_up())
+                self.binding += 1
+                self._kick()
                 return actor
-        self.counters["pool_misses"] += 1
-        self._spawn(self._top_up())
-        return await self._start_actor(node_id)
+        if not any(node_id is None or a.node_id == node_id for a in self.free):
+            self.counters["pool_misses"] += 1
+            self._boost = self._boost_now(now) + 1
+            self._boost_at = now
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(name, node_id, loop.create_future(), now)
+        if retry:
+            self.waiters.appendleft(waiter)
+        else:
+            self.waiters.append(waiter)
+        timer = loop.call_later(self.cfg.cap_wait, self._cap_waited, waiter)
+        self._kick()
+        try:
+            return await waiter.future
+        except asyncio.CancelledError:
+            future = waiter.future
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.binding -= 1  # granted as the bind was cancelled: give it back
+                self._offer(future.result())
+            raise
+        finally:
+            timer.cancel()
+            with contextlib.suppress(ValueError):
+                self.waiters.remove(waiter)
+
+    def _cap_waited(self, waiter: _Waiter) -> None:
+        if not waiter.future.done():
+            waiter.may_exceed = True
+            self._kick()
+
+    def _grant(self, waiter: _Waiter, actor: PooledActor) -> None:
+        with contextlib.suppress(ValueError):
+            self.waiters.remove(waiter)
+        self.binding += 1
+        self._served_at = time.monotonic()
+        waiter.future.set_result(actor)
+
+    def _kick(self) -> None:
+        """Hand spares to the waiting binds in FIFO order, then start actors and
+        hibernate idle agents for those still waiting (see the module)."""
+        if self._closed:
+            for waiter in self.waiters:
+                if not waiter.future.done():
+                    waiter.future.set_exception(
+                        InvalidStateError(f"namespace {self.cfg.namespace!r} is shutting down")
+                    )
+            self.waiters.clear()
+            return
+        i = 0
+        while i < len(self.waiters):
+            waiter = self.waiters[i]
+            if waiter.future.done():
+                del self.waiters[i]
+                continue
+            over = self._live() >= self.cfg.max_live
+            if over and not waiter.may_exceed:
+                break  # at the live cap: a hibernation makes room (and frees an actor)
+            actor = self._pop_free(waiter.node_id)
+            if actor is None:
+                if waiter.node_id is None:
+                    break
+                i += 1  # a bind pinned to a node does not hold up the others
+                continue
+            if over:
+                self.counters["cap_exceeded"] += 1
+            self._grant(waiter, actor)
+        self._start_actors()
+        if self.waiters:
+            if self._reclaimer is None or self._reclaimer.done():
+                self._reclaimer = self._spawn(self._reclaim_loop())
+            elif self._reclaim_changed is not None:
+                self._reclaim_changed.set()
+
+    def _start_actors(self) -> None:
+        """Start the actors the pool lacks, within ``max_starting`` in flight."""
+        now = time.monotonic()
+        if now < self._backoff_until:
+            self._deficit()
+            return
+        live, slots, need = self._live(), self.cfg.max_live - self._live(), 0
+        oldest: float | None = None
+        for waiter in self.waiters:
+            if waiter.future.done():
+                continue
+            if waiter.node_id is not None:
+                if not waiter.start_pending and self.starting < self._max_starting:
+                    waiter.start_pending = True
+                    self._launch(waiter.node_id, waiter)
+                continue
+            oldest = waiter.since if oldest is None else oldest
+            if waiter.may_exceed:
+                need += 1
+            elif slots > 0:
+                need, slots = need + 1, slots - 1
+        spares = max(0, min(self.target(), self.cfg.max_live + 1 - live - need))
+        short = need + spares - len(self.free) - self.starting
+        if short <= 0:
+            return
+        # Waiting binds start actors when no actor came for them for a while, or when
+        # there is no agent whose actor could be taken.
+        stalled = (
+            need > 0
+            and oldest is not None
+            and (not self.entries or now - max(self._served_at, oldest) >= self.cfg.start_patience)
+        )
+        forced = len(self.free) + self.starting < self._fill
+        if forced or self._cpu.calm():
+            allowed = short
+        elif stalled:  # for the waiting binds only: spares wait for an idle core
+            allowed = need - len(self.free) - self.starting
+        elif not need and len(self.free) + self.starting < min(self.cfg.pool_size, spares):
+            # Below the floor with nobody waiting: replenish, one start at a time while
+            # the node is busy (the next wake, or a crashed agent's, finds a spare).
+            allowed = 1 - self.starting
+        elif self._credit >= short:
+            # Hibernating agents for waiting binds has cost as much as starting the
+            # actors the pool lacks would: start them (ski rental).
+            allowed = min(short, self._max_starting - self.starting)
+            self._credit -= allowed
+        else:
+            allowed = 0
+        allowed = min(allowed, self._max_starting - self.starting)
+        for _ in range(allowed):
+            self._launch(None, None)
+        if short > allowed:
+            self._deficit()
+
+    def _deficit(self) -> None:
+        """The pool lacks actors it may not start yet: have the pool loop look again."""
+        self._short = True
+        self._wake_pool()
+
+    def _wake_pool(self) -> None:
+        if self._pool_idle and self._pool_changed is not None:
+            self._pool_changed.set()
+
+    def _launch(self, node_id: str | None, waiter: _Waiter | None) -> None:
+        self.starting += 1
+        self.starting_peak = max(self.starting_peak, self.starting)
+        self._spawn(self._run_start(node_id, waiter))
+
+    async def _run_start(self, node_id: str | None, waiter: _Waiter | None) -> None:
+        started = time.monotonic()
+        try:
+            actor = await self._start_actor(node_id)
+        except Exception as exc:
+            self.starting -= 1
+            log.warning("could not start a pooled actor: %s", exc)
+            self._failures += 1
+            self._backoff_until = time.monotonic() + min(5.0, 0.05 * 2**self._failures)
+            self._fail_waiter(waiter, exc)
+            self._pool_grew.set()
+            self._kick()
+            return
+        self.starting -= 1
+        self._failures = 0
+        self._start_secs = 0.7 * self._start_secs + 0.3 * (time.monotonic() - started)
+        if self._closed:
+            with contextlib.suppress(Exception):
+                ray.kill(actor.handle, no_restart=True)
+            return
+        if waiter is not None and not waiter.future.done():
+            waiter.start_pending = False
+            if waiter.may_exceed or self._live() < self.cfg.max_live:
+                self._grant(waiter, actor)  # started on its node for it
+                self._kick()
+                return
+        self._offer(actor)
+
+    def _fail_waiter(self, waiter: _Waiter | None, exc: BaseException) -> None:
+        """A start failed: the bind it was for (or the oldest one waiting longer than
+        ``start_patience`` with nothing else on the way) gets the error rather than
+        waiting on starts that keep failing."""
+        if waiter is None or waiter.future.done():
+            waiter = None
+            now = time.monotonic()
+            for w in self.waiters:
+                if not w.future.done() and now - w.since >= self.cfg.start_patience:
+                    waiter = w
+                    break
+            if waiter is None or self.starting or self._reclaiming:
+                return
+        waiter.start_pending = False
+        with contextlib.suppress(ValueError):
+            self.waiters.remove(waiter)
+        waiter.future.set_exception(exc)
+
+    def _offer(self, actor: PooledActor) -> None:
+        """An actor is free (started, given back, or its agent hibernated)."""
+        if self._closed:
+            with contextlib.suppress(Exception):
+                ray.kill(actor.handle, no_restart=True)
+            return
+        actor.free_since = time.monotonic()
+        self.free.append(actor)
+        self._pool_grew.set()
+        self._kick()
+        self._wake_pool()  # a spare's retirement to schedule
 
     def _release(self, actor: PooledActor) -> None:
         actor.bindings += 1
-        if (
-            self._closed
-            or actor.bindings >= self.cfg.recycle_after
-            or len(self.free) >= max(self.cfg.pool_size, 1) * 4
-        ):
+        if self._closed or actor.bindings >= self.cfg.recycle_after:
             # Recycle the process: long-lived workers accumulate memory.
-            ray.kill(actor.handle, no_restart=True)
+            with contextlib.suppress(Exception):
+                ray.kill(actor.handle, no_restart=True)
             self.counters["actors_recycled"] += 1
+            self._kick()
             return
-        self.free.append(actor)
+        if len(self.free) >= self._max_pool() and not self.waiters:
+            with contextlib.suppress(Exception):
+                ray.kill(actor.handle, no_restart=True)
+            self.counters["spares_retired"] += 1
+            return
+        self._offer(actor)
+
+    async def _pool_loop(self) -> None:
+        """Retire spares above the target unused for ``pool_ttl``, and re-check a
+        deficit (spares waiting for an idle core, a start backoff) every
+        ``_DEFICIT_CHECK`` seconds while there is one. Sleeps otherwise."""
+        assert self._pool_changed is not None
+        while not self._closed:
+            self._pool_changed.clear()
+            now = time.monotonic()
+            timeout: float | None = None
+            ttl = self.cfg.pool_ttl
+            excess = len(self.free) - self.target()
+            if excess > 0 and not self.waiters:
+                for actor in sorted(self.free, key=lambda a: a.free_since)[:excess]:
+                    if actor.free_since + ttl <= now:
+                        self.free.remove(actor)
+                        with contextlib.suppress(Exception):
+                            ray.kill(actor.handle, no_restart=True)
+                        self.counters["spares_retired"] += 1
+            if len(self.free) > self.cfg.pool_size:
+                # The target decays: look again when the oldest spare could retire.
+                oldest = min(a.free_since for a in self.free)
+                timeout = max(oldest + ttl - now, ttl / 4)
+            if self._short:
+                self._cpu.sample()
+            self._short = False
+            self._kick()
+            if self._short:  # a deficit it may not fill yet: look again shortly
+                timeout = _DEFICIT_CHECK if timeout is None else min(timeout, _DEFICIT_CHECK)
+            self._pool_idle = timeout is None
+            await self._pool_event(self._pool_changed, timeout)
+            self._pool_idle = False
+
+    @staticmethod
+    async def _pool_event(event: asyncio.Event, timeout: float | None) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout)
+
+    # -- hibernating idle agents for waiting binds ----------------------------------
+
+    def _reclaim_need(self) -> int:
+        waiting = sum(1 for w in self.waiters if not w.future.done())
+        return waiting - len(self._reclaiming)
+
+    async def _reclaim_loop(self) -> None:
+        """While binds wait: hibernate idle agents for them, least recently used first
+        (one activity poll of the live agents per round), and keep one ``until_idle``
+        call on each busy agent, so the first to finish is hibernated at once."""
+        assert self._reclaim_changed is not None
+        while not self._closed and self._reclaim_need() > 0:
+            self._reclaim_changed.clear()
+            names = [
+                n
+                for n in self.entries
+                if n not in self._reclaiming
+                and n not in self._probing
+                and not self.locks[n].locked()
+            ]
+            entries = [self.entries[n] for n in names]
+            reports = await asyncio.gather(
+                *(e.actor.handle.activity.remote(n) for n, e in zip(names, entries, strict=True)),
+                return_exceptions=True,
+            )
+            idle: list[tuple[float, str]] = []
+            for name, entry, report in zip(names, entries, reports, strict=True):
+                if not isinstance(report, dict) or self.entries.get(name) is not entry:
+                    continue
+                young = report.get("fresh") and report.get("bound_for", 0.0) < FRESH_GRACE
+                if not report["busy"] and not young:
+                    idle.append((report["idle_for"], name))
+                elif name not in self._probing:
+                    self._probing.add(name)
+                    self._spawn(self._probe(name, entry))
+            for _, victim in sorted(idle, reverse=True):
+                if self._reclaim_need() <= 0:
+                    break
+                if victim in self.entries and victim not in self._reclaiming:
+                    self._reclaiming.add(victim)
+                    self._spawn(self._reclaim(victim))
+            if self._reclaim_need() > 0:
+                await self._pool_event(self._reclaim_changed, 1.0)
+
+    async def _probe(self, name: str, entry: Entry) -> None:
+        try:
+            report = await entry.actor.handle.until_idle.remote(name, PROBE_TIMEOUT, FRESH_GRACE)
+        except Exception:
+            report = None
+        finally:
+            self._probing.discard(name)
+        young = (
+            isinstance(report, dict) and report.get("fresh") and report["bound_for"] < FRESH_GRACE
+        )
+        if (
+            isinstance(report, dict)
+            and not report["busy"]
+            and not young
+            and self.entries.get(name) is entry
+            and name not in self._reclaiming
+            and self._reclaim_need() > 0
+        ):
+            self._reclaiming.add(name)
+            await self._reclaim(name)
+        elif self._reclaim_changed is not None:
+            self._reclaim_changed.set()
+
+    async def _reclaim(self, victim: str) -> None:
+        try:
+            if await self.hibernate(victim):
+                self.counters["lru_hibernations"] += 1
+                self._credit += 1 / RECLAIMS_PER_START
+        except Exception as exc:
+            log.warning("could not hibernate %s for a waiting bind: %s", victim, exc)
+        finally:
+            self._reclaiming.discard(victim)
+            if self._reclaim_changed is not None:
+                self._reclaim_changed.set()
+            self._kick()
 
     # -- resolve ---------------------------------------------------------------------
 
@@ -204,16 +660,6 @@ class Directory:
             raise SessionNotFoundError(
                 f"agent {name!r} does not exist in namespace {self.cfg.namespace!r}"
             )
-        await self._make_room(name)
-        self.binding += 1
-        try:
-            return await self._bind_admitted(name, path, create, node_id)
-        finally:
-            self.binding -= 1
-
-    async def _bind_admitted(
-        self, name: str, path: Any, create: bool, node_id: str | None
-    ) -> tuple[Any, str]:
         spec = BindSpec(
             namespace=self.cfg.namespace,
             name=name,
@@ -225,70 +671,42 @@ class Directory:
             idle_timeout=self.cfg.idle_timeout,
         )
         last_error: BaseException | None = None
-        for _attempt in range(4):
-            actor = await self._take_actor(node_id)
+        for attempt in range(4):
+            actor = await self._acquire(name, node_id, retry=attempt > 0)
+            error: BaseException | None = None
             try:
                 await actor.handle.bind.remote(spec)
-            except ray.exceptions.RayActorError as exc:
-                last_error = exc  # the pooled actor died: take another
+            except BaseException as exc:
+                error = exc
+            self.binding -= 1
+            if error is None:
+                entry = Entry(actor)
+                self.entries[name] = entry
+                self.alarms.pop(name, None)  # the woken agent reports its own (note_alarm)
+                self.counters["binds"] += 1
+                self._spawn(self._watch(name, entry))
+                if self._reclaim_changed is not None and self.waiters:
+                    self._reclaim_changed.set()  # one more agent to watch for idleness
+                return actor.handle, actor.actor_id
+            if isinstance(error, ray.exceptions.RayActorError):
+                last_error = error  # the pooled actor died: take another
+                self._kick()
                 continue
-            except DatabaseLockedError as exc:
+            if isinstance(error, asyncio.CancelledError):
+                # Whether the actor bound is unknown: never reuse it.
+                with contextlib.suppress(Exception):
+                    ray.kill(actor.handle, no_restart=True)
+                self._kick()
+                raise error
+            self._offer(actor)
+            if isinstance(error, DatabaseLockedError):
                 # A killed previous owner's lock lingers ~50 ms; Database already
                 # retried for a while, so give the actor back and try again.
-                self.free.append(actor)
-                last_error = exc
+                last_error = error
                 await asyncio.sleep(0.1)
                 continue
-            except BaseException:
-                self.free.append(actor)
-                raise
-            entry = Entry(actor)
-            self.entries[name] = entry
-            self.alarms.pop(name, None)  # the woken agent reports its own (note_alarm)
-            self.counters["binds"] += 1
-            self._spawn(self._watch(name, entry))
-            return actor.handle, actor.actor_id
+            raise error
         raise InvalidStateError(f"could not bind {name!r}: {last_error}")
-
-    async def _make_room(self, incoming: str) -> None:
-        """Admission at the live cap (binds in flight count too): hibernate the least
-        recently used idle agent and reuse its actor.
-
-        One admission runs at a time, with one activity poll per attempt: under a wake
-        storm the waiters queue on the lock instead of polling every actor. While every
-        live agent is busy it waits briefly; after ``cap_wait`` the cap is exceeded
-        rather than risk a deadlock (an orchestrator waiting on its sub-agents keeps
-        them busy)."""
-        if len(self.entries) + self.binding < self.cfg.max_live:
-            return
-        async with self._admission:
-            deadline = time.monotonic() + self.cfg.cap_wait
-            while len(self.entries) + self.binding >= self.cfg.max_live:
-                names = [n for n in self.entries if n != incoming and not self.locks[n].locked()]
-                reports = await asyncio.gather(
-                    *(self.entries[n].actor.handle.activity.remote(n) for n in names),
-                    return_exceptions=True,
-                )
-                idle = sorted(
-                    (
-                        (r["idle_for"], n)
-                        for n, r in zip(names, reports, strict=True)
-                        if isinstance(r, dict) and not r["busy"]
-                    ),
-                    reverse=True,
-                )
-                hibernated = False
-                for _, victim in idle:
-                    if victim in self.entries and await self.hibernate(victim):
-                        self.counters["lru_hibernations"] += 1
-                        hibernated = True
-                        break
-                if hibernated:
-                    continue
-                if time.monotonic() >= deadline:
-                    self.counters["cap_exceeded"] += 1
-                    return
-                await asyncio.sleep(0.01)
 
     # -- hibernate -------------------------------------------------------------------
 
@@ -303,6 +721,7 @@ class Directory:
                 report = await entry.actor.handle.hibernate.remote(name, force)
             except ray.exceptions.RayActorError:
                 del self.entries[name]
+                self._kick()
                 return True
             if not report.get("ok"):
                 return False
@@ -360,6 +779,7 @@ class Directory:
                 log.warning("the actor of %s died; it wakes on its next call or alarm", name)
                 if self._alarm_changed is not None:
                     self._alarm_changed.set()
+                self._kick()
         except Exception:  # the directory is shutting down
             return
 
@@ -393,15 +813,25 @@ class Directory:
 
     async def stats(self) -> dict[str, Any]:
         """The namespace, its storage root, live agents (name → actor id), the free
-        pool size, actors starting, pending alarms and the event counters."""
+        pool size, actors starting, binds waiting, pending alarms, the event counters
+        and the pool's state (``target`` spares, ``max_starting`` starts in flight and
+        the most seen at once, ``starting_peak``)."""
         return {
             "namespace": self.cfg.namespace,
             "storage_root": self.cfg.storage_root,
             "live": {n: e.actor.actor_id for n, e in self.entries.items()},
             "free": len(self.free),
             "starting": self.starting,
+            "waiting": sum(1 for w in self.waiters if not w.future.done()),
             "alarms": dict(self.alarms),
             "counters": dict(self.counters),
+            "pool": {
+                "target": self.target(),
+                "max_starting": self._max_starting,
+                "starting_peak": self.starting_peak,
+                "bind_rate": len(self._bind_times) / RATE_WINDOW,
+                "start_secs": round(self._start_secs, 3),
+            },
         }
 
     async def live_actor(self, name: str) -> dict[str, Any] | None:
@@ -420,8 +850,10 @@ class Directory:
         """Hibernate everything (forcing), then stop every actor this directory made."""
         await self.hibernate_all(force=True)
         self._closed = True
-        if self._alarm_changed is not None:
-            self._alarm_changed.set()
+        self._kick()  # fails the binds still waiting
+        for event in (self._alarm_changed, self._pool_changed, self._reclaim_changed):
+            if event is not None:
+                event.set()
         for actor in self.free:
             with contextlib.suppress(Exception):
                 ray.kill(actor.handle, no_restart=True)

@@ -66,6 +66,15 @@ class AgentNamespace(Generic[A]):
     :meth:`connect`, and only :meth:`shutdown` stops it (hibernating every agent).
     ``detached=False`` ties it to the creating driver instead (a one-off script). ``start=False`` skips the blocking
     wait for the pool (inside an async actor, ``await ns.astart()`` instead).
+
+    The warm pool (:mod:`thinkray.actors.directory` has the policy) keeps ``pool_size``
+    spare actors at least and grows with demand up to ``max_pool`` (default
+    ``max_live``); spares above what demand calls for retire after ``pool_ttl``
+    seconds unused. At most ``max_starting`` actors start at once (default: the
+    cluster's CPUs); a bind that finds no spare queues (FIFO) and takes the first actor
+    freed for it: given back, newly started, or taken from the least recently used
+    idle agent, which hibernates. Binds at the ``max_live`` cap wait up to ``cap_wait``
+    seconds for such an agent, then exceed the cap.
     Raises a storage error at once for a root that cannot be written.
     """
 
@@ -85,6 +94,10 @@ class AgentNamespace(Generic[A]):
         preload: tuple[str, ...] = DEFAULT_PRELOAD,
         detached: bool = True,
         start: bool = True,
+        max_pool: int | None = None,
+        pool_ttl: float = 60.0,
+        max_starting: int | None = None,
+        start_patience: float = 0.5,
     ) -> None:
         validate_name(name, "namespace")
         # Absolute: the actors open the files from their own working directory.
@@ -105,6 +118,10 @@ class AgentNamespace(Generic[A]):
             recycle_after=recycle_after,
             actor_options=dict(actor_options or {}),
             preload=tuple(preload),
+            max_pool=max_pool,
+            pool_ttl=pool_ttl,
+            max_starting=max_starting,
+            start_patience=start_patience,
         )
         options: dict[str, Any] = {
             "name": _directory_name(name),
