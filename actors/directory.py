@@ -247,8 +247,8 @@ class Directory:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
             options.pop("resources", None)
         # The agent class's module too: deserializing the first BindSpec imports it.
-        preload = (*self.cfg.preload, self.cfg.agent_cls.__module__)
-        return RemoteSessionActor.options(**options).remote(tuple(dict.fromkeys(preload)))
+        module = self.cfg.agent_cls.__module__
+        return RemoteSessionActor.options(**options).remote(self.cfg.preload, True, module)
 
     async def _start_actor(self, node_id: str | None = None) -> PooledActor:
         handle = self._new_actor(node_id)

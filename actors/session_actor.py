@@ -13,6 +13,7 @@ raises :class:`~thinkray.actors.relay.NotBoundError`, and the caller's handle re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
 import os
@@ -69,9 +70,18 @@ class BindSpec:
 class SessionActor:
     """Generic host. Use through :class:`thinkray.actors.namespace.AgentNamespace` handles."""
 
-    def __init__(self, preload: tuple[str, ...] = DEFAULT_PRELOAD, warm_up: bool = True) -> None:
+    def __init__(
+        self,
+        preload: tuple[str, ...] = DEFAULT_PRELOAD,
+        warm_up: bool = True,
+        agent_module: str | None = None,
+    ) -> None:
         for module in preload:
             importlib.import_module(module)
+        if agent_module is not None:
+            # The first BindSpec would import it. Not found: the class travels by value.
+            with contextlib.suppress(ImportError):
+                importlib.import_module(agent_module)
         self._warm_up_pending = warm_up
         ctx = ray.get_runtime_context()
         self.actor_id = ctx.get_actor_id()
