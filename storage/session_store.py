@@ -848,13 +848,16 @@ class DuckDBSessionStore(SessionStore):
         self._state.cache.clear()
         self._state.generations = None
 
-    def _cached(self, session_id: str) -> _Cached | None:
-        """The session's cache entry, if any (everything is forgotten after a rollback:
-        a write it recorded may not have landed)."""
+    def _check_epoch(self) -> None:
+        """Forget everything after a rollback: a write the cache recorded may not have
+        landed."""
         if self._state.epoch != self._database.rollbacks:
             self._forget()
             self._state.epoch = self._database.rollbacks
-            return None
+
+    def _cached(self, session_id: str) -> _Cached | None:
+        """The session's cache entry, if any (see :meth:`_check_epoch`)."""
+        self._check_epoch()
         entry = self._state.cache.get(session_id)
         if entry is not None:
             self._state.cache.move_to_end(session_id)
@@ -863,7 +866,7 @@ class DuckDBSessionStore(SessionStore):
     def _remember(self, row: Sequence[Any]) -> _Cached:
         """Cache a ``sessions`` row just read (keeping a known history only if the head
         is the same)."""
-        self._cached("")  # drop a stale cache first
+        self._check_epoch()
         entry = self._state.cache.get(row[0])
         if entry is None or entry.row[5] != row[5]:
             entry = _Cached(list(row))
@@ -2205,7 +2208,7 @@ class DuckDBSessionStore(SessionStore):
 
     def _known_generations(self, con: duckdb.DuckDBPyConnection) -> list[str]:
         """The chunk log's generations, oldest first (read once, then kept)."""
-        self._cached("")  # forgets everything after a rollback
+        self._check_epoch()
         if self._state.generations is None:
             rows = con.execute(
                 "SELECT generation_id FROM chunks GROUP BY generation_id ORDER BY min(seq)"

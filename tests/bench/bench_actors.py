@@ -22,16 +22,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import line, pct  # noqa: E402
-
-
-def uss_mib(pid: int) -> float:
-    """Unique set size: private pages, from /proc (what killing the process frees)."""
-    total = 0
-    with open(f"/proc/{pid}/smaps_rollup") as f:
-        for row in f:
-            if row.startswith(("Private_Clean:", "Private_Dirty:")):
-                total += int(row.split()[1])
-    return total / 1024
+from thinkray.actors.bench import uss_mib  # noqa: E402
 
 
 def main() -> int:
