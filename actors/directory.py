@@ -65,10 +65,22 @@ RECLAIMS_PER_START = 16
 an actor start costs about as much CPU as that many hibernate-and-rebind cycles."""
 PROBE_TIMEOUT = 10.0
 """How long one ``until_idle`` call waits on a busy agent before answering."""
+RECLAIM_IDLE = 10.0
+"""Below the live cap, a few waiting binds (no more than ``max_starting``, which actor
+starts serve within seconds) take only agents idle this long: an agent in a
+conversation is called again soon, and taking it would cost that call a rebind, which
+would take the next agent's actor, and so on (round-robin sessions all rebinding).
+A burst of more binds than starts can serve soon, or binds at the live cap, take any
+idle agent, least recently used first."""
 FRESH_GRACE = 2.0
 """An agent bound this recently and not called yet is not hibernated for another bind:
 the call that woke it is on its way."""
 _DEFICIT_CHECK = 0.25  # how often the pool re-checks a deficit it could not fill yet
+
+
+def _young(report: dict[str, Any]) -> bool:
+    """An agent just bound for a call that has not reached it yet (``FRESH_GRACE``)."""
+    return bool(report.get("fresh") and report.get("bound_for", 0.0) < FRESH_GRACE)
 
 
 @dataclass
@@ -556,6 +568,22 @@ class Directory:
         waiting = sum(1 for w in self.waiters if not w.future.done())
         return waiting - len(self._reclaiming)
 
+    def _reclaim_min_idle(self) -> float:
+        """How long an agent must have been idle to be hibernated for a waiting bind
+        now (see ``RECLAIM_IDLE``)."""
+        waiting = sum(1 for w in self.waiters if not w.future.done())
+        if self._live() >= self.cfg.max_live or waiting > self._max_starting:
+            return 0.0
+        return RECLAIM_IDLE
+
+    def _takeable(self, report: Any, min_idle: float) -> bool:
+        """Whether an ``activity``/``until_idle`` report shows an agent that may be
+        hibernated for a waiting bind: not busy, not just bound for a call on its way,
+        idle at least ``min_idle``."""
+        if not isinstance(report, dict) or report["busy"] or _young(report):
+            return False
+        return bool(report["idle_for"] >= min_idle)
+
     async def _reclaim_loop(self) -> None:
         """While binds wait: hibernate idle agents for them, least recently used first
         (one activity poll of the live agents per round), and keep one ``until_idle``
@@ -576,13 +604,13 @@ class Directory:
                 return_exceptions=True,
             )
             idle: list[tuple[float, str]] = []
+            min_idle = self._reclaim_min_idle()
             for name, entry, report in zip(names, entries, reports, strict=True):
                 if not isinstance(report, dict) or self.entries.get(name) is not entry:
                     continue
-                young = report.get("fresh") and report.get("bound_for", 0.0) < FRESH_GRACE
-                if not report["busy"] and not young:
+                if self._takeable(report, min_idle):
                     idle.append((report["idle_for"], name))
-                elif name not in self._probing:
+                elif (report["busy"] or _young(report)) and name not in self._probing:
                     self._probing.add(name)
                     self._spawn(self._probe(name, entry))
             for _, victim in sorted(idle, reverse=True):
@@ -601,13 +629,8 @@ class Directory:
             report = None
         finally:
             self._probing.discard(name)
-        young = (
-            isinstance(report, dict) and report.get("fresh") and report["bound_for"] < FRESH_GRACE
-        )
         if (
-            isinstance(report, dict)
-            and not report["busy"]
-            and not young
+            self._takeable(report, self._reclaim_min_idle())
             and self.entries.get(name) is entry
             and name not in self._reclaiming
             and self._reclaim_need() > 0

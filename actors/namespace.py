@@ -30,6 +30,8 @@ namespace's: ``ns.hibernate(name)``, ``ns.wake(name)``, ``ns.where(name)``.
 from __future__ import annotations
 
 import os
+import threading
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeAlias, TypeVar, cast
 
 import ray
@@ -46,6 +48,8 @@ from thinkray.storage.layout import ensure_root, list_names, validate_name
 __all__ = ["RAY_NAMESPACE", "AgentHandle", "AgentNamespace", "Handle", "HandleMethod"]
 
 RAY_NAMESPACE = "thinkray"
+HANDLE_CACHE = 4096
+"""Agent handles a namespace object keeps for reuse (least recently used dropped)."""
 
 A = TypeVar("A", bound=Think)
 
@@ -106,6 +110,7 @@ class AgentNamespace(Generic[A]):
         self.name = name
         self.storage_root = storage_root
         self.agent_cls: type[A] | None = agent_cls
+        self._init_handles()
         config = NamespaceConfig(
             namespace=name,
             storage_root=storage_root,
@@ -152,16 +157,49 @@ class AgentNamespace(Generic[A]):
         stats: dict[str, Any] = ray.get(self.directory.stats.remote())
         self.storage_root = stats.get("storage_root", "")
         self.agent_cls = None
+        self._init_handles()
         return self
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Picklable (sent to tasks and actors): the handle cache and its lock stay behind.
+        state = dict(self.__dict__)
+        state.pop("_handles", None)
+        state.pop("_handles_lock", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_handles()
+
+    def _init_handles(self) -> None:
+        self._handles: OrderedDict[tuple[str, bool], AgentHandle[A]] = OrderedDict()
+        self._handles_lock = threading.Lock()
 
     def get(self, name: str) -> Handle[A]:
         """The handle of agent ``name``, created on first use."""
-        return AgentHandle(self.name, validate_name(name), self.directory, True, self.agent_cls)
+        return self._handle(validate_name(name), True)
 
     def existing(self, name: str) -> Handle[A]:
         """The handle of an existing agent: its calls raise SessionNotFoundError for a
         name that has no database file."""
-        return AgentHandle(self.name, validate_name(name), self.directory, False, self.agent_cls)
+        return self._handle(validate_name(name), False)
+
+    def _handle(self, name: str, create: bool) -> AgentHandle[A]:
+        # One handle per name and mode, reused: a handle remembers the actor it
+        # resolved, so ``ns.get(name).chat.remote(...)`` in a loop asks the directory
+        # once instead of once per call (a round trip to the directory actor each).
+        # A handle re-resolves by itself when its actor died or hibernated.
+        key = (name, create)
+        with self._handles_lock:
+            handle = self._handles.get(key)
+            if handle is None:
+                handle = AgentHandle(self.name, name, self.directory, create, self.agent_cls)
+                self._handles[key] = handle
+                if len(self._handles) > HANDLE_CACHE:
+                    self._handles.popitem(last=False)
+            else:
+                self._handles.move_to_end(key)
+        return handle
 
     def names(self) -> list[str]:
         """Every agent that has a database file (live or hibernated)."""

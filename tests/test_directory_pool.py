@@ -15,7 +15,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from thinkray.actors.directory import Directory, Entry, NamespaceConfig, PooledActor
+from thinkray.actors.directory import (
+    RECLAIM_IDLE,
+    Directory,
+    Entry,
+    NamespaceConfig,
+    PooledActor,
+)
 from thinkray.runtime.agents.think import Think
 
 from tests.helpers import wait_until
@@ -208,15 +214,44 @@ async def test_a_waiting_bind_takes_the_actor_of_the_least_recently_used_idle_ag
 
 
 async def test_with_every_agent_busy_the_first_to_finish_gives_its_actor(make_pool):
-    pool = await make_pool(start_patience=3600.0)
+    # A burst: more binds wait than max_starting starts could serve soon.
+    pool = await make_pool(start_patience=3600.0, max_starting=2)
     agents = {f"a{i}": FakeActor(busy=True) for i in range(3)}
     actors = {name: pool.add_live(name, handle) for name, handle in agents.items()}
+    first, *_ = waiting_binds(pool, ["new", "new2", "new3"])
+    await settle()
+    assert not first.done() and pool.counters.get("lru_hibernations", 0) == 0
+    agents["a1"].finish()
+    assert await asyncio.wait_for(first, 5) is actors["a1"]
+    assert agents["a1"].hibernated == ["a1"] and set(pool.entries) == {"a0", "a2"}
+
+
+async def test_below_the_cap_a_few_binds_leave_agents_in_a_conversation_live(make_pool):
+    # Round-robin sessions: taking the least recently used agent for a bind would cost
+    # its next call a rebind, which would take the next agent's actor, and so on.
+    pool = await make_pool(start_patience=0.0, max_starting=2)
+    agents = {f"a{i}": FakeActor(idle_for=1.0 + i) for i in range(3)}
+    for name, handle in agents.items():
+        pool.add_live(name, handle)
     (bind,) = waiting_binds(pool, ["new"])
     await settle()
-    assert not bind.done() and pool.counters.get("lru_hibernations", 0) == 0
-    agents["a1"].finish()
-    assert await asyncio.wait_for(bind, 5) is actors["a1"]
-    assert agents["a1"].hibernated == ["a1"] and set(pool.entries) == {"a0", "a2"}
+    assert pool.starting == 1  # no agent to take: one actor starts for it
+    await asyncio.sleep(0.05)  # the reclaim loop has polled the agents meanwhile
+    assert not bind.done() and set(pool.entries) == set(agents)
+    pool.finish_start()
+    assert await asyncio.wait_for(bind, 5) is pool.created[0]
+    assert not any(a.hibernated for a in agents.values())
+    assert pool.counters.get("lru_hibernations", 0) == 0
+
+
+async def test_below_the_cap_an_agent_idle_for_long_is_taken_at_once(make_pool):
+    pool = await make_pool(start_patience=3600.0, max_starting=2)
+    recent, done = FakeActor(idle_for=1.0), FakeActor(idle_for=RECLAIM_IDLE + 1)
+    pool.add_live("recent", recent)
+    done_actor = pool.add_live("done", done)
+    (bind,) = waiting_binds(pool, ["new"])
+    assert await asyncio.wait_for(bind, 5) is done_actor
+    assert done.hibernated == ["done"] and not recent.hibernated
 
 
 async def test_an_agent_bound_for_a_call_still_on_its_way_is_not_taken(make_pool):
@@ -380,16 +415,16 @@ def test_a_burst_of_new_agents_binds_each_once_within_the_start_bound(namespace_
 
 
 @pytest.mark.ray
-def test_a_bind_with_no_spare_takes_an_idle_agents_actor(namespace_factory):
-    ns = namespace_factory(pool_size=0, max_pool=0, start_patience=3600.0)
+def test_at_the_live_cap_a_bind_takes_an_idle_agents_actor(namespace_factory):
+    ns = namespace_factory(pool_size=0, max_pool=0, max_live=1, start_patience=3600.0)
     first = ns.get("first")
     first.chat.remote("hello").result()  # no spare and nothing live: an actor starts
     where = ns.where("first")
     second = ns.get("second")
     second.chat.remote("hello").result()
-    if ns.stats()["counters"].get("lru_hibernations"):  # unless an idle node started one
-        assert ns.where("first") is None
-        assert ns.where("second")["pid"] == where["pid"]
+    assert ns.stats()["counters"]["lru_hibernations"] == 1
+    assert ns.where("first") is None
+    assert ns.where("second")["pid"] == where["pid"]
     assert len(first.get_history.remote().result()) == 2  # wakes again on its next call
 
 

@@ -57,3 +57,21 @@ def test_dropping_the_namespace_object_keeps_the_namespace(ray_local, tmp_path):
         assert again.get("bob").message_count.remote().result() == 2
     finally:
         again.shutdown()
+
+
+@pytest.mark.ray
+def test_handles_are_reused_and_remember_their_actor(namespace_factory):
+    import pickle
+
+    ns = namespace_factory()
+    first = ns.get("reuse")
+    assert first.chat.remote("one").result().status == "completed"
+    again = ns.get("reuse")
+    # The same handle: it knows its actor, so the next call skips the directory.
+    assert again is first and again._cached_actor() is not None
+    assert ns.existing("reuse") is not first  # refuses unknown names: its own handle
+    ns.hibernate("reuse")
+    assert ns.get("reuse").chat.remote("two").result().status == "completed"  # re-resolves
+    assert ns.where("reuse") is not None
+    copy = pickle.loads(pickle.dumps(ns))  # a namespace still travels to tasks and actors
+    assert len(copy.get("reuse").get_history.remote().result()) == 4
