@@ -292,6 +292,35 @@ class SessionActor:
                 pause = min(pause * 2, 0.1)
         return await self.activity(name)
 
+    async def status_events(self, name: str, session_id: str) -> AsyncIterator[dict[str, Any]]:
+        """Streaming generator: the status of ``session_id`` of the hosted agent now,
+        then each change (``SessionStatus`` as a dict), until the agent stops being
+        hosted here (hibernated: nothing runs, so it is idle then). Not counted as a
+        call: a page watching a session does not keep its agent from hibernating."""
+        if self.agent is None or self.name != name:
+            return
+        board = self.agent.status
+        changes: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+        def listen(changed: str, status: Any) -> None:
+            if changed == session_id:
+                changes.put_nowait(status.model_dump())
+
+        remove = board.subscribe(listen)
+        unbound = asyncio.ensure_future(self._unbound.wait())
+        try:
+            yield board.get(session_id).model_dump()
+            while self.name == name:
+                change = asyncio.ensure_future(changes.get())
+                await asyncio.wait({change, unbound}, return_when=asyncio.FIRST_COMPLETED)
+                if not change.done():
+                    change.cancel()
+                    break
+                yield change.result()
+        finally:
+            remove()
+            unbound.cancel()
+
     # -- calls -------------------------------------------------------------------------
 
     @contextmanager

@@ -1,0 +1,442 @@
+"""The ingress's ASGI app: the AI SDK's HTTP chat protocol, session operations for a
+UI, live status, and (``ws``) the ``cf_agent_*`` WebSocket protocol, in front of the
+session actors. Replicas hold no session state: a live stream belongs to its session
+actor, so a stream started through one replica resumes through any other.
+
+Routes (every one behind the authenticator; ``{agent}`` is an agent class's slug,
+``{name}`` an agent instance the caller owns, ``{chat_id}`` a session of it):
+
+- ``POST /agents/{agent}/{name}/chat``: the body ``DefaultChatTransport`` sends
+  (``id``, ``messages``, ``trigger``, ``messageId``) -> the UI message stream (SSE,
+  ``x-vercel-ai-ui-message-stream: v1``, ending ``data: [DONE]``). A client that
+  disconnects detaches; the run goes on.
+- ``GET .../chat/{chat_id}/stream``: the active run from chunk 0, then its live tail;
+  204 when none is active.
+- ``GET .../chat/{chat_id}/messages``: the stored ``UIMessage[]``.
+- ``POST .../chat/{chat_id}/abort``: stop the run in flight (no effect without one).
+- ``GET .../get-messages``: the current session's messages (the ``agents`` client).
+- ``GET|POST .../sessions``, ``PATCH|DELETE .../sessions/{sid}``,
+  ``POST .../sessions/{sid}/{branch|rewind|unrewind|compact}``,
+  ``GET .../sessions/{sid}/status`` (an event stream of status changes).
+- ``GET /agents/{agent}``: the caller's agents of that class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.middleware.cors import CORSMiddleware
+from starlette.types import Send
+from thinkray.actors.ingress.agents import Agents, NotVisibleError
+from thinkray.actors.ingress.auth import Authenticator, BearerTokens, Principal
+from thinkray.actors.ingress.config import IngressConfig, load_object
+from thinkray.runtime.chunks import SSE_DONE, SSE_HEADERS, to_sse
+from thinkray.runtime.errors import SessionBusyError
+from thinkray.storage.errors import NotFoundError, ThinkrayError, UserError
+from thinkray.storage.types import InvalidInputError
+
+log = logging.getLogger("thinkray.ingress")
+
+PAGE = Path(__file__).with_name("page")
+
+
+class HTTPError(Exception):
+    """An answer with a status and a message (``{"error": {"type", "message"}}``)."""
+
+    def __init__(self, status: int, message: str, kind: str = "bad_request") -> None:
+        super().__init__(message)
+        self.status, self.kind = status, kind
+
+
+def error_status(exc: BaseException) -> tuple[int, str]:
+    """The HTTP status and error type of an exception a call raised."""
+    if isinstance(exc, HTTPError):
+        return exc.status, exc.kind
+    if isinstance(exc, NotVisibleError | NotFoundError):
+        return 404, "not_found"
+    if isinstance(exc, SessionBusyError):
+        return 409, "busy"
+    if isinstance(exc, UserError | InvalidInputError | ValueError):
+        return 400, type(exc).__name__
+    return 500, "internal"
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    status, kind = error_status(exc)
+    message = str(exc) if status < 500 else f"internal error ({type(exc).__name__})"
+    if status >= 500:
+        log.exception("ingress request failed", exc_info=exc)
+    return JSONResponse({"error": {"type": kind, "message": message}}, status_code=status)
+
+
+def jsonable(value: Any) -> Any:
+    """Session infos and results (dataclasses, pydantic models) as JSON values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return jsonable(dataclasses.asdict(value))
+    if hasattr(value, "model_dump"):
+        return jsonable(value.model_dump())
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    return value
+
+
+def make_authenticator(config: IngressConfig) -> Authenticator:
+    if config.authenticator:
+        factory = load_object(config.authenticator)
+        made = factory() if callable(factory) else factory
+        if not isinstance(made, Authenticator):
+            raise ValueError(f"{config.authenticator!r} did not give an Authenticator")
+        return made
+    return BearerTokens(config.tokens)
+
+
+class SSEResponse(StreamingResponse):
+    """A stream whose every send is bounded: a client that takes nothing for
+    ``timeout`` seconds is dropped (the stream detaches; the actor never waited)."""
+
+    def __init__(self, content: AsyncIterator[str], timeout: float, **kwargs: Any) -> None:
+        super().__init__(content, headers=dict(SSE_HEADERS), **kwargs)
+        self.timeout = timeout
+
+    async def stream_response(self, send: Send) -> None:
+        async def bounded(message: Any) -> None:
+            await asyncio.wait_for(send(message), self.timeout)
+
+        try:
+            await super().stream_response(bounded)
+        except TimeoutError:
+            log.info("dropped a slow SSE consumer after %.0f s", self.timeout)
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The request body as JSON, at most ``limit`` bytes (413 beyond, 400 if not
+    JSON)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HTTPError(413, f"body over {limit} bytes", "too_large")
+    body = bytearray()
+    async for part in request.stream():
+        body.extend(part)
+        if len(body) > limit:
+            raise HTTPError(413, f"body over {limit} bytes", "too_large")
+    try:
+        return json.loads(body or b"null")
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise HTTPError(400, f"malformed JSON: {exc}", "malformed_json") from exc
+
+
+def need_dict(value: Any, what: str = "body") -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise HTTPError(400, f"the {what} must be a JSON object")
+    return value
+
+
+def need_str(body: dict[str, Any], key: str, optional: bool = False) -> Any:
+    value = body.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or not value:
+        raise HTTPError(400, f"{key!r} must be a non-empty string")
+    return value
+
+
+async def sse_stream(chunks: AsyncIterator[Any]) -> AsyncIterator[str]:
+    """UI chunks as SSE frames, ending with ``[DONE]``. Leaving early (the client
+    went away) only stops reading: the run is not aborted."""
+    try:
+        async for chunk in chunks:
+            yield to_sse(chunk)
+    except ThinkrayError as exc:  # the actor died mid-stream: say so in the protocol
+        yield to_sse({"type": "error", "errorText": str(exc)})
+    yield SSE_DONE
+
+
+def build_app(config: IngressConfig) -> FastAPI:
+    """The ingress app for ``config`` (one per replica; any replica serves any
+    agent)."""
+    app = FastAPI(title="thinkray ingress", docs_url=None, redoc_url=None)
+    agents = Agents(config)
+    authenticator = make_authenticator(config)
+    app.state.agents = agents
+    app.state.authenticator = authenticator
+    app.state.config = config
+    if config.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=config.cors_origins,
+            allow_methods=["*"],
+            allow_headers=["authorization", "content-type"],
+        )
+
+    async def principal_of(request: Request) -> Principal:
+        principal = await authenticator.authenticate(request)
+        if principal is None:
+            raise HTTPError(401, "missing or invalid bearer token", "unauthorized")
+        return principal
+
+    Handler = Callable[..., Awaitable[Any]]
+
+    def guarded(fn: Handler) -> Handler:
+        # Every route: authenticate first, map errors to the protocol's answer.
+        async def route(request: Request) -> Any:
+            try:
+                principal = await principal_of(request)
+                return await fn(request, principal, **request.path_params)
+            except Exception as exc:
+                response = error_response(exc)
+                if isinstance(exc, HTTPError) and exc.status == 401:
+                    response.headers["www-authenticate"] = "Bearer"
+                return response
+
+        return route
+
+    def add(path: str, fn: Handler, methods: list[str]) -> None:
+        app.add_api_route(path, guarded(fn), methods=methods, include_in_schema=False)
+
+    base = "/agents/{agent}/{name}"
+
+    # -- the AI SDK chat protocol ------------------------------------------------------
+
+    async def chat(request: Request, who: Principal, agent: str, name: str) -> Response:
+        body = need_dict(await read_json(request, config.max_body_bytes))
+        chat_id = need_str(body, "id")
+        trigger = body.get("trigger", "submit-message")
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            raise HTTPError(400, "'messages' must be a list of UI messages")
+        if trigger not in ("submit-message", "regenerate-message"):
+            raise HTTPError(400, f"unknown trigger {trigger!r}")
+        handle: Any = await agents.agent(agent, name, who, claim=True)
+        await ensure_session(handle, chat_id)
+        if trigger == "submit-message":
+            if not messages or not isinstance(messages[-1], dict):
+                raise HTTPError(400, "submit-message needs the new message last in 'messages'")
+            message = messages[-1]
+            if message.get("role") != "user":
+                raise HTTPError(400, "the message to submit must have role 'user'")
+            stream = handle.stream_chat.remote(message, session_id=chat_id)
+        else:
+            await rewind_for_regenerate(handle, chat_id, body.get("messageId"))
+            stream = handle.stream_chat.remote(None, session_id=chat_id)
+        await stream.start()  # validation and busy errors answer 4xx, before any byte
+        return SSEResponse(sse_stream(stream), config.slow_consumer_timeout)
+
+    async def resume(
+        request: Request, who: Principal, agent: str, name: str, chat_id: str
+    ) -> Response:
+        try:
+            handle: Any = await agents.agent(agent, name, who, claim=False)
+        except NotVisibleError:
+            return Response(status_code=204)
+        if not await agents.live(agent, name):  # a hibernated agent runs nothing
+            return Response(status_code=204)
+        try:
+            run_id = await handle.active_run.remote(chat_id)
+        except NotFoundError:
+            return Response(status_code=204)
+        if run_id is None:
+            return Response(status_code=204)
+        stream = await handle.resume.remote(chat_id, run_id).start()
+        return SSEResponse(sse_stream(stream), config.slow_consumer_timeout)
+
+    async def messages(
+        request: Request, who: Principal, agent: str, name: str, chat_id: str
+    ) -> Any:
+        handle: Any = await agents.agent(agent, name, who, claim=False)
+        return JSONResponse(jsonable(await handle.get_history.remote(chat_id)))
+
+    async def abort(request: Request, who: Principal, agent: str, name: str, chat_id: str) -> Any:
+        handle: Any = await agents.agent(agent, name, who, claim=False)
+        if not await agents.live(agent, name):
+            return JSONResponse({"aborted": False})
+        return JSONResponse({"aborted": bool(await handle.abort.remote(chat_id))})
+
+    async def get_messages(request: Request, who: Principal, agent: str, name: str) -> Any:
+        handle: Any = await agents.agent(agent, name, who, claim=False)
+        current = await handle.get_current_session_id.remote()
+        if current is None:
+            return JSONResponse([])
+        return JSONResponse(jsonable(await handle.get_history.remote(current)))
+
+    add(f"{base}/chat", chat, ["POST"])
+    add(f"{base}/chat/{{chat_id}}/stream", resume, ["GET"])
+    add(f"{base}/chat/{{chat_id}}/messages", messages, ["GET"])
+    add(f"{base}/chat/{{chat_id}}/abort", abort, ["POST"])
+    add(f"{base}/get-messages", get_messages, ["GET"])
+
+    # -- sessions ----------------------------------------------------------------------
+
+    async def list_agents(request: Request, who: Principal, agent: str) -> Any:
+        return JSONResponse({"agents": agents.owned(agent, who)})
+
+    async def list_sessions(request: Request, who: Principal, agent: str, name: str) -> Any:
+        try:
+            handle: Any = await agents.agent(agent, name, who, claim=False)
+        except NotVisibleError:
+            if agent not in config.agents:
+                raise
+            return JSONResponse({"sessions": [], "current": None})  # a new agent: none yet
+        sessions = await handle.get_sessions.remote()
+        current = await handle.get_current_session_id.remote()
+        return JSONResponse({"sessions": jsonable(sessions), "current": current})
+
+    async def create_session(request: Request, who: Principal, agent: str, name: str) -> Any:
+        body = need_dict(await read_json(request, config.max_body_bytes) or {})
+        title = body.get("name", "New Chat")
+        if not isinstance(title, str):
+            raise HTTPError(400, "'name' must be a string")
+        session_id = need_str(body, "id", optional=True)
+        handle: Any = await agents.agent(agent, name, who, claim=True)
+        info = await handle.create_session.remote(title, session_id=session_id)
+        return JSONResponse(jsonable(info), status_code=201)
+
+    async def rename_session(
+        request: Request, who: Principal, agent: str, name: str, sid: str
+    ) -> Any:
+        body = need_dict(await read_json(request, config.max_body_bytes))
+        handle: Any = await agents.agent(agent, name, who, claim=False)
+        await handle.rename_session.remote(sid, need_str(body, "name"))
+        return JSONResponse(jsonable(await handle.get_session.remote(sid)))
+
+    async def delete_session(
+        request: Request, who: Principal, agent: str, name: str, sid: str
+    ) -> Any:
+        handle: Any = await agents.agent(agent, name, who, claim=False)
+        await handle.get_session.remote(sid)  # 404 for an unknown session
+        await handle.delete_session.remote(sid)
+        return Response(status_code=204)
+
+    async def branch(request: Request, who: Principal, agent: str, name: str, sid: str) -> Any:
+        body = need_dict(await read_json(request, config.max_body_bytes))
+        handle: Any = await agents.agent(agent, name, who, claim=False)
+        info = await handle.branch.remote(
+            sid, need_str(body, "messageId"), name=need_str(body, "name", optional=True)
+        )
+        return JSONResponse(jsonable(info), status_code=201)
+
+    async def rewind(request: Request, who: Principal, agent: str, name: str, sid: str) -> Any:
+        body = need_dict(await read_json(request, config.max_body_bytes))
+        include = body.get("includeTarget", False)
+        if not isinstance(include, bool):
+            raise HTTPError(400, "'includeTarget' must be a boolean")
+        handle: Any = await agents.agent(agent, name, who, claim=False)
+        result = await handle.rewind.remote(sid, need_str(body, "messageId"), include_target=include)
+        return JSONResponse(jsonable(result))
+
+    async def unrewind(request: Request, who: Principal, agent: str, name: str, sid: str) -> Any:
+        handle: Any = await agents.agent(agent, name, who, claim=False)
+        return JSONResponse(jsonable(await handle.unrewind.remote(sid)))
+
+    async def compact(request: Request, who: Principal, agent: str, name: str, sid: str) -> Any:
+        handle: Any = await agents.agent(agent, name, who, claim=False)
+        return JSONResponse(jsonable(await handle.compact.remote(sid)))
+
+    async def status(request: Request, who: Principal, agent: str, name: str, sid: str) -> Any:
+        handle: Any = await agents.agent(agent, name, who, claim=False)
+        await handle.get_session.remote(sid)  # 404 for an unknown session
+        events = status_events(agents, agent, name, handle, sid)
+        return SSEResponse(events, config.slow_consumer_timeout)
+
+    add("/agents/{agent}", list_agents, ["GET"])
+    add(f"{base}/sessions", list_sessions, ["GET"])
+    add(f"{base}/sessions", create_session, ["POST"])
+    add(f"{base}/sessions/{{sid}}", rename_session, ["PATCH"])
+    add(f"{base}/sessions/{{sid}}", delete_session, ["DELETE"])
+    add(f"{base}/sessions/{{sid}}/branch", branch, ["POST"])
+    add(f"{base}/sessions/{{sid}}/rewind", rewind, ["POST"])
+    add(f"{base}/sessions/{{sid}}/unrewind", unrewind, ["POST"])
+    add(f"{base}/sessions/{{sid}}/compact", compact, ["POST"])
+    add(f"{base}/sessions/{{sid}}/status", status, ["GET"])
+
+    # -- the web page and the WebSocket protocol ---------------------------------------
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> Response:
+        index = PAGE / "index.html"
+        if not index.is_file():
+            return Response("no web page in this build", status_code=404)
+        return FileResponse(index, media_type="text/html")
+
+    @app.get("/page-config", include_in_schema=False)
+    async def page_config() -> Any:
+        return {"agent": config.page_agent()}
+
+    from thinkray.actors.ingress.ws import add_websocket_routes
+
+    add_websocket_routes(app, agents, authenticator, config)
+    return app
+
+
+async def ensure_session(handle: Any, chat_id: str) -> None:
+    """The AI SDK's chat id names the session: create it on its first message."""
+    try:
+        await handle.get_session.remote(chat_id)
+    except NotFoundError:
+        try:
+            await handle.create_session.remote("New Chat", session_id=chat_id)
+        except UserError:
+            await handle.get_session.remote(chat_id)  # created meanwhile: fine
+
+
+async def rewind_for_regenerate(handle: Any, chat_id: str, message_id: Any) -> None:
+    """``regenerate-message``: hide the assistant message (``messageId``, default the
+    last one) and what follows, so the next turn answers its user message again."""
+    history = await handle.get_history.remote(chat_id)
+    if message_id is not None and not isinstance(message_id, str):
+        raise HTTPError(400, "'messageId' must be a string")
+    index = None
+    for i, message in enumerate(history):
+        if message_id is None and message.get("role") == "assistant":
+            index = i
+        elif message_id is not None and message.get("id") == message_id:
+            index = i
+    if index is None:
+        raise HTTPError(404, f"no message {message_id!r} to regenerate", "not_found")
+    users = [m for m in history[: index + 1] if m.get("role") == "user"]
+    if not users:
+        raise HTTPError(400, "nothing to regenerate: no user message before it")
+    await handle.rewind.remote(chat_id, users[-1]["id"])
+
+
+async def status_events(
+    agents: Agents, agent: str, name: str, handle: Any, session_id: str
+) -> AsyncIterator[str]:
+    """A session's status as server-sent events (``event: status``), the current one
+    first. While the agent is hibernated its status is idle and nothing wakes it: the
+    stream looks for it to come back once a second."""
+    last: Any = None
+    stale = False
+    while True:
+        if await agents.live(agent, name):
+            heard = False
+            try:
+                # A handle may remember the actor of an earlier binding: after a watch
+                # that heard nothing, ask the directory again.
+                actor = await handle._actor_async(stale=stale)
+                gen = actor.status_events.options(num_returns="streaming").remote(
+                    name, session_id
+                )
+                async for ref in gen:
+                    status = await ref
+                    heard = True
+                    if status != last:
+                        last = status
+                        yield f"event: status\ndata: {json.dumps(status)}\n\n"
+            except Exception as exc:  # the actor went away: look again
+                log.debug("status watch of %s ended: %s", name, exc)
+            stale = not heard
+        idle = {"state": "idle"}
+        if last is None or last.get("state") != "idle":
+            last = {**idle, "attempt": None, "message": None, "started_at": None, "run_id": None}
+            yield f"event: status\ndata: {json.dumps(last)}\n\n"
+        await asyncio.sleep(1.0)

@@ -1,0 +1,61 @@
+"""Who is calling: a pluggable :class:`Authenticator` applied to every HTTP request
+and to the WebSocket upgrade. The default maps bearer tokens from the configuration
+to principals; a deployment plugs in its own (JWT, session cookies, an API gateway's
+header) with ``IngressConfig.authenticator``."""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from starlette.requests import HTTPConnection
+
+
+@dataclass(frozen=True)
+class Principal:
+    """An authenticated caller. Every agent name belongs to one principal (``id``)."""
+
+    id: str
+
+
+@runtime_checkable
+class Authenticator(Protocol):
+    """Decides who a request is.
+
+    Contract: return the :class:`Principal` for a valid credential and None for a
+    missing or invalid one (the ingress answers 401 and writes nothing). Called once
+    per HTTP request and once per WebSocket upgrade, before anything is read or
+    written; it must not block the event loop for long (it may be async)."""
+
+    async def authenticate(self, conn: HTTPConnection) -> Principal | None: ...
+
+
+def bearer_token(conn: HTTPConnection, allow_query: bool = False) -> str | None:
+    """The request's bearer token: the ``Authorization: Bearer`` header, or, for a
+    WebSocket upgrade only (a browser's WebSocket API cannot set headers), the
+    ``token`` query parameter."""
+    header = conn.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    if allow_query:
+        return conn.query_params.get("token") or None
+    return None
+
+
+class BearerTokens:
+    """The default authenticator: a fixed map of tokens to principals."""
+
+    def __init__(self, tokens: dict[str, str]) -> None:
+        self._tokens = dict(tokens)
+
+    async def authenticate(self, conn: HTTPConnection) -> Principal | None:
+        token = bearer_token(conn, allow_query=conn.scope.get("type") == "websocket")
+        if token is None:
+            return None
+        for known, principal in self._tokens.items():
+            # Constant-time comparison: a token is not guessable byte by byte.
+            if hmac.compare_digest(known.encode(), token.encode()):
+                return Principal(principal)
+        return None

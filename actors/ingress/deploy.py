@@ -1,0 +1,77 @@
+"""The ingress as a Ray Serve application.
+
+- ``thinkray serve``: :func:`serve_local` starts a local Ray (or joins one), Serve's
+  HTTP proxy on a port, and the app.
+- On a cluster: ``serve run`` / ``serve deploy`` with a config file whose application
+  has ``import_path: thinkray.actors.ingress.deploy:app_builder`` and the
+  :class:`IngressConfig` fields (plus ``replicas``) as ``args`` (README, "Serving").
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+from thinkray.actors.ingress.app import build_app
+from thinkray.actors.ingress.config import IngressConfig
+
+DEPLOYMENT = "thinkray-ingress"
+APP_NAME = "thinkray"
+
+
+class IngressReplica:
+    """One Serve replica: the FastAPI app of :func:`build_app` (built on the replica),
+    no state of its own."""
+
+
+def ingress_app(config: IngressConfig, replicas: int = 1) -> Any:
+    """The Serve application (``serve.run`` it, or return it from a builder)."""
+    from ray import serve
+
+    asgi = serve.ingress(functools.partial(build_app, config))(IngressReplica)
+    deployment = serve.deployment(
+        name=DEPLOYMENT,
+        num_replicas=replicas,
+        # Replicas only relay bytes between clients and session actors: they must not
+        # hold CPUs the session actors and the pool need.
+        ray_actor_options={"num_cpus": 0},
+        max_ongoing_requests=1000,
+    )(asgi)
+    return deployment.bind()
+
+
+def app_builder(args: dict[str, Any]) -> Any:
+    """Serve's application builder: ``args`` are :class:`IngressConfig`'s fields and
+    optionally ``replicas``."""
+    args = dict(args)
+    replicas = int(args.pop("replicas", 1))
+    return ingress_app(IngressConfig.model_validate(args), replicas)
+
+
+def serve_local(
+    config: IngressConfig,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    replicas: int = 1,
+    blocking: bool = True,
+) -> str:
+    """Start Serve's proxy on ``host:port`` and run the ingress; returns its URL.
+    ``blocking``: serve until interrupted (Ctrl-C), then stop the app."""
+    import ray
+    from ray import serve
+
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(ingress_app(config, replicas), name=APP_NAME, route_prefix="/")
+    url = f"http://{host}:{port}"
+    if blocking:
+        print(f"thinkray ingress on {url} (Ctrl-C stops it)", flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            serve.delete(APP_NAME)
+    return url

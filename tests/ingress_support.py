@@ -1,0 +1,94 @@
+"""Run the ingress app on a loopback port for tests (uvicorn in a thread: real
+sockets, real streaming, real disconnects), and read its SSE streams."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import uvicorn
+from thinkray.actors.ingress.app import build_app
+from thinkray.actors.ingress.config import AgentRoute, IngressConfig
+
+TOKENS = {"token-alice": "alice", "token-bob": "bob"}
+ALICE = {"authorization": "Bearer token-alice"}
+BOB = {"authorization": "Bearer token-bob"}
+
+
+def make_config(root: str, namespace: str, **overrides: Any) -> IngressConfig:
+    agent_kwargs = overrides.pop("agent_kwargs", {"chunks": 5})
+    fields: dict[str, Any] = {
+        "storage_root": root,
+        "agents": {
+            "chat": AgentRoute(
+                agent_cls="tests.agents:ScriptAgent",
+                namespace=namespace,
+                agent_kwargs=agent_kwargs,
+                namespace_options={"detached": False, "pool_size": 1},
+            )
+        },
+        "tokens": TOKENS,
+    }
+    fields.update(overrides)
+    return IngressConfig(**fields)
+
+
+@contextlib.contextmanager
+def serve_app(config: IngressConfig) -> Iterator[str]:
+    """Serve ``build_app(config)`` on 127.0.0.1 (a free port); yields its base URL."""
+    app = build_app(config)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the ingress did not start")
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        for ns in app.state.agents._namespaces.values():
+            with contextlib.suppress(Exception):
+                ns.shutdown()
+
+
+def sse_events(lines: Iterator[str]) -> Iterator[Any]:
+    """The ``data:`` payloads of an SSE stream, parsed (``[DONE]`` as the string)."""
+    for line in lines:
+        if line.startswith("data: "):
+            data = line[len("data: ") :]
+            yield data if data == "[DONE]" else json.loads(data)
+
+
+def user_message(text: str, message_id: str) -> dict[str, Any]:
+    return {"id": message_id, "role": "user", "parts": [{"type": "text", "text": text}]}
+
+
+def chat_body(chat_id: str, text: str, message_id: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "id": chat_id,
+        "messages": [user_message(text, message_id)],
+        "trigger": "submit-message",
+        **extra,
+    }
+
+
+def post_chat(base: str, path: str, body: Any, headers: dict[str, str]) -> list[Any]:
+    """POST a chat and read its whole stream."""
+    with httpx.Client(timeout=30) as client:
+        with client.stream("POST", base + path, json=body, headers=headers) as response:
+            assert response.status_code == 200, response.read()
+            assert response.headers["x-vercel-ai-ui-message-stream"] == "v1"
+            assert response.headers["content-type"].startswith("text/event-stream")
+            return list(sse_events(response.iter_lines()))
