@@ -86,9 +86,11 @@ def chat_body(chat_id: str, text: str, message_id: str, **extra: Any) -> dict[st
 
 def post_chat(base: str, path: str, body: Any, headers: dict[str, str]) -> list[Any]:
     """POST a chat and read its whole stream."""
-    with httpx.Client(timeout=30) as client:
-        with client.stream("POST", base + path, json=body, headers=headers) as response:
-            assert response.status_code == 200, response.read()
-            assert response.headers["x-vercel-ai-ui-message-stream"] == "v1"
-            assert response.headers["content-type"].startswith("text/event-stream")
-            return list(sse_events(response.iter_lines()))
+    with (
+        httpx.Client(timeout=30) as client,
+        client.stream("POST", base + path, json=body, headers=headers) as response,
+    ):
+        assert response.status_code == 200, response.read()
+        assert response.headers["x-vercel-ai-ui-message-stream"] == "v1"
+        assert response.headers["content-type"].startswith("text/event-stream")
+        return list(sse_events(response.iter_lines()))

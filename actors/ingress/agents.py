@@ -6,7 +6,7 @@ replica serves any agent."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 from thinkray.actors.ingress.auth import Principal
 from thinkray.actors.ingress.config import IngressConfig
@@ -79,7 +79,8 @@ class Agents:
                 owner = self.owners.owner(route_ns, name)
         if owner != principal.id:
             raise NotVisibleError(f"no agent {name!r} of class {slug!r}")
-        return ns.get(name) if claim else ns.existing(name)
+        handle = ns.get(name) if claim else ns.existing(name)
+        return cast("AgentHandle[Any]", handle)
 
     async def live(self, slug: str, name: str) -> bool:
         """Whether agent ``name`` is live now (asks the directory; never wakes it)."""

@@ -70,6 +70,7 @@ def error_status(exc: BaseException) -> tuple[int, str]:
 
 
 def error_response(exc: BaseException) -> JSONResponse:
+    """The JSON error answer for ``exc`` (internal errors are logged, not shown)."""
     status, kind = error_status(exc)
     message = str(exc) if status < 500 else f"internal error ({type(exc).__name__})"
     if status >= 500:
@@ -91,6 +92,7 @@ def jsonable(value: Any) -> Any:
 
 
 def make_authenticator(config: IngressConfig) -> Authenticator:
+    """The configured authenticator: the user's hook, else the bearer-token map."""
     if config.authenticator:
         factory = load_object(config.authenticator)
         made = factory() if callable(factory) else factory
@@ -109,6 +111,8 @@ class SSEResponse(StreamingResponse):
         self.timeout = timeout
 
     async def stream_response(self, send: Send) -> None:
+        """Send the stream, each send bounded by ``timeout``."""
+
         async def bounded(message: Any) -> None:
             await asyncio.wait_for(send(message), self.timeout)
 
@@ -136,12 +140,14 @@ async def read_json(request: Request, limit: int) -> Any:
 
 
 def need_dict(value: Any, what: str = "body") -> dict[str, Any]:
+    """``value`` if it is a JSON object, else a 400."""
     if not isinstance(value, dict):
         raise HTTPError(400, f"the {what} must be a JSON object")
     return value
 
 
 def need_str(body: dict[str, Any], key: str, optional: bool = False) -> Any:
+    """``body[key]`` as a non-empty string (None if absent and ``optional``), else a 400."""
     value = body.get(key)
     if value is None and optional:
         return None
@@ -330,7 +336,9 @@ def build_app(config: IngressConfig) -> FastAPI:
         if not isinstance(include, bool):
             raise HTTPError(400, "'includeTarget' must be a boolean")
         handle: Any = await agents.agent(agent, name, who, claim=False)
-        result = await handle.rewind.remote(sid, need_str(body, "messageId"), include_target=include)
+        result = await handle.rewind.remote(
+            sid, need_str(body, "messageId"), include_target=include
+        )
         return JSONResponse(jsonable(result))
 
     async def unrewind(request: Request, who: Principal, agent: str, name: str, sid: str) -> Any:
@@ -396,9 +404,8 @@ async def rewind_for_regenerate(handle: Any, chat_id: str, message_id: Any) -> N
         raise HTTPError(400, "'messageId' must be a string")
     index = None
     for i, message in enumerate(history):
-        if message_id is None and message.get("role") == "assistant":
-            index = i
-        elif message_id is not None and message.get("id") == message_id:
+        wanted = message.get("role") == "assistant" if message_id is None else None
+        if wanted or (message_id is not None and message.get("id") == message_id):
             index = i
     if index is None:
         raise HTTPError(404, f"no message {message_id!r} to regenerate", "not_found")
@@ -423,9 +430,7 @@ async def status_events(
                 # A handle may remember the actor of an earlier binding: after a watch
                 # that heard nothing, ask the directory again.
                 actor = await handle._actor_async(stale=stale)
-                gen = actor.status_events.options(num_returns="streaming").remote(
-                    name, session_id
-                )
+                gen = actor.status_events.options(num_returns="streaming").remote(name, session_id)
                 async for ref in gen:
                     status = await ref
                     heard = True

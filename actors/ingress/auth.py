@@ -28,7 +28,9 @@ class Authenticator(Protocol):
     per HTTP request and once per WebSocket upgrade, before anything is read or
     written; it must not block the event loop for long (it may be async)."""
 
-    async def authenticate(self, conn: HTTPConnection) -> Principal | None: ...
+    async def authenticate(self, conn: HTTPConnection) -> Principal | None:
+        """The caller of ``conn`` (an HTTP request or a WebSocket upgrade), or None."""
+        ...
 
 
 def bearer_token(conn: HTTPConnection, allow_query: bool = False) -> str | None:
@@ -51,6 +53,7 @@ class BearerTokens:
         self._tokens = dict(tokens)
 
     async def authenticate(self, conn: HTTPConnection) -> Principal | None:
+        """The principal of the request's bearer token, or None."""
         token = bearer_token(conn, allow_query=conn.scope.get("type") == "websocket")
         if token is None:
             return None
