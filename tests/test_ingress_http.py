@@ -5,6 +5,7 @@ tenancy. The app runs on a loopback port (uvicorn) in front of real session acto
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from typing import Any
@@ -297,3 +298,40 @@ def test_a_busy_session_refuses_a_second_chat_with_409(server):
         time.sleep(0.1)
         stored = httpx.get(f"{base}{path}/c1/messages", headers=ALICE).json()
         assert [m["id"] for m in stored if m["role"] == "user"] == ["u1"]
+
+
+def test_a_client_that_stops_reading_is_dropped_and_the_run_completes(server, caplog):
+    import socket
+
+    # 200 chunks of 32 KiB: far more than loopback's socket buffers hold, so a client
+    # that never reads blocks the replica's sends, which give up after the bound.
+    kwargs = {"chunks": 160, "reply_text": "x" * 32768}
+    caplog.set_level(logging.INFO, logger="thinkray.ingress")
+    with server(agent_kwargs=kwargs, slow_consumer_timeout=0.5) as base:
+        host, port = base.removeprefix("http://").split(":")
+        body = json.dumps(chat_body("c1", "go", "u1")).encode()
+        request = (
+            f"POST /agents/chat/alice-11/chat HTTP/1.1\r\nhost: {host}\r\n"
+            "authorization: Bearer token-alice\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        sock = socket.create_connection((host, int(port)))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(request)
+        path = f"{base}/agents/chat/alice-11/chat/c1"
+
+        def finished() -> bool:
+            sessions = httpx.get(f"{base}/agents/chat/alice-11/sessions", headers=ALICE)
+            if sessions.status_code != 200 or not sessions.json()["sessions"]:
+                return False
+            if httpx.get(f"{path}/stream", headers=ALICE).status_code != 204:
+                return False  # still running
+            return len(httpx.get(f"{path}/messages", headers=ALICE).json()) == 2
+
+        wait_until(finished, timeout=120, interval=0.5)  # it ends although nobody reads
+        stored = httpx.get(f"{path}/messages", headers=ALICE).json()
+        assert stored[1]["role"] == "assistant"
+        assert "".join(p.get("text", "") for p in stored[1]["parts"]).startswith("x" * 32768)
+        # The replica gave up on the client rather than hold the stream for it.
+        wait_until(lambda: "dropped a slow SSE consumer" in caplog.text, timeout=30)
+        sock.close()
