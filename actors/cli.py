@@ -4,6 +4,8 @@
 chat with a tool call from a session actor to the terminal, hibernates the actor,
 wakes it and shows the history rebuilt from its DuckDB file. ``thinkray bench`` runs
 the W1/W2 benchmark (issue 10) with LangGraph beside thinkray (:mod:`thinkray.actors.bench`).
+``thinkray serve`` runs the HTTP ingress (:mod:`thinkray.actors.ingress`) on Ray Serve:
+the AI SDK chat stream, resume, sessions and the web chat page, behind bearer tokens.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from thinkray.actors.ingress.config import IngressConfig
     from thinkray.runtime.chunks import UIChunk
 
 
@@ -233,6 +236,94 @@ def _delegation_demo(root: str) -> None:
         ns.shutdown()
 
 
+DEFAULT_AGENT = "chat=thinkray.actors.demo:DemoAgent"
+"""``thinkray serve``'s agent class without ``--agent``: the demo's agent (Claude when
+``ANTHROPIC_API_KEY`` is set, else an offline scripted model, so it runs anywhere)."""
+
+
+def _pairs(values: list[str], what: str) -> list[tuple[str, str]]:
+    """``key=value`` options as pairs (ValueError naming ``what`` for a bad one)."""
+    out = []
+    for value in values:
+        key, sep, rest = value.partition("=")
+        if not sep or not key.strip() or not rest.strip():
+            raise ValueError(f"--{what} wants {what.upper()}=VALUE, got {value!r}")
+        out.append((key.strip(), rest.strip()))
+    return out
+
+
+def serve_config(args: argparse.Namespace) -> tuple[IngressConfig, str | None]:
+    """The :class:`IngressConfig` of ``thinkray serve``'s options, and the token it
+    generated (None when ``--token`` gave some). Raises ValueError for bad options."""
+    import secrets
+
+    from thinkray.actors.ingress.config import AgentRoute, IngressConfig
+
+    root = (
+        args.storage_root
+        or os.environ.get("THINKRAY_STORAGE_ROOT")
+        or os.path.join(tempfile.gettempdir(), "thinkray-serve")
+    )
+    agents = {}
+    for slug, cls in _pairs(args.agent or [DEFAULT_AGENT], "agent"):
+        if slug in agents:
+            raise ValueError(f"--agent {slug!r} given twice")
+        # The slug names the namespace too: a later `thinkray serve` finds its agents.
+        agents[slug] = AgentRoute(agent_cls=cls, namespace=slug)
+    tokens: dict[str, str] = {}
+    generated = None
+    for principal, token in _pairs(args.token or [], "token"):
+        if token in tokens:
+            raise ValueError("two --token options share a token")
+        tokens[token] = principal
+    if not tokens:
+        generated = secrets.token_urlsafe(24)
+        tokens[generated] = "user"
+    config = IngressConfig(
+        storage_root=os.path.abspath(root),
+        agents=agents,
+        tokens=tokens,
+        cors_origins=list(args.cors_origin or []),
+    )
+    for route in config.agents.values():
+        route.load_class()  # a clear error now rather than in a replica
+    return config, generated
+
+
+def serve(args: argparse.Namespace) -> int:
+    """``thinkray serve``: the ingress on ``args.host:args.port`` through Ray Serve's
+    proxy, until Ctrl-C or SIGTERM. Returns the exit code (2 for bad options)."""
+    import ray
+    from pydantic import ValidationError
+    from thinkray.actors.ingress.deploy import serve_local
+
+    try:
+        config, generated = serve_config(args)
+    except (ValueError, ValidationError) as exc:
+        print(f"thinkray serve: {exc}", file=sys.stderr)
+        return 2
+    if args.replicas < 1:
+        print("thinkray serve: --replicas must be at least 1", file=sys.stderr)
+        return 2
+    if not os.environ.get("RAY_ADDRESS") and not ray.is_initialized():
+        # Workers import `--agent module:Class` from here, as this process does.
+        path = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
+        ray.init(
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"PYTHONPATH": path}},
+        )
+    else:
+        _init_ray()
+    print(f"storage: {config.storage_root}")
+    for slug, route in config.agents.items():
+        print(f"agent class {slug!r}: {route.agent_cls} at /agents/{slug}/<name>/chat")
+    if generated:
+        print(f"no --token given: principal 'user' has bearer token {generated}")
+    serve_local(config, host=args.host, port=args.port, replicas=args.replicas, blocking=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``thinkray`` entry point: parse ``argv`` (default: ``sys.argv[1:]``), run the
     subcommand and return its exit code (argparse exits with 2 on a bad command line)."""
@@ -248,6 +339,35 @@ def main(argv: list[str] | None = None) -> int:
     p_bench = sub.add_parser("bench", help="W1/W2 benchmark, LangGraph beside thinkray")
     bench.add_arguments(p_bench)
     p_bench.set_defaults(func=bench.run)
+    p_serve = sub.add_parser(
+        "serve", help="the HTTP ingress (AI SDK chat stream, sessions, web page) on Ray Serve"
+    )
+    p_serve.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p_serve.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    p_serve.add_argument(
+        "--storage-root",
+        help="where agents' files live (default: $THINKRAY_STORAGE_ROOT, else a temp folder)",
+    )
+    p_serve.add_argument(
+        "--agent",
+        action="append",
+        metavar="SLUG=MODULE:CLASS",
+        help=f"an agent class served at /agents/SLUG/<name> (repeatable; default {DEFAULT_AGENT})",
+    )
+    p_serve.add_argument(
+        "--token",
+        action="append",
+        metavar="PRINCIPAL=TOKEN",
+        help="a bearer token and who it is (repeatable; default: one generated and printed)",
+    )
+    p_serve.add_argument("--replicas", type=int, default=1, help="ingress replicas (default 1)")
+    p_serve.add_argument(
+        "--cors-origin",
+        action="append",
+        metavar="ORIGIN",
+        help="a browser origin allowed to call it (repeatable; default: none)",
+    )
+    p_serve.set_defaults(func=serve)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 

@@ -27,6 +27,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.middleware.cors import CORSMiddleware
-from starlette.types import Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from thinkray.actors.ingress.agents import Agents, NotVisibleError
 from thinkray.actors.ingress.auth import Authenticator, BearerTokens, Principal
 from thinkray.actors.ingress.config import IngressConfig, load_object
@@ -122,6 +123,29 @@ class SSEResponse(StreamingResponse):
             log.info("dropped a slow SSE consumer after %.0f s", self.timeout)
 
 
+class ReplicaHeader:
+    """Names the replica that answered in every HTTP response (``x-thinkray-replica``,
+    random per app instance): which replica served a request, for operators and tests
+    (a stream started through one replica resumes through another)."""
+
+    def __init__(self, app: ASGIApp, replica: str) -> None:
+        self.app, self.value = app, replica.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass the request on; add the header to the response's start."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def tagged(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [*message.get("headers", []), (b"x-thinkray-replica", self.value)]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, tagged)
+
+
 async def read_json(request: Request, limit: int) -> Any:
     """The request body as JSON, at most ``limit`` bytes (413 beyond, 400 if not
     JSON)."""
@@ -143,6 +167,13 @@ def need_dict(value: Any, what: str = "body") -> dict[str, Any]:
     """``value`` if it is a JSON object, else a 400."""
     if not isinstance(value, dict):
         raise HTTPError(400, f"the {what} must be a JSON object")
+    return value
+
+
+def need_id(value: Any, what: str = "chat id") -> str:
+    """A chat or session id from a body or a path: 1-256 printable characters."""
+    if not isinstance(value, str) or not 0 < len(value) <= 256 or not value.isprintable():
+        raise HTTPError(400, f"invalid {what} {str(value)[:80]!r}: use 1-256 printable characters")
     return value
 
 
@@ -183,6 +214,8 @@ def build_app(config: IngressConfig) -> FastAPI:
             allow_methods=["*"],
             allow_headers=["authorization", "content-type"],
         )
+    app.state.replica = uuid.uuid4().hex[:12]
+    app.add_middleware(ReplicaHeader, replica=app.state.replica)
 
     async def principal_of(request: Request) -> Principal:
         principal = await authenticator.authenticate(request)
@@ -197,6 +230,9 @@ def build_app(config: IngressConfig) -> FastAPI:
         async def route(request: Request) -> Any:
             try:
                 principal = await principal_of(request)
+                for key in ("chat_id", "sid"):
+                    if key in request.path_params:
+                        need_id(request.path_params[key], "session id")
                 return await fn(request, principal, **request.path_params)
             except Exception as exc:
                 response = error_response(exc)
@@ -215,7 +251,7 @@ def build_app(config: IngressConfig) -> FastAPI:
 
     async def chat(request: Request, who: Principal, agent: str, name: str) -> Response:
         body = need_dict(await read_json(request, config.max_body_bytes))
-        chat_id = need_str(body, "id")
+        chat_id = need_id(need_str(body, "id"))
         trigger = body.get("trigger", "submit-message")
         messages = body.get("messages")
         if not isinstance(messages, list):

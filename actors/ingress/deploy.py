@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-import functools
+import signal
 import time
 from typing import Any
 
@@ -29,7 +29,13 @@ def ingress_app(config: IngressConfig, replicas: int = 1) -> Any:
     """The Serve application (``serve.run`` it, or return it from a builder)."""
     from ray import serve
 
-    asgi = serve.ingress(functools.partial(build_app, config))(IngressReplica)
+    # A plain function: Serve calls a builder only if ``inspect.isfunction`` says so
+    # (a ``functools.partial`` would be taken for the ASGI app itself). It travels to
+    # the replicas with ``config`` and runs there.
+    def build() -> Any:
+        return build_app(config)
+
+    asgi = serve.ingress(build)(IngressReplica)
     deployment = serve.deployment(
         name=DEPLOYMENT,
         num_replicas=replicas,
@@ -69,9 +75,16 @@ def serve_local(
     url = f"http://{host}:{port}"
     if blocking:
         print(f"thinkray ingress on {url} (Ctrl-C stops it)", flush=True)
+
+        def interrupt(signum: int, frame: Any) -> None:
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, interrupt)  # `kill <pid>` stops it too
         try:
             while True:
                 time.sleep(3600)
         except KeyboardInterrupt:
             serve.delete(APP_NAME)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     return url
