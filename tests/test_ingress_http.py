@@ -257,6 +257,8 @@ def test_bad_input_gets_a_clear_4xx_and_writes_nothing(server, tmp_path):
             (json.dumps({"messages": []}).encode(), 400, None),
             (json.dumps(chat_body("c1", "x" * 5000, "u1")).encode(), 413, "too_large"),
             (json.dumps({**chat_body("c1", "hi", "u1"), "trigger": "bogus"}).encode(), 400, None),
+            (json.dumps(chat_body("c\x00bad", "hi", "u1")).encode(), 400, None),
+            (json.dumps(chat_body("x" * 300, "hi", "u1")).encode(), 400, None),
         ]
         for raw, status, kind in cases:
             r = httpx.post(url, content=raw, headers={**ALICE, "content-type": "application/json"})
