@@ -177,13 +177,6 @@ def need_id(value: Any, what: str = "chat id") -> str:
     return value
 
 
-def need_id(value: Any, what: str = "chat id") -> str:
-    """A chat or session id from a body or a path: 1-256 printable characters."""
-    if not isinstance(value, str) or not 0 < len(value) <= 256 or not value.isprintable():
-        raise HTTPError(400, f"invalid {what} {str(value)[:80]!r}: use 1-256 printable characters")
-    return value
-
-
 def need_str(body: dict[str, Any], key: str, optional: bool = False) -> Any:
     """``body[key]`` as a non-empty string (None if absent and ``optional``), else a 400."""
     value = body.get(key)
