@@ -72,8 +72,10 @@ def error_status(exc: BaseException) -> tuple[int, str]:
 
 def error_response(exc: BaseException) -> JSONResponse:
     """The JSON error answer for ``exc`` (internal errors are logged, not shown)."""
-    status, kind = error_status(exc)
-    message = str(exc) if status < 500 else f"internal error ({type(exc).__name__})"
+    cause = getattr(exc, "cause", None)  # a RayTaskError: its str is the actor's traceback
+    shown = cause if isinstance(cause, Exception) else exc
+    status, kind = error_status(shown)
+    message = str(shown) if status < 500 else f"internal error ({type(shown).__name__})"
     if status >= 500:
         log.exception("ingress request failed", exc_info=exc)
     return JSONResponse({"error": {"type": kind, "message": message}}, status_code=status)

@@ -1,0 +1,219 @@
+"""The ingress's web chat page (issue 11, item 6) in a real browser: headless Chromium
+(Debian's ``chromium`` package) driven by Playwright, against the ingress app on a
+loopback port in front of real session actors. It sends, watches the answer stream
+in, reloads mid-stream and sees the answer resume and complete, stops an answer, edits
+and resends (a branch), rewinds and undoes it, renames and deletes a session, and
+saves a screenshot to tests/artifacts/.
+
+Needs ``/usr/bin/chromium`` and the ``playwright`` Python package (``.ci/browser``
+installs both); without them the test fails, it is not skipped."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.ingress_support import ALICE, make_config, serve_app
+
+pytestmark = pytest.mark.ray
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+CHUNKS = 60  # at 0.1 s apiece: a 6 s answer, long enough to reload or stop mid-way
+LAST = f"chunk{CHUNKS - 1}"
+TIMEOUT = 30_000  # ms; the first turn also starts the agent's actor
+
+
+@pytest.fixture(scope="module")
+def browser() -> Any:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(
+            f"{CHROMIUM} is missing: this test needs Debian's chromium package "
+            "(run .ci/browser, or apt-get install -y chromium)"
+        )
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail(
+            "the playwright Python package is missing (run .ci/browser, or pip install "
+            "playwright; the browser is Debian's chromium, no `playwright install`)"
+        )
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+def stored(base: str, agent: str, sid: str) -> list[dict[str, Any]]:
+    r = httpx.get(f"{base}/agents/chat/{agent}/chat/{sid}/messages", headers=ALICE)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def text_of(message: dict[str, Any]) -> str:
+    return "".join(p.get("text", "") for p in message["parts"] if p["type"] == "text")
+
+
+def sessions(base: str, agent: str) -> dict[str, str]:
+    r = httpx.get(f"{base}/agents/chat/{agent}/sessions", headers=ALICE)
+    return {s["name"]: s["id"] for s in r.json()["sessions"]}
+
+
+def test_the_chat_page_in_a_browser(ray_local, tmp_path, browser):
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=TIMEOUT)
+    namespace = f"page-{tmp_path.name[-10:]}".replace("_", "-")
+    config = make_config(
+        str(tmp_path / "root"), namespace, agent_kwargs={"chunks": CHUNKS, "delay": 0.1}
+    )
+    agent = "alice-web"
+    ARTIFACTS.mkdir(exist_ok=True)
+    with serve_app(config) as base:
+        context = browser.new_context(viewport={"width": 1200, "height": 860})
+        page = context.new_page()
+        problems: list[str] = []
+        page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+        page.on(
+            "console",
+            lambda m: (
+                problems.append(f"console: {m.text}")
+                if m.type == "error" and "Failed to load resource" not in m.text
+                else None
+            ),
+        )
+        page.on("dialog", lambda d: d.accept())  # the delete confirmation
+        try:
+            run_the_page(page, expect, base, agent)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(ARTIFACTS / "ingress_page_failure.png"), full_page=True)
+            raise
+        finally:
+            context.close()
+        assert problems == []
+
+
+def run_the_page(page: Any, expect: Any, base: str, agent: str) -> None:
+    # A token in the page's URL is remembered and taken out of the address bar.
+    page.goto(f"{base}/?token=token-alice&agent={agent}")
+    assert "token" not in page.url
+    assert page.evaluate("localStorage.getItem('thinkray.page.token')") == "token-alice"
+    expect(page.locator("#settings")).to_be_hidden()
+    status = page.locator("#status")
+    box = page.get_by_label("Message", exact=True)
+    send = page.get_by_role("button", name="Send", exact=True)
+    assistants = page.locator("li.msg.assistant")
+    users = page.locator("li.msg.user")
+
+    # 1. Send: the answer streams in (partial first, busy meanwhile), then completes.
+    box.fill("hello")
+    send.click()
+    first = assistants.nth(0)
+    expect(first).to_contain_text("chunk0")
+    assert LAST not in first.inner_text()  # seen while it was still streaming
+    expect(first.locator(".body")).to_have_attribute("aria-live", "polite")
+    expect(status).to_have_attribute("data-state", "busy")
+    expect(first).to_contain_text(LAST)
+    expect(first).to_have_attribute("data-state", "done")
+    expect(status).to_have_attribute("data-state", "idle")
+    sid = sessions(base, agent)["hello"]
+    assert [text_of(m) for m in stored(base, agent, sid)][1].startswith("chunk0 chunk1")
+
+    # 2. Reload mid-stream: the page resumes the run (still streaming) and completes it.
+    box.fill("second")
+    send.click()
+    expect(assistants.nth(1)).to_contain_text("chunk3")
+    page.reload()
+    expect(assistants.nth(1)).to_have_attribute("data-state", "streaming")
+    expect(assistants.nth(1)).to_contain_text(LAST)
+    expect(assistants.nth(1)).to_have_attribute("data-state", "done")
+    expect(assistants).to_have_count(2)
+    expect(users).to_have_count(2)
+    history = stored(base, agent, sid)
+    assert text_of(history[3]) == "".join(f"chunk{i} " for i in range(CHUNKS))
+    assert page.locator("li.msg.assistant .body").nth(1).inner_text().strip() == (
+        text_of(history[3]).strip()
+    )
+
+    # 3. Stop: the answer ends where it was; the stored message is that partial answer.
+    box.fill("third")
+    send.click()
+    third = assistants.nth(2)
+    expect(third).to_contain_text("chunk2")
+    page.get_by_role("button", name="Stop").click()
+    expect(third.locator(".who")).to_contain_text("stopped")
+    expect(third).to_have_attribute("data-state", "done")
+    expect(status).to_have_attribute("data-state", "idle")
+    partial = stored(base, agent, sid)[-1]
+    assert partial["role"] == "assistant" and partial["metadata"]["status"] == "aborted"
+    assert text_of(partial).startswith("chunk0") and LAST not in text_of(partial)
+    assert third.locator(".body").inner_text().strip() == text_of(partial).strip()
+    expect(page.get_by_role("button", name="Stop")).to_be_hidden()
+
+    # 4. Edit and resend "second": a branch session with the edit, the original intact.
+    users.nth(1).get_by_role("button", name="Edit and resend this message").click()
+    page.get_by_label("Edited message").fill("second, edited")
+    page.get_by_role("button", name="Send edit").click()
+    expect(page.locator("#session-title")).to_have_text("hello (edit)")
+    expect(users).to_have_count(2)
+    expect(users.nth(1)).to_contain_text("second, edited")
+    expect(assistants.nth(1)).to_contain_text(LAST)
+    expect(assistants.nth(1)).to_have_attribute("data-state", "done")
+    expect(page.locator("#sessions li")).to_have_count(2)
+    named = sessions(base, agent)
+    branch = named["hello (edit)"]
+    original = stored(base, agent, named["hello"])
+    assert [text_of(m) for m in original if m["role"] == "user"] == ["hello", "second", "third"]
+    assert [text_of(m) for m in stored(base, agent, branch) if m["role"] == "user"] == [
+        "hello",
+        "second, edited",
+    ]
+
+    # 5. A tool call renders its name, input and output.
+    box.fill("what is the weather in Paris")
+    send.click()
+    tool = page.locator("details.tool").first
+    expect(tool).to_contain_text("get_weather")
+    expect(tool).to_contain_text('"city": "Paris"')
+    expect(tool).to_contain_text("light rain")
+    expect(assistants.nth(2)).to_contain_text(LAST)
+    expect(assistants.nth(2)).to_have_attribute("data-state", "done")
+    expect(tool.locator(".badge")).to_have_text("done")
+    page.screenshot(path=str(ARTIFACTS / "ingress_page.png"), full_page=True)
+
+    # 6. Rewind in place: the message goes back into the box; "Undo rewind" restores.
+    users.nth(2).get_by_role("button", name="Rewind to before this message").click()
+    expect(users).to_have_count(2)
+    expect(box).to_have_value("what is the weather in Paris")
+    page.get_by_role("button", name="Undo rewind").click()
+    expect(users).to_have_count(3)
+    expect(page.get_by_role("button", name="Undo rewind")).to_be_hidden()
+    box.fill("")
+
+    # 7. Rename the branch, then delete it: the page falls back to the other session.
+    page.get_by_role("button", name="Rename hello (edit)").click()
+    page.get_by_label("New session name").fill("Paris branch")
+    page.get_by_label("New session name").press("Enter")
+    expect(page.locator("#session-title")).to_have_text("Paris branch")
+    assert "Paris branch" in sessions(base, agent)
+    page.get_by_role("button", name="Delete Paris branch").click()
+    expect(page.locator("#sessions li")).to_have_count(1)
+    expect(page.locator("#session-title")).to_have_text("hello")
+    expect(users).to_have_count(3)
+    expect(users.nth(1)).to_contain_text("second")
+    assert list(sessions(base, agent)) == ["hello"]
