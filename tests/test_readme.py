@@ -31,7 +31,7 @@ import pytest
 from fake_anthropic import FakeAnthropicServer, RecordedRequest, message, text, tool_use
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-SETUP = 'pip install . && thinkray demo\npip install ".[dev]" && python -m pytest -q'
+SETUP = 'pip install . && thinkray demo\npip install ".[dev]" && bash .ci/browser && python -m pytest -q'
 NOT_TESTED = re.compile(r"<!--\s*not-tested:\s*(\S.*?)\s*-->\s*$")
 
 
