@@ -46,6 +46,13 @@ def bearer_token(conn: HTTPConnection, allow_query: bool = False) -> str | None:
     return None
 
 
+def query_token_allowed(conn: HTTPConnection) -> bool:
+    """Where a token may come in the query string: only where the client cannot send
+    headers — a WebSocket upgrade (the browser's WebSocket API), and the ``agents``
+    package's ``get-messages`` fetch, which sends the socket's query string."""
+    return conn.scope.get("type") == "websocket" or conn.url.path.endswith("/get-messages")
+
+
 class BearerTokens:
     """The default authenticator: a fixed map of tokens to principals."""
 
@@ -54,7 +61,7 @@ class BearerTokens:
 
     async def authenticate(self, conn: HTTPConnection) -> Principal | None:
         """The principal of the request's bearer token, or None."""
-        token = bearer_token(conn, allow_query=conn.scope.get("type") == "websocket")
+        token = bearer_token(conn, allow_query=query_token_allowed(conn))
         if token is None:
             return None
         for known, principal in self._tokens.items():
