@@ -75,6 +75,9 @@ idle agent, least recently used first."""
 FRESH_GRACE = 2.0
 """An agent bound this recently and not called yet is not hibernated for another bind:
 the call that woke it is on its way."""
+STALE_PROBE_TIMEOUT = 5.0
+"""How long the directory waits for an actor reported stale to say whether it still
+hosts the agent before it replaces it."""
 _DEFICIT_CHECK = 0.25  # how often the pool re-checks a deficit it could not fill yet
 
 
@@ -667,7 +670,11 @@ class Directory:
         validate_name(name)
         async with self.locks[name]:
             entry = self.entries.get(name)
-            if entry is not None and stale_actor_id == entry.actor.actor_id:
+            if (
+                entry is not None
+                and stale_actor_id == entry.actor.actor_id
+                and not await self._still_hosts(entry, name)
+            ):
                 del self.entries[name]
                 self.counters["stale_rebinds"] += 1
                 with contextlib.suppress(Exception):
@@ -676,6 +683,20 @@ class Directory:
             if entry is not None:
                 return entry.actor.handle, entry.actor.actor_id
             return await self._bind(name, create, node_id)
+
+    async def _still_hosts(self, entry: Entry, name: str) -> bool:
+        """Whether ``entry``'s actor is alive and hosts ``name``. A caller that reports
+        an actor stale may be late: pooled actors are reused, so the agent can have
+        been hibernated and bound again on the very same actor since the caller's
+        call failed (two calls sharing a handle both report it). Killing that actor
+        would kill the new binding and the calls in flight on it."""
+        try:
+            report = await asyncio.wait_for(
+                entry.actor.handle.activity.remote(name), STALE_PROBE_TIMEOUT
+            )
+        except Exception:  # dead, or too wedged to answer: replace it
+            return False
+        return bool(isinstance(report, dict) and report.get("bound"))
 
     async def _bind(self, name: str, create: bool, node_id: str | None) -> tuple[Any, str]:
         path = session_path(self.cfg.storage_root, self.cfg.namespace, name)

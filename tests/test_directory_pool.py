@@ -456,3 +456,23 @@ def test_busy_agents_keep_their_actors_then_the_extra_actors_retire(namespace_fa
     assert ns.stats()["free"] >= 2
     wait_until(lambda: ns.stats()["free"] == 1, timeout=60)  # back to pool_size
     assert ns.stats()["counters"]["spares_retired"] >= 1
+
+
+@pytest.mark.ray
+def test_a_late_stale_report_does_not_kill_the_agents_new_binding(namespace_factory):
+    ns = namespace_factory(pool_size=1)
+    handle = ns.get("reused")
+    handle.chat.remote("one").result()
+    first = ns.where("reused")
+    ns.hibernate("reused")
+    ns.wake("reused")  # the most recently freed actor comes back: the same one
+    again = ns.where("reused")
+    if again["actor_id"] != first["actor_id"]:
+        pytest.skip("the pool bound another actor; the race needs the same one")
+    # A caller whose call failed on the old binding reports that actor stale only now.
+    ray = pytest.importorskip("ray")
+    actor, actor_id = ray.get(ns.directory.resolve.remote("reused", True, first["actor_id"]))
+    assert actor_id == first["actor_id"]
+    assert ns.where("reused")["pid"] == again["pid"]  # not killed, not rebound
+    assert ns.stats()["counters"].get("stale_rebinds", 0) == 0
+    assert len(handle.get_history.remote().result()) == 2
