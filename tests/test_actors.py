@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -282,12 +283,26 @@ def test_crashed_actor_is_replaced(namespace_factory, ray_local):
     pid = ns.where(agent.name)["pid"]
     actor = agent._actor
     ray_local.kill(actor, no_restart=True)
+    # ray.kill returns before the process is gone: a call sent meanwhile reaches the
+    # live actor and is interrupted by the kill (RunInterruptedError, as it should).
+    # This test is about the call after the crash.
+    wait_until(lambda: _dead(ray_local, actor), timeout=30)
     result = agent.chat.remote(
         "after crash"
     ).result()  # rebinds on the next call (file lock retried)
     assert result.status == "completed"
     assert ns.where(agent.name)["pid"] != pid
     assert len(agent.get_history.remote().result()) == 4
+
+
+def _dead(ray: Any, actor: Any) -> bool:
+    try:
+        ray.get(actor.__ray_ready__.remote(), timeout=5)
+    except ray.exceptions.RayActorError:
+        return True
+    except ray.exceptions.GetTimeoutError:
+        return False
+    return False
 
 
 def test_recycle_after_n_bindings(namespace_factory):
