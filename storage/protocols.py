@@ -40,6 +40,8 @@ from thinkray.storage.records import (
     ScheduleKind,
     ScheduleRecord,
     SubAgentRecord,
+    ToolCallAudit,
+    ToolCallRecord,
     WorkspaceLimits,
 )
 from thinkray.storage.types import (
@@ -59,6 +61,9 @@ __all__ = [
     "InboxRow",
     "InboxStore",
     "JobRecord",
+    "ToolCallAudit",
+    "ToolCallRecord",
+    "ToolCallStore",
     "JobStore",
     "KeyValueStore",
     "RegistryStore",
@@ -1102,6 +1107,116 @@ class WorkspaceStore(Protocol):
 
 
 @runtime_checkable
+class ToolCallStore(Protocol):
+    """Durable tool calls (seed 003 §1.1-1.7): every tool call of a generation is a row,
+    written ``pending`` before it runs, moved by atomic compare-and-set transitions.
+
+    Contract (checked by ``tests/conformance/tool_call_store_suite.py``):
+
+    - **Statuses and moves** are :data:`~thinkray.storage.records.TOOL_CALL_STATUSES`
+      and :data:`~thinkray.storage.records.TOOL_CALL_TRANSITIONS`. A move the table does
+      not allow, or an unknown status, raises
+      :class:`~thinkray.storage.errors.InvalidInputError` and writes nothing.
+    - **Compare-and-set.** :meth:`transition` moves a call only if its status is one of
+      ``expect`` (and, with ``executor``, only if that executor holds it); otherwise it
+      returns ``None`` and writes nothing. Of two racing moves from the same status
+      exactly one wins, so a call is claimed (``pending → executing``) once: a tool
+      call id never executes twice.
+    - **Inserts are not idempotent.** :meth:`insert` refuses an existing id
+      (InvalidInputError, nothing written); callers that may repeat a call (recovery
+      re-running a generation) read it first with :meth:`get`.
+    - **Final is final.** A call in a final status never changes status again; an
+      executor's result for a cancelled call is only ever kept beside it
+      (:meth:`store_late`), never as its result.
+    - **Audit is append-only.** :meth:`audit` adds a decision row; rows are never
+      changed or removed; :meth:`audit_rows` lists them in insertion order.
+    - **Not found.** :meth:`get` returns ``None``, :meth:`transition` ``None``.
+    - **Values** (input, result, late result) must be msgpack-serializable, else
+      InvalidInputError and nothing written.
+    - **Ordering.** :meth:`rows` lists oldest first (``created_at``, then ``id``).
+    - **Transactions** follow the module's rule; every method is atomic.
+    """
+
+    def transaction(self) -> AbstractContextManager[None]:
+        """Writes inside commit together or not at all; nested blocks join."""
+        ...
+
+    def insert(self, rec: ToolCallRecord) -> ToolCallRecord:
+        """Store a new call (any status, usually ``pending``). Sets ``created_at``
+        (when 0) and ``updated_at`` and returns it.
+
+        Raises:
+            InvalidInputError: the id exists, an unknown status or an unencodable
+                value; nothing written.
+        """
+        ...
+
+    def get(self, tool_call_id: str) -> ToolCallRecord | None:
+        """The call, or ``None``."""
+        ...
+
+    def transition(
+        self,
+        tool_call_id: str,
+        expect: Collection[str],
+        status: str,
+        *,
+        executor: str | None = None,
+        claim: bool = False,
+        result: Any = None,
+        error: str | None = None,
+        approval: dict[str, Any] | None = None,
+    ) -> ToolCallRecord | None:
+        """Move the call to ``status`` if its status is in ``expect`` (compare-and-set).
+
+        ``claim``: this move hands the call to ``executor`` (stored; ``attempts`` + 1).
+        Otherwise, with ``executor``, the move happens only if that executor holds the
+        call. ``result``/``error`` are stored when given; ``approval`` replaces the last
+        decision. Stamps ``updated_at``.
+
+        Returns:
+            The updated call, or ``None`` (unknown id, another status, another holder).
+
+        Raises:
+            InvalidInputError: an unknown status, a move from a status in ``expect``
+                to ``status`` that :data:`TOOL_CALL_TRANSITIONS` forbids, or an
+                unencodable result; nothing written.
+        """
+        ...
+
+    def store_late(
+        self, tool_call_id: str, *, result: Any = None, error: str | None = None
+    ) -> ToolCallRecord | None:
+        """Keep a result that arrived after the call was cancelled beside it
+        (``late_result``/``late_error``/``late_at``); the status stays. ``None`` for an
+        unknown call.
+
+        Raises:
+            InvalidInputError: the call is not cancelled, or an unencodable value.
+        """
+        ...
+
+    def rows(
+        self,
+        status: str | Iterable[str] | None = None,
+        *,
+        run_id: str | None = None,
+        tool_names: Iterable[str] | None = None,
+    ) -> list[ToolCallRecord]:
+        """Calls, oldest first, filtered by status, run and tool name."""
+        ...
+
+    def audit(
+        self, tool_call_id: str, decision: str, *, by: str | None, reason: str | None = None
+    ) -> ToolCallAudit:
+        """Append one decision to the audit table and return it."""
+        ...
+
+    def audit_rows(self, tool_call_id: str | None = None) -> list[ToolCallAudit]:
+        """Audit rows (of one call, or all), in insertion order."""
+        ...
+
+
 class Stores(Protocol):
     """The stores that share one database (and so one transaction scope) with a
     session store: what :meth:`SessionStore.stores` returns, or what
@@ -1135,6 +1250,10 @@ class Stores(Protocol):
 
     def jobs(self) -> JobStore:
         """Background jobs."""
+        ...
+
+    def tool_calls(self) -> ToolCallStore:
+        """Durable tool calls and the approvals' audit."""
         ...
 
     def inbox(self) -> InboxStore:

@@ -22,6 +22,11 @@ __all__ = [
     "JOB_FINISHED",
     "JOB_STATUSES",
     "SCHEDULE_KINDS",
+    "TOOL_CALL_FINISHED",
+    "TOOL_CALL_STATUSES",
+    "TOOL_CALL_TRANSITIONS",
+    "ToolCallAudit",
+    "ToolCallRecord",
     "EntryInfo",
     "EntryKind",
     "FiberRecord",
@@ -306,3 +311,102 @@ class EntryInfo:
             "created": self.created,
             "modified": self.modified,
         }
+
+
+# -- durable tool calls (seed 003 §1.1-1.7) ---------------------------------------------
+
+TOOL_CALL_STATUSES: tuple[str, ...] = (
+    "pending",
+    "awaiting-approval",
+    "executing",
+    "completed",
+    "failed",
+    "denied",
+    "cancelled-by-user",
+    "cancelled-by-timeout",
+    "cancelled-by-error",
+)
+"""Every status a tool call can have. ``pending`` (written before anything runs),
+``awaiting-approval`` and ``executing`` are open; the rest are final."""
+
+TOOL_CALL_FINISHED: frozenset[str] = frozenset(
+    {
+        "completed",
+        "failed",
+        "denied",
+        "cancelled-by-user",
+        "cancelled-by-timeout",
+        "cancelled-by-error",
+    }
+)
+"""Final statuses: a call in one of them never changes status again."""
+
+_CANCELLED = ("cancelled-by-user", "cancelled-by-timeout", "cancelled-by-error")
+TOOL_CALL_TRANSITIONS: dict[str, frozenset[str]] = {
+    "pending": frozenset({"executing", "awaiting-approval", "failed", "denied", *_CANCELLED}),
+    "awaiting-approval": frozenset({"pending", "denied", *_CANCELLED}),
+    "executing": frozenset({"completed", "failed", *_CANCELLED}),
+    **{final: frozenset() for final in TOOL_CALL_FINISHED},
+}
+"""The allowed moves: ``pending → executing → completed | failed``; an approval moves
+``pending → awaiting-approval → pending | denied``; any open call may be cancelled
+(by the user, a timeout or an upstream error) or fail."""
+
+
+@dataclass
+class ToolCallRecord:
+    """One tool call of a generation, as stored before it runs and updated as it
+    moves (:data:`TOOL_CALL_TRANSITIONS`). ``executor`` names who claimed it;
+    ``attempts`` counts claims; ``durable``: executed by a decoupled executor, not
+    inline in the turn. ``late_result``/``late_error``: what an executor reported
+    after the call was cancelled, kept when the agent's policy is ``store``
+    (``late_at`` says when). ``approval``: the last decision (``decision``, ``by``,
+    ``reason``, ``at``); the full history is the audit table. Values must be
+    msgpack-serializable."""
+
+    id: str
+    tool_name: str
+    status: str = "pending"
+    run_id: str | None = None
+    session_id: str | None = None
+    input: Any = None
+    result: Any = None
+    error: str | None = None
+    executor: str | None = None
+    attempts: int = 0
+    durable: bool = False
+    approval: dict[str, Any] | None = None
+    late_result: Any = None
+    late_error: str | None = None
+    late_at: float | None = None
+    created_at: float = 0.0
+    updated_at: float = 0.0
+
+    @property
+    def finished(self) -> bool:
+        """Whether the status is final."""
+        return self.status in TOOL_CALL_FINISHED
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the call was cancelled (by the user, a timeout or an error)."""
+        return self.status.startswith("cancelled-")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, as a dict; the id is under ``tool_call_id``."""
+        out = asdict(self)
+        out["tool_call_id"] = out.pop("id")
+        return out
+
+
+@dataclass
+class ToolCallAudit:
+    """One approval decision, append-only: who (``by``), when (``at``), what
+    (``decision``: ``approved`` | ``denied`` | ``timeout`` | ``cancelled``), why."""
+
+    seq: int
+    tool_call_id: str
+    decision: str
+    by: str | None
+    reason: str | None
+    at: float
