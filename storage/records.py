@@ -345,12 +345,14 @@ _CANCELLED = ("cancelled-by-user", "cancelled-by-timeout", "cancelled-by-error")
 TOOL_CALL_TRANSITIONS: dict[str, frozenset[str]] = {
     "pending": frozenset({"executing", "awaiting-approval", "failed", "denied", *_CANCELLED}),
     "awaiting-approval": frozenset({"pending", "denied", *_CANCELLED}),
-    "executing": frozenset({"completed", "failed", *_CANCELLED}),
+    # executing -> pending: the executor died and the tool may be retried (recovery).
+    "executing": frozenset({"completed", "failed", "pending", *_CANCELLED}),
     **{final: frozenset() for final in TOOL_CALL_FINISHED},
 }
 """The allowed moves: ``pending → executing → completed | failed``; an approval moves
-``pending → awaiting-approval → pending | denied``; any open call may be cancelled
-(by the user, a timeout or an upstream error) or fail."""
+``pending → awaiting-approval → pending | denied``; a call whose executor died goes
+back ``executing → pending`` when its tool may be retried; any open call may be
+cancelled (by the user, a timeout or an upstream error) or fail."""
 
 
 @dataclass
