@@ -23,6 +23,7 @@ from thinkray.storage.protocols import (
     SessionStore,
     Stores,
     Thread,
+    ToolCallStore,
     WorkspaceStore,
 )
 from thinkray.storage.records import (
@@ -32,6 +33,8 @@ from thinkray.storage.records import (
     JobRecord,
     ScheduleRecord,
     SubAgentRecord,
+    ToolCallAudit,
+    ToolCallRecord,
     WorkspaceLimits,
 )
 from thinkray.storage.types import MessageRow, RewindInfo, SessionInfo, UnrewindInfo
@@ -68,6 +71,9 @@ __all__ = [
     "Stores",
     "SubAgentRecord",
     "Thread",
+    "ToolCallAudit",
+    "ToolCallRecord",
+    "ToolCallStore",
     "UnrewindInfo",
     "WorkspaceLimits",
     "WorkspaceStore",

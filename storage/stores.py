@@ -24,6 +24,7 @@ from thinkray.storage.records import (
     WorkspaceLimits,
 )
 from thinkray.storage.registry import DuckDBRegistryStore
+from thinkray.storage.tool_calls import DuckDBToolCallStore
 from thinkray.storage.types import InvalidInputError
 from thinkray.storage.workspace import DuckDBWorkspaceStore
 from typing_extensions import override
@@ -46,6 +47,7 @@ class DuckDBStores(Stores):
         self._owns = owns
         self._fibers: DuckDBFiberStore | None = None
         self._jobs: DuckDBJobStore | None = None
+        self._tool_calls: DuckDBToolCallStore | None = None
         self._inbox: DuckDBInboxStore | None = None
         self._registry: DuckDBRegistryStore | None = None
         self._kv: DuckDBKeyValueStore | None = None
@@ -68,6 +70,12 @@ class DuckDBStores(Stores):
         if self._jobs is None:
             self._jobs = DuckDBJobStore(self._db)
         return self._jobs
+
+    @override
+    def tool_calls(self) -> DuckDBToolCallStore:
+        if self._tool_calls is None:
+            self._tool_calls = DuckDBToolCallStore(self._db)
+        return self._tool_calls
 
     @override
     def inbox(self) -> DuckDBInboxStore:

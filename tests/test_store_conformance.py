@@ -1,8 +1,10 @@
-"""The store conformance suites (fibers and schedules, jobs, inbox, registry, key/value,
-workspace, and the :class:`~thinkray.storage.protocols.Stores` that groups them) on
-DuckDB: a file and ``:memory:`` opened with :func:`~thinkray.storage.stores.open_stores`,
-and the stores a :class:`~thinkray.storage.session_store.DuckDBSessionStore` hands out.
-Then what is specific to DuckDB: tables, components and ownership of the file."""
+"""The store conformance suites (fibers and schedules, jobs, tool calls, inbox, registry,
+key/value, workspace, and the :class:`~thinkray.storage.protocols.Stores` that groups
+them) on DuckDB: a file and ``:memory:`` opened with
+:func:`~thinkray.storage.stores.open_stores`, and the stores a
+:class:`~thinkray.storage.session_store.DuckDBSessionStore` hands out. Then what is
+specific to DuckDB: tables, components, ownership of the file, and claims racing
+across two connections to one file."""
 
 from __future__ import annotations
 
@@ -17,9 +19,11 @@ from conformance.job_store_suite import *  # noqa: F403
 from conformance.kv_store_suite import *  # noqa: F403
 from conformance.registry_store_suite import *  # noqa: F403
 from conformance.stores_suite import *  # noqa: F403
+from conformance.tool_call_store_suite import *  # noqa: F403
 from conformance.workspace_store_suite import *  # noqa: F403
 from thinkray.storage.db import Database, DatabaseClosedError
 from thinkray.storage.protocols import Stores
+from thinkray.storage.records import ToolCallRecord
 from thinkray.storage.session_store import DuckDBSessionStore
 from thinkray.storage.stores import DuckDBStores, open_stores
 
@@ -89,15 +93,25 @@ def test_tables_are_created_on_first_use(tmp_path: Path) -> None:
     assert {"fibers", "schedules"} <= _tables(db)
     assert "jobs" not in _tables(db)
     stores.jobs()
+    stores.tool_calls()
     stores.inbox()
     stores.registry()
     stores.kv()
     stores.workspace()
-    assert {"jobs", "inbox", "subagents", "kv", "workspace_files"} <= _tables(db)
+    assert {
+        "jobs",
+        "tool_calls",
+        "tool_call_audit",
+        "inbox",
+        "subagents",
+        "kv",
+        "workspace_files",
+    } <= _tables(db)
     versions = dict(db.fetchall("SELECT component, version FROM schema_version"))
     assert versions == {
         "fibers": 1,
         "jobs": 1,
+        "tool_calls": 1,
         "inbox": 1,
         "registry": 1,
         "kv": 1,
@@ -157,3 +171,30 @@ def test_one_inbox_per_database_keeps_the_order(stores: Any) -> None:
     for i in range(20):
         stores.inbox().insert(i, message_id=f"m{i:02d}")
     assert [r.content for r in inbox.rows()] == list(range(20))
+
+
+def test_a_tool_call_is_claimed_once_across_connections(tmp_path: Path) -> None:
+    """Two processes cannot both hold the file (the second open is locked out, see
+    ``test_storage_db``), but two :class:`Database` objects of one process can open it:
+    they are two connections with transactions of their own. A claim racing another
+    connection's uncommitted claim of the same call still loses (``None``), and the
+    call is held by the winner alone."""
+    path = tmp_path / "agent.duckdb"
+    first, second = open_stores(path), open_stores(path)
+    try:
+        mine, theirs = first.tool_calls(), second.tool_calls()
+        mine.insert(ToolCallRecord(id="c1", tool_name="t"))
+        with first.transaction():
+            won = mine.transition("c1", ["pending"], "executing", executor="w1", claim=True)
+            # the other connection still reads the call as pending, and loses the write
+            lost = theirs.transition("c1", ["pending"], "executing", executor="w2", claim=True)
+        assert won is not None and lost is None
+        for store in (mine, theirs):
+            stored = store.get("c1")
+            assert stored is not None
+            assert (stored.status, stored.executor, stored.attempts) == ("executing", "w1", 1)
+        # the loser's connection is usable afterwards
+        assert theirs.transition("c1", ["executing"], "completed", executor="w1", result=1)
+    finally:
+        first.close()
+        second.close()

@@ -15,6 +15,8 @@ from thinkray.storage.protocols import (
     RegistryStore,
     Stores,
     SubAgentRecord,
+    ToolCallRecord,
+    ToolCallStore,
     WorkspaceStore,
 )
 
@@ -28,6 +30,7 @@ def write_everywhere(stores: Stores, tag: str) -> None:
     stores.fibers().insert_fiber("m", fiber_id=f"fiber-{tag}")
     stores.fibers().insert_schedule("m", kind="once", next_run_at=1.0, schedule_id=f"s-{tag}")
     stores.jobs().insert(JobRecord(id=f"job-{tag}", status="running"))
+    stores.tool_calls().insert(ToolCallRecord(id=f"call-{tag}", tool_name="t"))
     stores.inbox().insert("hi", message_id=f"inbox-{tag}")
     stores.registry().add(SubAgentRecord(name=f"agent-{tag}", id=tag))
     stores.kv().set(f"kv-{tag}", tag)
@@ -40,6 +43,7 @@ def written(stores: Stores, tag: str) -> dict[str, bool]:
         "fiber": stores.fibers().get_fiber(f"fiber-{tag}") is not None,
         "schedule": stores.fibers().get_schedule(f"s-{tag}") is not None,
         "job": stores.jobs().get(f"job-{tag}") is not None,
+        "tool_call": stores.tool_calls().get(f"call-{tag}") is not None,
         "inbox": stores.inbox().get(f"inbox-{tag}") is not None,
         "registry": stores.registry().has(f"agent-{tag}"),
         "kv": stores.kv().get(f"kv-{tag}") == tag,
@@ -47,7 +51,9 @@ def written(stores: Stores, tag: str) -> dict[str, bool]:
     }
 
 
-ALL = dict.fromkeys(["fiber", "schedule", "job", "inbox", "registry", "kv", "workspace"], True)
+ALL = dict.fromkeys(
+    ["fiber", "schedule", "job", "tool_call", "inbox", "registry", "kv", "workspace"], True
+)
 NONE = dict.fromkeys(ALL, False)
 
 
@@ -56,6 +62,7 @@ class TestStoresObjects:
         assert isinstance(stores, Stores)
         assert isinstance(stores.fibers(), FiberStore)
         assert isinstance(stores.jobs(), JobStore)
+        assert isinstance(stores.tool_calls(), ToolCallStore)
         assert isinstance(stores.inbox(), InboxStore)
         assert isinstance(stores.registry(), RegistryStore)
         assert isinstance(stores.kv(), KeyValueStore)
@@ -64,6 +71,7 @@ class TestStoresObjects:
     def test_one_object_per_kind(self, stores: Stores) -> None:
         assert stores.fibers() is stores.fibers()
         assert stores.jobs() is stores.jobs()
+        assert stores.tool_calls() is stores.tool_calls()
         assert stores.inbox() is stores.inbox()
         assert stores.registry() is stores.registry()
         assert stores.kv() is stores.kv()
@@ -76,6 +84,8 @@ class TestStoresObjects:
         assert stores.fibers().list_fibers() == []
         assert stores.fibers().list_schedules(include_disabled=True) == []
         assert stores.jobs().rows() == []
+        assert stores.tool_calls().rows() == []
+        assert stores.tool_calls().audit_rows() == []
         assert stores.inbox().count() == 0
         assert stores.registry().list() == []
         assert stores.kv().items() == {}

@@ -1,0 +1,364 @@
+"""Durable tool calls (seed 003 §1.1-1.7): the ``tool_calls`` and ``tool_call_audit``
+tables. Layout::
+
+    tool_calls(id VARCHAR, status VARCHAR, tool_name VARCHAR, run_id VARCHAR,
+               session_id VARCHAR, executor VARCHAR, updated_at DOUBLE, info BLOB)
+    tool_call_audit(seq BIGINT, tool_call_id VARCHAR, "at" DOUBLE, info BLOB)
+
+Every tool call of a generation is a row, written before it runs and moved by
+compare-and-set transitions (:data:`~thinkray.storage.records.TOOL_CALL_TRANSITIONS`):
+:meth:`DuckDBToolCallStore.transition` reads the status and holder and writes the move
+in one transaction, so of two racing moves exactly one wins. The columns are what the
+store filters on; everything else (input, result, error, attempts, approval, the late
+result, created_at) is in the msgpack ``info`` blob. No PRIMARY KEY: ids are checked
+inside the insert. The audit is append-only; ``seq`` increases with every row.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Iterable, Sequence
+from typing import Any
+
+import duckdb
+from thinkray.storage.codec import pack as _pack
+from thinkray.storage.codec import unpack as _unpack
+from thinkray.storage.db import MigratedStore, Migration
+from thinkray.storage.protocols import ToolCallStore
+from thinkray.storage.records import (
+    TOOL_CALL_STATUSES,
+    TOOL_CALL_TRANSITIONS,
+    ToolCallAudit,
+    ToolCallRecord,
+)
+from thinkray.storage.types import InvalidInputError
+from typing_extensions import override
+
+__all__ = ["MIGRATIONS", "DuckDBToolCallStore"]
+
+
+def _v1(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute(
+        """
+        CREATE TABLE IF NOT EXISTS tool_calls (
+            id VARCHAR NOT NULL,
+            status VARCHAR NOT NULL,
+            tool_name VARCHAR NOT NULL,
+            run_id VARCHAR,
+            session_id VARCHAR,
+            executor VARCHAR,
+            updated_at DOUBLE NOT NULL,
+            info BLOB NOT NULL
+        )
+        """
+    )
+    con.execute(
+        """
+        CREATE TABLE IF NOT EXISTS tool_call_audit (
+            seq BIGINT NOT NULL,
+            tool_call_id VARCHAR NOT NULL,
+            "at" DOUBLE NOT NULL,
+            info BLOB NOT NULL
+        )
+        """
+    )
+
+
+MIGRATIONS = [Migration(1, _v1)]
+_COLS = "id, status, tool_name, run_id, session_id, executor, updated_at, info"
+_AUDIT_COLS = 'seq, tool_call_id, "at", info'  # AT is a keyword in DuckDB
+
+
+def _record(values: Sequence[Any]) -> ToolCallRecord:
+    cid, status, tool_name, run_id, session_id, executor, updated_at, blob = values
+    info = _unpack(blob) or {}
+    late_at = info.get("late_at")
+    return ToolCallRecord(
+        id=cid,
+        tool_name=tool_name,
+        status=status,
+        run_id=run_id,
+        session_id=session_id,
+        input=info.get("input"),
+        result=info.get("result"),
+        error=info.get("error"),
+        executor=executor,
+        attempts=int(info.get("attempts", 0)),
+        durable=bool(info.get("durable", False)),
+        approval=info.get("approval"),
+        late_result=info.get("late_result"),
+        late_error=info.get("late_error"),
+        late_at=None if late_at is None else float(late_at),
+        created_at=float(info.get("created_at", updated_at)),
+        updated_at=float(updated_at),
+    )
+
+
+def _info(rec: ToolCallRecord) -> dict[str, Any]:
+    return {
+        "input": rec.input,
+        "result": rec.result,
+        "error": rec.error,
+        "attempts": rec.attempts,
+        "durable": rec.durable,
+        "approval": rec.approval,
+        "late_result": rec.late_result,
+        "late_error": rec.late_error,
+        "late_at": rec.late_at,
+        "created_at": rec.created_at,
+    }
+
+
+def _audit(values: Sequence[Any]) -> ToolCallAudit:
+    seq, cid, at, blob = values
+    info = _unpack(blob) or {}
+    return ToolCallAudit(
+        seq=int(seq),
+        tool_call_id=cid,
+        decision=info.get("decision", ""),
+        by=info.get("by"),
+        reason=info.get("reason"),
+        at=float(at),
+    )
+
+
+def _check_status(status: object) -> str:
+    if not isinstance(status, str) or status not in TOOL_CALL_STATUSES:
+        raise InvalidInputError(f"unknown tool call status {status!r}; one of {TOOL_CALL_STATUSES}")
+    return status
+
+
+def _statuses(status: str | Iterable[str]) -> list[str]:
+    """``status`` as a list of known statuses (a single string is one status)."""
+    statuses = [status] if isinstance(status, str) else list(status)
+    for s in statuses:
+        _check_status(s)
+    return statuses
+
+
+def _optional_str(value: object, what: str) -> None:
+    if value is not None and not isinstance(value, str):
+        raise InvalidInputError(f"{what} must be a string or None, not {type(value).__name__}")
+
+
+def _is_conflict(exc: duckdb.Error) -> bool:
+    return "conflict" in str(exc).lower()
+
+
+class DuckDBToolCallStore(MigratedStore, ToolCallStore):
+    """:class:`~thinkray.storage.protocols.ToolCallStore` on a :class:`Database` (the
+    contract is the protocol's). Synchronous; calls from several threads are
+    serialized by the database, so a compare-and-set reads and writes under one lock
+    and in one transaction. Get one from
+    :meth:`~thinkray.storage.protocols.Stores.tool_calls`."""
+
+    component = "tool_calls"
+    migrations = MIGRATIONS
+
+    @override
+    def insert(self, rec: ToolCallRecord) -> ToolCallRecord:
+        if not isinstance(rec.id, str) or not rec.id:
+            raise InvalidInputError("a tool call id must be a non-empty string")
+        if not isinstance(rec.tool_name, str):
+            raise InvalidInputError("tool_name must be a string")
+        _check_status(rec.status)
+        for what in ("run_id", "session_id", "executor", "error", "late_error"):
+            _optional_str(getattr(rec, what), what)
+        if isinstance(rec.attempts, bool) or not isinstance(rec.attempts, int):
+            raise InvalidInputError("attempts must be an int")
+        now = time.time()
+        created_at = rec.created_at or now
+        blob = _pack(_info(rec) | {"created_at": created_at}, "tool call")
+        with self.db.transaction() as con:
+            if con.execute("SELECT 1 FROM tool_calls WHERE id = ?", [rec.id]).fetchone():
+                raise InvalidInputError(f"tool call {rec.id!r} already exists")
+            con.execute(
+                f"INSERT INTO tool_calls ({_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    rec.id,
+                    rec.status,
+                    rec.tool_name,
+                    rec.run_id,
+                    rec.session_id,
+                    rec.executor,
+                    now,
+                    blob,
+                ],
+            )
+        rec.created_at = created_at
+        rec.updated_at = now
+        return rec
+
+    @override
+    def get(self, tool_call_id: str) -> ToolCallRecord | None:
+        row = self.db.fetchone(f"SELECT {_COLS} FROM tool_calls WHERE id = ?", [tool_call_id])
+        return _record(row) if row else None
+
+    @override
+    def transition(
+        self,
+        tool_call_id: str,
+        expect: Collection[str],
+        status: str,
+        *,
+        executor: str | None = None,
+        claim: bool = False,
+        result: Any = None,
+        error: str | None = None,
+        approval: dict[str, Any] | None = None,
+    ) -> ToolCallRecord | None:
+        # Everything that can be refused is refused before the transaction: whether a
+        # move is allowed depends on the request only (each expected status must allow
+        # it), never on what the call's status happens to be.
+        _check_status(status)
+        expected = _statuses(expect)
+        if not expected:
+            raise InvalidInputError("expect must name at least one status")
+        for source in expected:
+            if status not in TOOL_CALL_TRANSITIONS[source]:
+                raise InvalidInputError(
+                    f"a tool call cannot move from {source!r} to {status!r}"
+                    + (" (final)" if not TOOL_CALL_TRANSITIONS[source] else "")
+                )
+        _optional_str(executor, "executor")
+        _optional_str(error, "error")
+        if claim and not executor:
+            raise InvalidInputError("a claim names its executor")
+        if approval is not None and not isinstance(approval, dict):
+            raise InvalidInputError("approval must be a dict or None")
+        _pack(result, "tool call result")
+        _pack(approval, "tool call approval")
+
+        rollbacks = self.db.rollbacks
+        try:
+            with self.db.transaction() as con:
+                row = con.execute(
+                    f"SELECT {_COLS} FROM tool_calls WHERE id = ?", [tool_call_id]
+                ).fetchone()
+                if row is None:
+                    return None
+                rec = _record(row)
+                if rec.status not in expected:
+                    return None
+                if executor is not None and not claim and rec.executor != executor:
+                    return None
+                old_status = rec.status
+                rec.status = status
+                if claim:
+                    rec.executor = executor
+                    rec.attempts += 1
+                if result is not None:
+                    rec.result = result
+                if error is not None:
+                    rec.error = error
+                if approval is not None:
+                    rec.approval = approval
+                rec.updated_at = time.time()
+                con.execute(
+                    "UPDATE tool_calls SET status = ?, executor = ?, updated_at = ?, info = ? "
+                    "WHERE id = ? AND status = ?",
+                    [
+                        status,
+                        rec.executor,
+                        rec.updated_at,
+                        _pack(_info(rec), "tool call"),
+                        tool_call_id,
+                        old_status,
+                    ],
+                )
+        except duckdb.TransactionException as exc:
+            # Another connection to the same file moved the call first (DuckDB refuses
+            # the second write to a row): the compare failed. Only when this call's
+            # transaction was the outermost and was rolled back; inside a caller's block
+            # the block is spoiled and the error is theirs.
+            if _is_conflict(exc) and self.db.rollbacks > rollbacks:
+                return None
+            raise
+        return rec
+
+    @override
+    def store_late(
+        self, tool_call_id: str, *, result: Any = None, error: str | None = None
+    ) -> ToolCallRecord | None:
+        _optional_str(error, "error")
+        _pack(result, "late tool call result")
+        with self.db.transaction() as con:
+            row = con.execute(
+                f"SELECT {_COLS} FROM tool_calls WHERE id = ?", [tool_call_id]
+            ).fetchone()
+            if row is None:
+                return None
+            rec = _record(row)
+            if not rec.cancelled:
+                raise InvalidInputError(
+                    f"tool call {tool_call_id!r} is {rec.status!r}: only a cancelled call "
+                    "keeps a late result"
+                )
+            rec.late_result = result
+            rec.late_error = error
+            rec.late_at = rec.updated_at = time.time()
+            con.execute(
+                "UPDATE tool_calls SET updated_at = ?, info = ? WHERE id = ?",
+                [rec.updated_at, _pack(_info(rec), "tool call"), tool_call_id],
+            )
+        return rec
+
+    @override
+    def rows(
+        self,
+        status: str | Iterable[str] | None = None,
+        *,
+        run_id: str | None = None,
+        tool_names: Iterable[str] | None = None,
+    ) -> list[ToolCallRecord]:
+        where: list[str] = []
+        params: list[Any] = []
+        if status is not None:
+            where.append("status IN (SELECT unnest(?::VARCHAR[]))")
+            params.append(_statuses(status))
+        if run_id is not None:
+            where.append("run_id = ?")
+            params.append(run_id)
+        if tool_names is not None:
+            names = [tool_names] if isinstance(tool_names, str) else list(tool_names)
+            where.append("tool_name IN (SELECT unnest(?::VARCHAR[]))")
+            params.append(names)
+        sql = f"SELECT {_COLS} FROM tool_calls"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        rows = self.db.fetchall(sql, params)
+        return sorted((_record(r) for r in rows), key=lambda r: (r.created_at, r.id))
+
+    @override
+    def audit(
+        self, tool_call_id: str, decision: str, *, by: str | None, reason: str | None = None
+    ) -> ToolCallAudit:
+        if not isinstance(tool_call_id, str) or not tool_call_id:
+            raise InvalidInputError("a tool call id must be a non-empty string")
+        if not isinstance(decision, str) or not decision:
+            raise InvalidInputError("decision must be a non-empty string")
+        _optional_str(by, "by")
+        _optional_str(reason, "reason")
+        at = time.time()
+        blob = _pack({"decision": decision, "by": by, "reason": reason}, "audit row")
+        with self.db.transaction() as con:
+            row = con.execute("SELECT max(seq) FROM tool_call_audit").fetchone()
+            seq = (row[0] if row and row[0] is not None else 0) + 1
+            con.execute(
+                f"INSERT INTO tool_call_audit ({_AUDIT_COLS}) VALUES (?, ?, ?, ?)",
+                [seq, tool_call_id, at, blob],
+            )
+        return ToolCallAudit(
+            seq=seq, tool_call_id=tool_call_id, decision=decision, by=by, reason=reason, at=at
+        )
+
+    @override
+    def audit_rows(self, tool_call_id: str | None = None) -> list[ToolCallAudit]:
+        if tool_call_id is None:
+            rows = self.db.fetchall(f"SELECT {_AUDIT_COLS} FROM tool_call_audit ORDER BY seq")
+        else:
+            rows = self.db.fetchall(
+                f"SELECT {_AUDIT_COLS} FROM tool_call_audit WHERE tool_call_id = ? ORDER BY seq",
+                [tool_call_id],
+            )
+        return [_audit(r) for r in rows]
