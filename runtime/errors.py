@@ -48,8 +48,11 @@ __all__ = [
     "RunInterruptedError",
     "SessionBusyError",
     "SummarizerError",
+    "ToolCallStateError",
     "ToolExecutionError",
     "ToolInputError",
+    "ToolTimeoutError",
+    "UnknownToolCallError",
     "UnknownJobError",
     "UnknownModelError",
     "UnknownRunError",
@@ -344,3 +347,17 @@ class UnknownJobError(UserError, KeyError):
 
 class UnknownToolError(UserError, LookupError):
     """No tool has that name."""
+
+
+class UnknownToolCallError(UserError, LookupError):
+    """No tool call has that id (in this agent's database)."""
+
+
+class ToolCallStateError(UserError, ValueError):
+    """A tool call is not in a state that allows the request: a result for a call that
+    finished, or that another executor holds; a decision on a call that is not awaiting
+    one. Nothing was changed."""
+
+
+class ToolTimeoutError(ThinkrayError, TimeoutError):
+    """A tool call ran past its tool's timeout (it is ``cancelled-by-timeout``)."""

@@ -1106,7 +1106,6 @@ class WorkspaceStore(Protocol):
         ...
 
 
-@runtime_checkable
 class ToolCallStore(Protocol):
     """Durable tool calls (seed 003 §1.1-1.7): every tool call of a generation is a row,
     written ``pending`` before it runs, moved by atomic compare-and-set transitions.
@@ -1217,6 +1216,7 @@ class ToolCallStore(Protocol):
         ...
 
 
+@runtime_checkable
 class Stores(Protocol):
     """The stores that share one database (and so one transaction scope) with a
     session store: what :meth:`SessionStore.stores` returns, or what

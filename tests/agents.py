@@ -310,3 +310,45 @@ class AlarmAgent(ScriptAgent):
 
         fired = self.store.get_config("alarms_fired", [])
         self.store.set_config("alarms_fired", [*fired, [payload, time.time()]])
+
+
+class DurableToolAgent(Think):
+    """Durable tool calls under crashes (issue 12): a message ``slow <path>`` calls the
+    inline tool ``mark_and_wait``, which appends a line to ``path`` (one per execution)
+    and then waits; ``render <scene>`` calls the external tool ``render``, which a
+    worker outside the agent executes (claim_tool_calls / submit_tool_result)."""
+
+    def get_model(self) -> Model:
+        return FunctionModel(self._step, model_id="durable-tools")
+
+    def get_tools(self) -> dict[str, Tool]:
+        from thinkray.runtime.tools.base import ToolPolicy
+
+        @tool
+        async def mark_and_wait(path: str) -> str:
+            """Record one execution, then take long."""
+            import asyncio
+
+            with open(path, "a", encoding="utf-8") as marks:
+                marks.write("ran\n")
+            await asyncio.sleep(60)
+            return "finished"
+
+        @tool(policy=ToolPolicy(executor="external"))
+        async def render(scene: str) -> str:
+            """Executed by an external worker."""
+            raise AssertionError("external tools never run in the agent")
+
+        return {"mark_and_wait": mark_and_wait, "render": render}
+
+    def _step(self, request: ModelRequest, step: int) -> Reply:
+        last = request.messages[-1]
+        if last.role == "tool":
+            return reply("done")
+        text = " ".join(getattr(c, "text", "") for c in last.content)
+        verb, _, arg = text.partition(" ")
+        if verb == "slow":
+            return reply(tool_call("mark_and_wait", {"path": arg}, id=f"slow-{step}"))
+        if verb == "render":
+            return reply(tool_call("render", {"scene": arg}, id="render-1"))
+        return reply("nothing to do")

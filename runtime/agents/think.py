@@ -52,6 +52,7 @@ from thinkray.runtime.models.base import Model, ModelMessage
 from thinkray.runtime.remote import idempotent, remote
 from thinkray.runtime.status import SessionStatus, StatusBoard
 from thinkray.runtime.tools.base import Tool
+from thinkray.runtime.tools.durable import LatePolicy, ToolCallLedger, ToolPolicy, policy_of
 from thinkray.runtime.turn.context import prune_tool_calls, to_model_messages
 from thinkray.runtime.turn.loop import RetryPolicy, ToolDenial, run_loop
 from thinkray.runtime.turn.persistence import ROW_MAX_BYTES, prepare_message
@@ -123,6 +124,7 @@ class Think(metaclass=_StartsAfterInit):
     recent_results: int = 64  # finished runs whose ChatResult wait_run still returns
     recover_fibers: bool = True  # restart interrupted fibers from their checkpoint on wake
     models: dict[str, Model] | None = None  # model_id -> Model, for per-turn selection
+    late_tool_results: LatePolicy = "discard"  # a result for a cancelled call: or "store"
 
     def __init__(
         self,
@@ -145,6 +147,11 @@ class Think(metaclass=_StartsAfterInit):
         self.durable = DurableServices(store.stores().fibers(), self, recover=self.recover_fibers)
         # The constructor is the wake path: runs cut off by a crash are closed first.
         self.recovered_runs: list[RecoveredRun] = recover_interrupted_runs(store)
+        self.tool_calls = ToolCallLedger(
+            store.stores().tool_calls(), late_results=self.late_tool_results
+        )
+        # Tool calls this agent's executors held when the old process died.
+        self.recovered_tool_calls = self.tool_calls.recover(self._tool_policies())
 
     # -- identity ---------------------------------------------------------------------
 
@@ -184,6 +191,20 @@ class Think(metaclass=_StartsAfterInit):
     def get_tools(self) -> dict[str, Tool]:
         """The agent's tools by name (may be async in a subclass)."""
         return {}
+
+    def _tool_policies(self) -> dict[str, ToolPolicy]:
+        """The tools' policies for recovery on wake (tools from a synchronous
+        ``get_tools``; an async one, or one that fails now, gives the defaults)."""
+        try:
+            tools = self.get_tools()
+        except Exception:
+            return {}
+        if inspect.isawaitable(tools):
+            close = getattr(tools, "close", None)  # a coroutine never awaited
+            if callable(close):
+                close()
+            return {}
+        return {name: policy_of(t) for name, t in dict(tools).items()}
 
     def get_max_steps(self) -> int:
         """The most model steps one turn may take."""
@@ -616,6 +637,48 @@ class Think(metaclass=_StartsAfterInit):
         async for batch in batches:
             for chunk in batch:
                 yield chunk
+
+    # -- durable tool calls (seed 003 §1; thinkray.runtime.tools.durable) ---------------
+
+    @remote
+    async def claim_tool_calls(
+        self, tool_names: list[str], executor: str, limit: int = 1, wait: float = 0.0
+    ) -> list[dict[str, Any]]:
+        """For a decoupled executor (another actor, an external worker pool): claim up
+        to ``limit`` pending calls of ``tool_names`` (waiting up to ``wait`` s for one).
+        Each claimed call is ``executing`` and held by ``executor``; report it with
+        :meth:`submit_tool_result`. Two executors never get the same call."""
+        records = await self.tool_calls.claim(tool_names, executor, limit, min(wait, 60.0))
+        return [r.to_dict() for r in records]
+
+    @remote
+    def submit_tool_result(
+        self, tool_call_id: str, executor: str, result: Any = None, error: str | None = None
+    ) -> str:
+        """An executor's outcome for a call it holds (``error`` set: it failed); the
+        waiting turn goes on. ``accepted``, or for a call cancelled meanwhile
+        ``discarded-late`` / ``stored-late`` (``late_tool_results``).
+
+        Raises:
+            UnknownToolCallError: no such call.
+            ToolCallStateError: the call finished, or another executor holds it.
+            InvalidInputError: a result that cannot be stored."""
+        return self.tool_calls.submit(tool_call_id, executor, result=result, error=error)
+
+    @idempotent
+    @remote
+    def get_tool_call(self, tool_call_id: str) -> dict[str, Any] | None:
+        """One tool call's row (None if unknown)."""
+        rec = self.tool_calls.store.get(tool_call_id)
+        return rec.to_dict() if rec is not None else None
+
+    @idempotent
+    @remote
+    def list_tool_calls(
+        self, status: str | list[str] | None = None, run_id: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Tool calls, oldest first (by status and run)."""
+        return [r.to_dict() for r in self.tool_calls.store.rows(status, run_id=run_id)]
 
     @idempotent
     @remote

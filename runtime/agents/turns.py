@@ -296,6 +296,7 @@ class TurnRunner:
                     on_step_finish=on_step_finish,
                     on_retry=on_retry,
                     check_permission=check_permission,
+                    execute_tool=agent.tool_calls.execute,
                 ),
                 result=result,
                 request_options=agent.get_request_options(),
@@ -345,6 +346,7 @@ class TurnRunner:
                 )
         except AbortError as exc:
             status = "aborted"
+            agent.tool_calls.cancel_run(run.run_id, "cancelled-by-user", f"aborted: {exc.reason}")
             if recorder is not None:
                 if run.sink is None:
                     await open_stream()
@@ -369,6 +371,8 @@ class TurnRunner:
             status = "error"
             replaced = await agent.on_chat_error(exc)
             error_text = str(replaced) or type(exc).__name__
+            # An upstream failure ends the turn's open tool calls too.
+            agent.tool_calls.cancel_run(run.run_id, "cancelled-by-error", f"error: {error_text}")
             log.warning("run %s failed: %s", run.run_id, error_text)
             if recorder is not None:
                 if run.sink is None:

@@ -11,7 +11,7 @@ import inspect
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, get_type_hints, runtime_checkable
+from typing import Any, Literal, Protocol, get_type_hints, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from thinkray.runtime.abort import AbortSignal
@@ -23,6 +23,27 @@ from thinkray.runtime.errors import (  # re-exported: the errors live in thinkra
     ToolInputError as ToolInputError,
 )
 from thinkray.runtime.models.base import ToolSpec
+
+Executor = Literal["inline", "local", "external"]
+
+
+@dataclass(frozen=True)
+class ToolPolicy:
+    """How a tool's calls run: ``executor`` (:mod:`thinkray.runtime.tools.durable`:
+    ``inline`` in the turn, ``local`` by a decoupled executor in the agent, ``external``
+    by another actor or process through the agent's remote API), ``timeout`` seconds
+    before a call is ``cancelled-by-timeout`` (None: none), and what happens to a call
+    found ``executing`` after a crash: ``on_crash="fail"`` (the default: the tool may
+    have had effects) or ``"retry"`` (the tool is idempotent)."""
+
+    executor: Executor = "inline"
+    timeout: float | None = None
+    on_crash: Literal["fail", "retry"] = "fail"
+
+    @property
+    def decoupled(self) -> bool:
+        """Whether the turn waits for another executor rather than running the tool."""
+        return self.executor != "inline"
 
 
 @dataclass
@@ -92,8 +113,10 @@ class ModelTool:
         *,
         wants_context: bool | None = None,
         spread: bool = False,
+        policy: ToolPolicy | None = None,
     ) -> None:
         self.name = name
+        self.policy = policy or ToolPolicy()
         self.description = description
         self.input_model = input_model
         self.fn = fn
@@ -151,12 +174,14 @@ def tool(
     *,
     name: str | None = None,
     description: str | None = None,
+    policy: ToolPolicy | None = None,
 ) -> Any:
     """Declare a tool from a typed function; parameters become the input schema.
 
-    ``@tool`` or ``@tool(name=..., description=...)``. A parameter named ``ctx`` receives
-    the :class:`ToolContext` and is not part of the schema. The description defaults
-    to the docstring.
+    ``@tool`` or ``@tool(name=..., description=..., policy=...)``. A parameter named
+    ``ctx`` receives the :class:`ToolContext` and is not part of the schema. The
+    description defaults to the docstring. ``policy`` (:class:`ToolPolicy`): who
+    executes its calls, their timeout, and what a crash mid-call means.
     """
 
     def build(f: Callable[..., Any]) -> ModelTool:
@@ -179,6 +204,7 @@ def tool(
             (description or inspect.getdoc(f) or "").strip(),
             wants_context="ctx" in sig.parameters,
             spread=True,
+            policy=policy,
         )
 
     if fn is not None:

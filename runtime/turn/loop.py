@@ -47,8 +47,9 @@ from thinkray.runtime.usage import Usage
 
 log = logging.getLogger("thinkray.loop")
 
-_Call = tuple[str, str, Any, str | None]
-"""A tool call of the step: ``(tool_call_id, tool_name, input, input_error)``."""
+_Call = tuple[str, str, Any, str | None, Any]
+"""A tool call of the step: ``(tool_call_id, tool_name, input, input_error, raw_input)``
+(``raw_input``: the model's arguments as parsed JSON, what is stored)."""
 
 _ResultChunk = ToolOutputAvailableChunk | ToolOutputErrorChunk | ToolOutputDeniedChunk
 
@@ -90,16 +91,23 @@ PermissionCheck = Callable[[str, Any, str], Awaitable["str | ToolDenial | None"]
 error result) or a :class:`ToolDenial` to refuse."""
 
 
+ToolExecutor = Callable[[Tool, Any, ToolContext, Any], Awaitable[Any]]
+"""``(tool, validated_input, ctx, raw_input)`` -> the call's output: how a permitted,
+valid call is executed (default :func:`run_tool`; an agent's durable tool-call ledger
+records the call and runs it or waits for its executor). Raises like ``run_tool``."""
+
+
 @dataclass
 class LoopHooks:
     """Callbacks of :func:`run_loop`: ``on_step_finish(step, usage, finish_reason)``
     after every step (``"error"`` for a failed step that was billed),
-    ``on_retry(attempt, error, delay)`` before a retry wait, and
-    ``check_permission`` before each tool call."""
+    ``on_retry(attempt, error, delay)`` before a retry wait,
+    ``check_permission`` before each tool call and ``execute_tool`` to run one."""
 
     on_step_finish: Callable[[int, Usage, str], Any] | None = None
     on_retry: Callable[[int, ModelError, float], Any] | None = None
     check_permission: PermissionCheck | None = None
+    execute_tool: ToolExecutor | None = None
 
 
 @dataclass
@@ -318,7 +326,7 @@ def _validate_call(
             "errorText": error,
             "dynamic": True,
         }
-        return error_chunk, (ev.tool_call_id, ev.tool_name, parsed, error)
+        return error_chunk, (ev.tool_call_id, ev.tool_name, parsed, error, parsed)
     chunk: ToolInputAvailableChunk = {
         "type": "tool-input-available",
         "toolCallId": ev.tool_call_id,
@@ -326,7 +334,7 @@ def _validate_call(
         "input": parsed,
         "dynamic": True,
     }
-    return chunk, (ev.tool_call_id, ev.tool_name, value, None)
+    return chunk, (ev.tool_call_id, ev.tool_name, value, None, parsed)
 
 
 async def _execute_calls(
@@ -343,7 +351,11 @@ async def _execute_calls(
     queue: asyncio.Queue[_ResultChunk] = asyncio.Queue()
     ctx_extra = dict(tool_context or {})
 
-    async def one(call_id: str, name: str, value: Any, input_error: str | None) -> None:
+    execute = hooks.execute_tool or _run_tool
+
+    async def one(
+        call_id: str, name: str, value: Any, input_error: str | None, raw_input: Any
+    ) -> None:
         if input_error is not None:
             # The model sees the validation error as this call's result; the tool never ran.
             await queue.put(tool_output_error(call_id, input_error))
@@ -377,7 +389,7 @@ async def _execute_calls(
             extras=ctx_extra,
         )
         try:
-            output = await run_tool(tools[name], value, ctx)
+            output = await execute(tools[name], value, ctx, raw_input)
         except AbortError:
             await queue.put(tool_output_error(call_id, f"aborted: {signal.reason or 'aborted'}"))
             return
@@ -394,6 +406,10 @@ async def _execute_calls(
         for task in tasks:
             task.cancel()
     signal.throw_if_aborted()
+
+
+async def _run_tool(t: Tool, value: Any, ctx: ToolContext, raw_input: Any) -> Any:
+    return await run_tool(t, value, ctx)
 
 
 async def _sleep_or_abort(delay: float, signal: AbortSignal) -> None:

@@ -1,0 +1,391 @@
+"""Durable tool calls (seed 003 §1.1-1.7): every tool call of a turn is a row of the
+agent's database, written ``pending`` before anything runs and moved by atomic
+compare-and-set transitions (:class:`~thinkray.storage.protocols.ToolCallStore`):
+
+    pending → executing → completed | failed
+    pending → awaiting-approval → pending | denied
+    any open status → cancelled-by-user | cancelled-by-timeout | cancelled-by-error
+
+Who executes a call is the tool's :class:`ToolPolicy`:
+
+- ``inline`` (the default): the turn claims the call and runs the tool itself.
+- ``local``: a decoupled executor in the same agent (:class:`LocalExecutor`) claims
+  it; the turn only waits for the result.
+- ``external``: another actor or process claims it through the agent's remote API
+  (``claim_tool_calls`` / ``submit_tool_result``), e.g. a worker pool reading the
+  pending calls of its tool names; the turn waits for the result.
+
+Exactly once: a claim is a compare-and-set ``pending → executing``, so of two racing
+executors one wins, and a tool call id never executes twice. A call found finished
+(a turn re-run after recovery) gives back its stored outcome without running again.
+A call found ``executing`` when the agent wakes had its executor die with the old
+process: it is retried only if its tool says so (``on_crash="retry"``), else it
+fails.
+
+Cancellation: aborting the turn cancels its open calls ``cancelled-by-user``; a tool
+that runs past its ``timeout`` is ``cancelled-by-timeout``; a turn that fails
+cancels its open calls ``cancelled-by-error``. A result that arrives for a cancelled
+call never resumes anything; it is discarded, or kept beside the call flagged as
+late when the agent's policy is ``late_results="store"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any, Literal
+
+from thinkray.runtime.abort import AbortController, AbortError, AbortSignal
+from thinkray.runtime.errors import (
+    ToolCallStateError,
+    ToolExecutionError,
+    ToolTimeoutError,
+    UnknownToolCallError,
+)
+from thinkray.runtime.tools.base import Tool, ToolContext, ToolPolicy, run_tool
+from thinkray.storage.errors import InvalidInputError
+from thinkray.storage.protocols import ToolCallStore
+from thinkray.storage.records import ToolCallRecord
+
+log = logging.getLogger("thinkray.tools.durable")
+
+LatePolicy = Literal["discard", "store"]
+OPEN = ("pending", "awaiting-approval", "executing")
+
+
+def policy_of(t: Tool) -> ToolPolicy:
+    """The tool's policy (``t.policy`` if it has one, else inline with no timeout)."""
+    policy = getattr(t, "policy", None)
+    return policy if isinstance(policy, ToolPolicy) else ToolPolicy()
+
+
+class ToolCallLedger:
+    """The agent's durable tool calls: records, executes or waits for each call of a
+    turn, and takes results and claims from decoupled executors.
+
+    One per agent (one writer per database). Its methods are called from the agent's
+    event loop; results from other executors arrive through :meth:`submit` (the
+    agent's remote API) and wake the turn waiting for them."""
+
+    def __init__(self, store: ToolCallStore, *, late_results: LatePolicy = "discard") -> None:
+        if late_results not in ("discard", "store"):
+            raise InvalidInputError(
+                f"late_results must be 'discard' or 'store', not {late_results!r}"
+            )
+        self.store = store
+        self.late_results: LatePolicy = late_results
+        self.executor_id = f"inline-{uuid.uuid4().hex[:8]}"
+        self._waiters: dict[str, asyncio.Future[ToolCallRecord]] = {}
+        self._pending = asyncio.Event()  # set when a decoupled call becomes claimable
+        self._local: dict[str, AbortController] = {}  # calls local executors run now
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.round_trips: list[float] = []  # submit -> waiting turn resumed (seconds)
+
+    # -- the turn's side ------------------------------------------------------------
+
+    async def execute(self, t: Tool, value: Any, ctx: ToolContext, raw_input: Any = None) -> Any:
+        """Run (or wait for) the call ``ctx.tool_call_id`` of tool ``t`` and return its
+        output. Raises AbortError on abort, :class:`ToolTimeoutError` on timeout, and
+        :class:`ToolExecutionError` (the call's error) when it failed."""
+        policy = policy_of(t)
+        call_id = ctx.tool_call_id
+        rec = self.store.get(call_id)
+        if rec is None:
+            # Written before anything runs. An inline call is written already claimed
+            # (executing, by this ledger): one write instead of insert-then-claim.
+            rec = self.store.insert(
+                ToolCallRecord(
+                    id=call_id,
+                    tool_name=t.name,
+                    status="pending" if policy.decoupled else "executing",
+                    executor=None if policy.decoupled else self.executor_id,
+                    attempts=0 if policy.decoupled else 1,
+                    run_id=ctx.run_id,
+                    session_id=ctx.session_id,
+                    input=raw_input if raw_input is not None else _plain(value),
+                    durable=policy.decoupled,
+                )
+            )
+        elif rec.finished:
+            return _outcome(rec)  # ran before (a re-run turn): never again
+        elif not policy.decoupled:
+            claimed = self.store.transition(
+                call_id, ["pending"], "executing", executor=self.executor_id, claim=True
+            )
+            if claimed is None:  # another executor holds it: wait for its result
+                return await self._wait(call_id, ctx.signal, policy.timeout)
+        if policy.decoupled:
+            if rec.status == "pending":
+                if policy.executor == "local":
+                    self._spawn_local(t, value, ctx)
+                else:
+                    self._pending.set()
+            return await self._wait(call_id, ctx.signal, policy.timeout)
+        try:
+            if policy.timeout is None:
+                output = await run_tool(t, value, ctx)
+            else:
+                output = await asyncio.wait_for(run_tool(t, value, ctx), policy.timeout)
+        except AbortError as exc:
+            self._cancel(call_id, "cancelled-by-user", f"aborted: {exc.reason}")
+            raise
+        except TimeoutError:
+            self._cancel(call_id, "cancelled-by-timeout", f"timed out after {policy.timeout} s")
+            raise ToolTimeoutError(f"tool {t.name!r} timed out after {policy.timeout} s") from None
+        except Exception as exc:
+            self._finish(call_id, "failed", self.executor_id, error=f"{type(exc).__name__}: {exc}")
+            raise
+        return self._finish(call_id, "completed", self.executor_id, result=output)
+
+    async def _wait(self, call_id: str, signal: AbortSignal, timeout: float | None) -> Any:
+        """Wait for a decoupled executor's result, with the tool's timeout and abort."""
+        rec = self.store.get(call_id)
+        if rec is not None and rec.finished:
+            return _outcome(rec)
+        future = self._waiters.get(call_id)
+        if future is None or future.done():
+            future = asyncio.get_running_loop().create_future()
+            self._waiters[call_id] = future
+        aborted: asyncio.Future[Any] = asyncio.ensure_future(signal.wait())
+        waiting: set[asyncio.Future[Any]] = {future, aborted}
+        try:
+            done, _ = await asyncio.wait(
+                waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if future in done:
+                return _outcome(future.result())
+            if aborted in done:
+                self._cancel(call_id, "cancelled-by-user", f"aborted: {signal.reason}")
+                raise AbortError(signal.reason or "aborted")
+            self._cancel(call_id, "cancelled-by-timeout", f"timed out after {timeout} s")
+            raise ToolTimeoutError(f"tool call {call_id!r} timed out after {timeout} s")
+        finally:
+            aborted.cancel()
+            if self._waiters.get(call_id) is future:
+                del self._waiters[call_id]
+
+    def _spawn_local(self, t: Tool, value: Any, ctx: ToolContext) -> None:
+        """The ``local`` executor: a task of this agent, decoupled from the turn, that
+        claims the call like any executor and reports through :meth:`submit`. Its own
+        abort signal fires when the call is cancelled."""
+        executor = f"local-{uuid.uuid4().hex[:8]}"
+        controller = AbortController()
+        call_id = ctx.tool_call_id
+        local_ctx = ToolContext(
+            tool_call_id=call_id,
+            tool_name=ctx.tool_name,
+            signal=controller.signal,
+            session_id=ctx.session_id,
+            run_id=ctx.run_id,
+            agent=ctx.agent,
+            extras=ctx.extras,
+        )
+
+        async def run() -> None:
+            if (
+                self.store.transition(
+                    call_id, ["pending"], "executing", executor=executor, claim=True
+                )
+                is None
+            ):
+                return  # someone else claimed it
+            self._local[call_id] = controller
+            try:
+                output = await run_tool(t, value, local_ctx)
+            except AbortError:
+                return  # cancelled: the call's status says so already
+            except Exception as exc:
+                with contextlib.suppress(ToolCallStateError, UnknownToolCallError):
+                    self.submit(call_id, executor, error=f"{type(exc).__name__}: {exc}")
+                return
+            finally:
+                self._local.pop(call_id, None)
+            with contextlib.suppress(ToolCallStateError, UnknownToolCallError):
+                try:
+                    self.submit(call_id, executor, result=output)
+                except InvalidInputError as exc:
+                    self.submit(call_id, executor, error=f"result cannot be stored: {exc}")
+
+        task = asyncio.ensure_future(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def cancel_run(self, run_id: str, status: str, reason: str) -> int:
+        """Cancel every open call of run ``run_id`` (``status``: one of the
+        ``cancelled-by-*``); returns how many moved."""
+        moved = 0
+        for rec in self.store.rows(OPEN, run_id=run_id):
+            if self._cancel(rec.id, status, reason):
+                moved += 1
+        return moved
+
+    def _cancel(self, call_id: str, status: str, reason: str) -> bool:
+        moved = self.store.transition(call_id, OPEN, status, error=reason)
+        if moved is not None:
+            self._resolve(moved)
+            local = self._local.get(call_id)
+            if local is not None:  # a local executor runs it: stop it too
+                local.abort(reason)
+        return moved is not None
+
+    def _finish(
+        self,
+        call_id: str,
+        status: str,
+        executor: str,
+        *,
+        result: Any = None,
+        error: str | None = None,
+    ) -> Any:
+        try:
+            done = self.store.transition(
+                call_id, ["executing"], status, executor=executor, result=result, error=error
+            )
+        except InvalidInputError as exc:  # a result that cannot be stored
+            done = self.store.transition(
+                call_id,
+                ["executing"],
+                "failed",
+                executor=executor,
+                error=f"the tool's result cannot be stored: {exc}",
+            )
+        if done is None:  # cancelled meanwhile: a late result
+            rec = self.store.get(call_id)
+            if rec is not None and rec.cancelled:
+                self._late(rec, result, error)
+                return _outcome(rec)
+            raise ToolCallStateError(f"tool call {call_id!r} is no longer held by {executor!r}")
+        self._resolve(done)
+        return _outcome(done)
+
+    def _late(self, rec: ToolCallRecord, result: Any, error: str | None) -> str:
+        if self.late_results == "store":
+            self.store.store_late(rec.id, result=result, error=error)
+            return "stored-late"
+        log.info("discarded a late result for cancelled tool call %s", rec.id)
+        return "discarded-late"
+
+    def _resolve(self, rec: ToolCallRecord) -> None:
+        future = self._waiters.get(rec.id)
+        if future is not None and not future.done():
+            future.set_result(rec)
+
+    # -- decoupled executors' side (the agent's remote API) ---------------------------
+
+    async def claim(
+        self, tool_names: Iterable[str], executor: str, limit: int = 1, wait: float = 0.0
+    ) -> list[ToolCallRecord]:
+        """Claim up to ``limit`` pending decoupled calls of ``tool_names`` for
+        ``executor`` (each claim a compare-and-set: two executors never get one call),
+        waiting up to ``wait`` seconds for one to appear."""
+        names = sorted(set(tool_names))
+        if not names or not executor or limit < 1:
+            raise InvalidInputError("claim needs tool names, an executor name and a limit >= 1")
+        deadline = time.monotonic() + max(0.0, wait)
+        while True:
+            self._pending.clear()
+            claimed = []
+            for rec in self.store.rows("pending", tool_names=names):
+                if not rec.durable:
+                    continue
+                got = self.store.transition(
+                    rec.id, ["pending"], "executing", executor=executor, claim=True
+                )
+                if got is not None:
+                    claimed.append(got)
+                    if len(claimed) >= limit:
+                        break
+            left = deadline - time.monotonic()
+            if claimed or left <= 0:
+                return claimed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._pending.wait(), left)
+
+    def submit(
+        self, call_id: str, executor: str, *, result: Any = None, error: str | None = None
+    ) -> str:
+        """An executor's outcome for a call it claimed: ``error`` None completes it
+        with ``result``, else fails it. Returns ``accepted``, or for a call cancelled
+        meanwhile ``discarded-late`` / ``stored-late`` (the late-result policy; a late
+        result never resumes a turn).
+
+        Raises:
+            UnknownToolCallError: no such call.
+            ToolCallStateError: the call finished already, or ``executor`` does not
+                hold it; nothing changed.
+            InvalidInputError: a result that cannot be stored; nothing changed.
+        """
+        if error is not None and not isinstance(error, str):
+            raise InvalidInputError("error must be a string or None")
+        rec = self.store.get(call_id)
+        if rec is None:
+            raise UnknownToolCallError(f"no tool call {call_id!r}")
+        if rec.cancelled:
+            return self._late(rec, result, error)
+        if rec.status != "executing" or rec.executor != executor:
+            raise ToolCallStateError(
+                f"tool call {call_id!r} is {rec.status}"
+                + (f", held by {rec.executor!r}" if rec.executor else "")
+                + f"; {executor!r} cannot report its result"
+            )
+        started = time.perf_counter()
+        status = "completed" if error is None else "failed"
+        done = self.store.transition(
+            call_id, ["executing"], status, executor=executor, result=result, error=error
+        )
+        if done is None:  # moved between the read and the write: report what it is now
+            now = self.store.get(call_id)
+            if now is not None and now.cancelled:
+                return self._late(now, result, error)
+            raise ToolCallStateError(f"tool call {call_id!r} changed while reporting")
+        self._resolve(done)
+        self.round_trips.append(time.perf_counter() - started)
+        del self.round_trips[:-1000]
+        return "accepted"
+
+    def recover(self, policies: dict[str, ToolPolicy]) -> dict[str, int]:
+        """After a wake: calls found ``executing`` by this agent's own executors died
+        with the old process. Each is retried (back to ``pending``) if its tool's
+        policy says ``on_crash="retry"``, else failed. Calls held by external executors
+        stay theirs (they may still report). Returns counts by outcome."""
+        counts = {"retried": 0, "failed": 0}
+        for rec in self.store.rows("executing"):
+            if rec.durable and policies.get(rec.tool_name, ToolPolicy()).executor == "external":
+                continue
+            policy = policies.get(rec.tool_name, ToolPolicy())
+            if policy.on_crash == "retry":
+                # The same id again (``attempts`` counts the claims): the tool said it
+                # is safe to run twice.
+                moved = self.store.transition(rec.id, ["executing"], "pending")
+                counts["retried"] += moved is not None
+                if moved is not None and moved.durable:
+                    self._pending.set()
+            else:
+                moved = self.store.transition(
+                    rec.id,
+                    ["executing"],
+                    "failed",
+                    error="the agent's process died while the tool ran; not re-run",
+                )
+                counts["failed"] += moved is not None
+        return counts
+
+
+def _outcome(rec: ToolCallRecord) -> Any:
+    """A finished call's output, or its failure as an exception for the loop."""
+    if rec.status == "completed":
+        return rec.result
+    if rec.status == "cancelled-by-timeout":
+        raise ToolTimeoutError(rec.error or "timed out")
+    if rec.status == "cancelled-by-user":
+        raise AbortError(rec.error or "aborted")
+    raise ToolExecutionError(rec.error or rec.status)
+
+
+def _plain(value: Any) -> Any:
+    dump = getattr(value, "model_dump", None)
+    return dump(mode="json") if callable(dump) else value
