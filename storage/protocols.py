@@ -1106,6 +1106,7 @@ class WorkspaceStore(Protocol):
         ...
 
 
+@runtime_checkable
 class ToolCallStore(Protocol):
     """Durable tool calls (seed 003 §1.1-1.7): every tool call of a generation is a row,
     written ``pending`` before it runs, moved by atomic compare-and-set transitions.

@@ -12,7 +12,7 @@ from thinkray.runtime import Think, tool
 from thinkray.runtime.abort import AbortController
 from thinkray.runtime.errors import ToolCallStateError, UnknownToolCallError
 from thinkray.runtime.models.testing import ScriptedModel, reply, tool_call
-from thinkray.runtime.tools.base import ToolPolicy
+from thinkray.runtime.tools.base import ToolContext, ToolPolicy
 from thinkray.storage.errors import InvalidInputError
 from thinkray.storage.records import ToolCallRecord
 
@@ -200,14 +200,19 @@ async def test_the_local_executor_runs_the_call_decoupled_from_the_turn(store):
 async def test_a_finished_call_is_never_executed_again(store):
     executions.clear()
     agent = agent_calling(store, "add", {"a": 1, "b": 1})
-    await agent.chat("one")
+    first = await agent.chat("one")
     assert executions == ["add"]
-    # The same tool call id again (a turn re-run after recovery): the stored result.
-    again = agent_calling(store, "add", {"a": 1, "b": 1})
-    collector = Collector()
-    await again.chat("two", collector)
+    # The same call of the same run again (a turn re-run after recovery): the stored
+    # result, not a second execution.
+    add_tool = TOOLS["add"]
+    ctx = ToolContext("call-1", "add", AbortController().signal, run_id=first.run_id)
+    assert await agent.tool_calls.execute(add_tool, add_tool.validate({"a": 1, "b": 1}), ctx) == 2
     assert executions == ["add"]
-    assert outputs(collector.events)[0]["output"] == 2
+    # A scripted model repeating its call id in a new run: a new call, its own row.
+    again = agent_calling(store, "add", {"a": 2, "b": 2})
+    second = await again.chat("two")
+    assert executions == ["add", "add"]
+    assert again.get_tool_call(f"call-1~{second.run_id}")["result"] == 4
 
 
 def test_calls_found_executing_on_wake_fail_or_go_back_to_pending(tmp_path):

@@ -75,6 +75,11 @@ class Agent(Think):
     approval_timeout: ClassVar[float | None] = 300.0  # an unanswered ask is denied after
     approval_history_size: ClassVar[int] = 256  # settled approvals kept for get_approval
 
+    def may_approve(self, approval: dict[str, Any], answered_by: str | None) -> bool:
+        """Hook: whether ``answered_by`` may answer ``approval`` (a dict as
+        ``pending_approvals`` lists them). Default: anyone who can call the agent."""
+        return True
+
     # -- prompt settings (agent.prompts) ----------------------------------------------
     manifest_prompt: str = "You are a helpful assistant."
     global_instructions: str = ""  # host-level instructions before the workspace's files

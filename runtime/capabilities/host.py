@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from thinkray.runtime.capabilities.permissions import Action, PermissionRule
     from thinkray.runtime.models.base import Model
     from thinkray.runtime.status import StatusBoard
+    from thinkray.runtime.tools.durable import ToolCallLedger
     from thinkray.storage.protocols import SessionStore
 
 __all__ = ["AgentHost", "CompactionHost", "PermissionHost", "PromptHost"]
@@ -115,6 +116,15 @@ class PermissionHost(AgentHost, Protocol):
     @property
     def approval_history_size(self) -> int:
         """How many settled approvals are kept."""
+        ...
+
+    @property
+    def tool_calls(self) -> ToolCallLedger:
+        """The durable tool calls (an ask is stored as its call, ``awaiting-approval``)."""
+        ...
+
+    def may_approve(self, approval: dict[str, Any], answered_by: str | None) -> bool:
+        """Whether ``answered_by`` may answer ``approval``."""
         ...
 
 

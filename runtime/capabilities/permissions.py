@@ -55,12 +55,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from thinkray.runtime.errors import AccessDeniedError, InvalidArgumentError, ToolCallStateError
 from thinkray.runtime.errors import (  # re-exported: the errors live in thinkray.runtime.errors
     ApprovalNotFoundError as ApprovalNotFoundError,
 )
-from thinkray.runtime.errors import InvalidArgumentError
 from thinkray.runtime.messages import new_id
 from thinkray.runtime.turn.loop import ToolDenial
+from thinkray.storage.records import ToolCallRecord
 
 if TYPE_CHECKING:
     from thinkray.runtime.agents.runs import ChatOptions
@@ -454,17 +455,31 @@ class Permissions:
     # -- approvals ------------------------------------------------------------------
 
     def pending_approvals(self, session_id: str | None = None) -> list[dict[str, Any]]:
-        """Asks waiting for an answer, oldest first (JSON-ready dicts)."""
+        """Asks waiting for an answer, oldest first (JSON-ready dicts). Read from the
+        agent's database: they survive a restart and any process may list them."""
+        rows = self.host.tool_calls.store.rows("awaiting-approval")
         return [
-            a.to_dict()
-            for a in self._approvals.values()
-            if a.status == "pending" and (session_id is None or a.session_id == session_id)
+            _approval_of(rec)
+            for rec in rows
+            if rec.approval and (session_id is None or rec.session_id == session_id)
         ]
 
     def get_approval(self, approval_id: str) -> dict[str, Any] | None:
-        """A pending or recently settled approval (the last ``approval_history_size``)."""
+        """An approval, pending or settled (from the database)."""
+        rec = self._record_of(approval_id)
+        return _approval_of(rec) if rec is not None else None
+
+    def _record_of(self, approval_id: str) -> ToolCallRecord | None:
         approval = self._approvals.get(approval_id)
-        return approval.to_dict() if approval else None
+        store = self.host.tool_calls.store
+        if approval is not None:
+            rec = store.get(self.host.tool_calls.record_id(approval.tool_call_id, approval.run_id))
+            if rec is not None:
+                return rec
+        for rec in store.rows():
+            if rec.approval and rec.approval.get("approval_id") == approval_id:
+                return rec
+        return None
 
     def answer_approval(
         self, approval_id: str, decision: ApprovalDecision, answered_by: str | None = None
@@ -478,32 +493,77 @@ class Permissions:
             raise InvalidArgumentError(
                 f"decision must be deny, once, session or always, not {decision!r}"
             )
-        approval = self._approvals.get(approval_id)
-        if approval is None or approval.status != "pending":
+        if answered_by is not None and not isinstance(answered_by, str):
+            raise InvalidArgumentError("answered_by must be a string or None")
+        rec = self._record_of(approval_id)
+        if rec is None or rec.status != "awaiting-approval":
             raise ApprovalNotFoundError(f"no pending approval {approval_id!r}")
-        rule = PermissionRule(tool=approval.tool_name, action="allow")
+        pending = _approval_of(rec)
+        if not self.host.may_approve(pending, answered_by):
+            raise AccessDeniedError(
+                f"{answered_by or 'an anonymous caller'} may not answer approval {approval_id!r}"
+            )
+        rule = PermissionRule(tool=rec.tool_name, action="allow")
         if decision == "session":
-            self.add_session_rule(rule, approval.session_id)
+            self.add_session_rule(rule, rec.session_id)
         elif decision == "always":
             self.add_project_rule(rule)
-        self._settle(approval, decision, answered_by)
+        settled = self._settle(rec, decision, answered_by)
         if decision in ("session", "always"):
-            for other in list(self._approvals.values()):
-                if other.status != "pending" or other is approval:
+            for other in self.host.tool_calls.store.rows("awaiting-approval"):
+                if other.id == rec.id or not other.approval:
                     continue
-                if decision == "session" and other.session_id != approval.session_id:
+                if decision == "session" and other.session_id != rec.session_id:
                     continue
                 verdict = self.evaluate_permission(other.tool_name, other.input, other.session_id)
                 if verdict.action == "allow":
                     self._settle(other, "once", answered_by)
-        return approval.to_dict()
+        return settled
 
-    def _settle(self, approval: Approval, decision: ApprovalDecision, by: str | None) -> None:
-        approval.status = "denied" if decision == "deny" else "approved"
-        approval.decision = decision
-        approval.answered_by = by
-        if approval.future is not None and not approval.future.done():
-            approval.future.set_result(decision)
+    def _settle(
+        self,
+        rec: ToolCallRecord,
+        decision: ApprovalDecision | Literal["timeout", "cancelled"],
+        by: str | None,
+        reason: str | None = None,
+    ) -> dict[str, Any]:
+        """Record a decision on an ask: the audit row and the call's move
+        (``awaiting-approval`` → ``pending`` to run, ``denied``, or cancelled by timeout
+        or by the user), in one transaction; then release the turn waiting for it."""
+        store = self.host.tool_calls.store
+        approved = decision in ("once", "session", "always")
+        status = {
+            "deny": "denied",
+            "timeout": "cancelled-by-timeout",
+            "cancelled": "cancelled-by-user",
+        }.get(decision, "pending")
+        verdict = "approved" if approved else {"deny": "denied"}.get(decision, decision)
+        now = time.time()
+        approval = {
+            **(rec.approval or {}),
+            "decision": decision,
+            "answered_by": by,
+            "answered_at": now,
+        }
+        with store.transaction():
+            moved = store.transition(
+                rec.id,
+                ["awaiting-approval"],
+                status,
+                approval=approval,
+                error=None if approved else (reason or f"approval {verdict}"),
+            )
+            if moved is None:
+                raise ApprovalNotFoundError(f"approval of call {rec.id!r} was settled meanwhile")
+            store.audit(rec.id, verdict, by=by, reason=reason or str(decision))
+        live = self._approvals.get(str(approval.get("approval_id")))
+        if live is not None and decision in ("deny", "once", "session", "always"):
+            live.status = "approved" if approved else "denied"
+            live.decision = decision
+            live.answered_by = by
+            if live.future is not None and not live.future.done():
+                live.future.set_result(decision)  # the turn waiting for it goes on
+        return _approval_of(moved)
 
     def _remember(self, approval: Approval) -> None:
         records = self._approvals
@@ -533,6 +593,7 @@ class Permissions:
             future=asyncio.get_running_loop().create_future(),
         )
         self._remember(approval)
+        rec = self._store_ask(approval)
         aborted = asyncio.ensure_future(options.signal.wait())
         try:
             await options.emit(
@@ -548,11 +609,19 @@ class Permissions:
             )
             if approval.future in done:
                 return approval.future.result()  # type: ignore[return-value]
-            if aborted in done:
-                approval.status = "aborted"
-                return "deny"
-            approval.status = "timed-out"
-            return None
+            outcome: Literal["cancelled", "timeout"] = "cancelled" if aborted in done else "timeout"
+            reason = (
+                f"aborted: {options.signal.reason}"
+                if outcome == "cancelled"
+                else f"no answer within {timeout:g}s"
+            )
+            try:
+                self._settle(rec, outcome, None, reason)
+            except ApprovalNotFoundError:  # answered in the same instant: the answer holds
+                if approval.future.done():
+                    return approval.future.result()  # type: ignore[return-value]
+            approval.status = "aborted" if outcome == "cancelled" else "timed-out"
+            return "deny" if outcome == "cancelled" else None
         except asyncio.CancelledError:
             if approval.status == "pending":
                 approval.status = "aborted"
@@ -561,6 +630,35 @@ class Permissions:
             aborted.cancel()
             if approval.status == "pending":
                 approval.status = "aborted"
+
+    def _store_ask(self, approval: Approval) -> ToolCallRecord:
+        """The ask as its tool call's row, ``awaiting-approval`` (written before the
+        request goes out: any process can list and answer it, and it survives a
+        restart)."""
+        store = self.host.tool_calls.store
+        info = {
+            "approval_id": approval.approval_id,
+            "requested_at": approval.requested_at,
+            "expires_at": approval.expires_at,
+        }
+        call_id = self.host.tool_calls.record_id(approval.tool_call_id, approval.run_id)
+        rec = store.get(call_id)
+        if rec is None:
+            return store.insert(
+                ToolCallRecord(
+                    id=call_id,
+                    tool_name=approval.tool_name,
+                    status="awaiting-approval",
+                    run_id=approval.run_id,
+                    session_id=approval.session_id,
+                    input=_plain(approval.input),
+                    approval=info,
+                )
+            )
+        moved = store.transition(rec.id, ["pending"], "awaiting-approval", approval=info)
+        if moved is None:
+            raise ToolCallStateError(f"tool call {rec.id!r} is {rec.status}; it cannot ask again")
+        return moved
 
     # -- Think hooks ----------------------------------------------------------------
 
@@ -591,3 +689,29 @@ class Permissions:
                     f"permission denied: the user denied this {tool_name!r} call", by_user=True
                 )
         return None
+
+
+def _approval_of(rec: ToolCallRecord) -> dict[str, Any]:
+    """An ask, from its tool call's row, in the shape ``pending_approvals`` lists."""
+    info = rec.approval or {}
+    decision = info.get("decision")
+    status = {
+        "awaiting-approval": "pending",
+        "denied": "denied",
+        "cancelled-by-timeout": "timed-out",
+        "cancelled-by-user": "aborted",
+    }.get(rec.status, "approved" if decision in ("once", "session", "always") else rec.status)
+    return {
+        "approval_id": info.get("approval_id"),
+        "session_id": rec.session_id,
+        "run_id": rec.run_id,
+        "tool_call_id": rec.id,
+        "tool_name": rec.tool_name,
+        "input": rec.input,
+        "requested_at": info.get("requested_at"),
+        "expires_at": info.get("expires_at"),
+        "status": status,
+        "decision": decision if decision in ("deny", "once", "session", "always") else None,
+        "answered_by": info.get("answered_by"),
+        "call_status": rec.status,
+    }

@@ -92,7 +92,7 @@ class ToolCallLedger:
         output. Raises AbortError on abort, :class:`ToolTimeoutError` on timeout, and
         :class:`ToolExecutionError` (the call's error) when it failed."""
         policy = policy_of(t)
-        call_id = ctx.tool_call_id
+        call_id = self.record_id(ctx.tool_call_id, ctx.run_id)
         rec = self.store.get(call_id)
         if rec is None:
             # Written before anything runs. An inline call is written already claimed
@@ -141,6 +141,16 @@ class ToolCallLedger:
             raise
         return self._finish(call_id, "completed", self.executor_id, result=output)
 
+    def record_id(self, tool_call_id: str, run_id: str | None) -> str:
+        """The row id of the model's call ``tool_call_id`` in run ``run_id``: the call
+        id itself, unless another run already used it (providers' ids are unique, but
+        scripted test models repeat theirs); then ``<call id>~<run id>``. The same run
+        (a turn re-run after recovery) always gets the same row: exactly once."""
+        rec = self.store.get(tool_call_id)
+        if rec is None or rec.run_id is None or run_id is None or rec.run_id == run_id:
+            return tool_call_id
+        return f"{tool_call_id}~{run_id}"
+
     async def _wait(self, call_id: str, signal: AbortSignal, timeout: float | None) -> Any:
         """Wait for a decoupled executor's result, with the tool's timeout and abort."""
         rec = self.store.get(call_id)
@@ -174,7 +184,7 @@ class ToolCallLedger:
         abort signal fires when the call is cancelled."""
         executor = f"local-{uuid.uuid4().hex[:8]}"
         controller = AbortController()
-        call_id = ctx.tool_call_id
+        call_id = self.record_id(ctx.tool_call_id, ctx.run_id)
         local_ctx = ToolContext(
             tool_call_id=call_id,
             tool_name=ctx.tool_name,
