@@ -9,11 +9,21 @@ workspace operations before anything is touched.
 
 A client implements the workspace operation protocols with awaitable results, so
 ``thinkray.runtime.tools.workspace.workspace_tools(client, access=...)`` turns it into tools.
+
+The bridge also holds the orchestrator's MCP connections (seed 000: sub-agents "share
+the parent's workspace and MCP tools via RPC bridges"): a grant names the MCP servers
+(and optionally tools) its agent may call, checked on the bridge's side like workspace
+access. MCP methods run in their own concurrency group (threads feeding one asyncio
+loop that owns the connections), so a slow MCP server never holds up workspace calls,
+which stay one at a time in arrival order.
 """
 
 from __future__ import annotations
 
+import asyncio
 import secrets
+import threading
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -23,15 +33,30 @@ from thinkray.actors.errors import (  # re-exported: the errors live in thinkray
     BridgeAccessError as BridgeAccessError,
 )
 from thinkray.actors.errors import InvalidArgumentError
+from thinkray.runtime.tools.mcp import (
+    McpClient,
+    McpConfigError,
+    McpServerConfig,
+    McpToolInfo,
+    McpUnavailableError,
+    call_envelope,
+    raise_for_envelope,
+)
 from thinkray.runtime.tools.workspace import LocalWorkspace
 from thinkray.storage.layout import validate_name
 from thinkray.storage.protocols import KeyValueStore, Stores
 from thinkray.storage.stores import open_stores
 
 Access = Literal["none", "read", "read-write"]
+McpGrant = dict[str, list[str] | None]
+"""The MCP servers an agent may call, by name: the tool names it may call there, or
+None for all of them."""
 READ_METHODS = frozenset({"read_file", "stat", "list_directory", "find_files", "grep", "exists"})
 WRITE_METHODS = frozenset({"write_file", "edit_file", "delete", "mkdir"})
 _GRANT = "grant:"
+MCP_GROUP = "mcp"
+"""The bridge's concurrency group for MCP calls (``MCP_THREADS`` at once)."""
+MCP_THREADS = 32
 
 
 class WorkspaceBridge:
@@ -48,21 +73,39 @@ class WorkspaceBridge:
         self._grants: dict[str, dict[str, Any]] = {
             key[len(_GRANT) :]: grant for key, grant in self.kv.items(_GRANT).items()
         }
+        self.mcp_calls = 0
+        self._mcp: McpClient | None = None
+        self._mcp_loop: asyncio.AbstractEventLoop | None = None
+        self._mcp_start = threading.Lock()
 
     def ready(self) -> bool:
         """True once the actor is constructed (callers ``ray.get`` it to wait)."""
         return True
 
-    def grant(self, agent: str, access: Access) -> str:
-        """Issue (or replace) ``agent``'s grant; returns its token."""
+    def grant(self, agent: str, access: Access, mcp: McpGrant | None = None) -> str:
+        """Issue (or replace) ``agent``'s grant: workspace ``access`` and the ``mcp``
+        servers it may call; returns its token."""
         if access not in ("none", "read", "read-write"):
             raise InvalidArgumentError(f"access must be none, read or read-write, not {access!r}")
         self.revoke(agent)
         token = secrets.token_urlsafe(18)
-        grant = {"agent": agent, "access": access}
+        grant = {"agent": agent, "access": access, "mcp": _check_mcp_grant(mcp)}
         self.kv.set(_GRANT + token, grant)
         self._grants[token] = grant
         return token
+
+    def set_mcp_grant(self, agent: str, mcp: McpGrant | None) -> int:
+        """Replace the MCP part of ``agent``'s grants (its token is kept); returns how
+        many grants changed (0: the agent has none)."""
+        mcp = _check_mcp_grant(mcp)
+        changed = 0
+        for key, grant in self.kv.items(_GRANT).items():
+            if grant["agent"] == agent:
+                updated = {**grant, "mcp": mcp}
+                self.kv.set(key, updated)
+                self._grants[key[len(_GRANT) :]] = updated
+                changed += 1
+        return changed
 
     def revoke(self, agent: str) -> int:
         """Delete ``agent``'s grants: their tokens stop working at once. Returns how
@@ -78,6 +121,10 @@ class WorkspaceBridge:
     def grants(self) -> dict[str, str]:
         """Each granted agent's access, by agent name."""
         return {g["agent"]: g["access"] for g in self.kv.items(_GRANT).values()}
+
+    def mcp_grants(self) -> dict[str, McpGrant]:
+        """Each granted agent's MCP servers (see :data:`McpGrant`), by agent name."""
+        return {g["agent"]: dict(g.get("mcp") or {}) for g in self.kv.items(_GRANT).values()}
 
     def call(self, token: str, method: str, kwargs: dict[str, Any]) -> Any:
         """Run workspace operation ``method(**kwargs)`` for the holder of ``token`` and
@@ -105,12 +152,133 @@ class WorkspaceBridge:
         self.calls += 1
         return getattr(self.ops, method)(**kwargs)
 
+    # -- MCP ---------------------------------------------------------------------------
+
+    def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``coro`` on the MCP loop (started on first use) and return its result."""
+        with self._mcp_start:
+            if self._mcp_loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="thinkray-mcp", daemon=True).start()
+                self._mcp_loop = loop
+                self._mcp = McpClient()
+        return asyncio.run_coroutine_threadsafe(coro, self._mcp_loop).result()
+
+    def _client(self) -> McpClient:
+        assert self._mcp is not None  # _run started it
+        return self._mcp
+
+    @ray.method(concurrency_group=MCP_GROUP)
+    def mcp_sync(self, configs: list[dict[str, Any]]) -> None:
+        """Make the bridge's MCP servers exactly ``configs`` (config dicts with their
+        ``name``); none is connected here (each connects on first use)."""
+        parsed = [McpServerConfig.parse(c["name"], c) for c in configs]
+
+        async def sync() -> None:
+            await self._client().sync(parsed)
+
+        self._run(sync())
+
+    @ray.method(concurrency_group=MCP_GROUP)
+    def mcp_add(self, config: dict[str, Any]) -> dict[str, Any]:
+        """Add (or replace) a server and try to connect and list its tools now; returns
+        its status plus ``tool_infos`` (each :meth:`McpToolInfo.to_dict`). A server that
+        cannot be reached is still added: ``last_error`` says why."""
+        parsed = McpServerConfig.parse(config["name"], config)
+
+        async def add() -> dict[str, Any]:
+            status = await self._client().add(parsed)
+            status["tool_infos"] = await self._infos(parsed.name)
+            return status
+
+        return self._run(add())
+
+    async def _infos(self, server: str, refresh: bool = False) -> list[dict[str, Any]] | None:
+        connection = self._client().server(server)
+        if not connection.connected and not refresh and connection.last_error:
+            return None  # just failed: don't try again at once
+        try:
+            return [t.to_dict() for t in await connection.list_tools(refresh=refresh)]
+        except McpUnavailableError:
+            return None
+
+    @ray.method(concurrency_group=MCP_GROUP)
+    def mcp_remove(self, server: str) -> bool:
+        """Close and forget ``server``; False if the bridge had no such server."""
+        return self._run(self._client().remove(server))
+
+    @ray.method(concurrency_group=MCP_GROUP)
+    def mcp_list(self, server: str, refresh: bool = False) -> list[dict[str, Any]]:
+        """``server``'s tools (each :meth:`McpToolInfo.to_dict`), connecting if needed;
+        ``refresh`` lists them again.
+
+        Raises:
+            McpConfigError: no such server.
+            McpError: it cannot be reached (or backs off) or answers garbage.
+        """
+
+        async def listed() -> list[dict[str, Any]]:
+            tools = await self._client().list_tools(server, refresh=refresh)
+            return [t.to_dict() for t in tools]
+
+        return self._run(listed())
+
+    @ray.method(concurrency_group=MCP_GROUP)
+    def mcp_status(self) -> list[dict[str, Any]]:
+        """Every MCP server's status (see ``McpServerConnection.status``), by name."""
+
+        async def status() -> list[dict[str, Any]]:
+            return self._client().status()
+
+        return self._run(status())
+
+    @ray.method(concurrency_group=MCP_GROUP)
+    def mcp_call(
+        self, token: str, server: str, tool: str, arguments: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Call MCP ``server``'s ``tool`` for the holder of ``token``; the outcome as an
+        envelope (``runtime.tools.mcp.call_envelope``): a refused grant, an unknown
+        server and every MCP failure are ``{"ok": False, ...}``, never an exception."""
+        grant = self._grants.get(token)
+        if grant is None:
+            return {"ok": False, "kind": "tool", "error": "unknown or revoked bridge grant"}
+        allowed = (grant.get("mcp") or {}).get(server, False)
+        if allowed is False or (allowed is not None and tool not in allowed):
+            what = f"MCP server {server!r}" if allowed is False else f"tool {tool!r} of {server!r}"
+            return {
+                "ok": False,
+                "kind": "tool",
+                "error": f"agent {grant['agent']!r} has no grant for {what}",
+            }
+        self.mcp_calls += 1
+        return self._run(call_envelope(self._client().call(server, tool, arguments)))
+
     def close(self) -> None:
-        """Checkpoint and close the bridge's database file."""
+        """Close the MCP connections (stdio servers stop), then checkpoint and close
+        the bridge's database file."""
+        if self._mcp_loop is not None:
+            try:
+                self._run(self._client().close())
+            finally:
+                self._mcp_loop.call_soon_threadsafe(self._mcp_loop.stop)
         self._stores.close()
 
 
-RemoteBridge = ray.remote(WorkspaceBridge)
+def _check_mcp_grant(mcp: McpGrant | None) -> McpGrant:
+    if mcp is None:
+        return {}
+    if not isinstance(mcp, dict) or not all(
+        isinstance(k, str)
+        and (v is None or (isinstance(v, list) and all(isinstance(t, str) for t in v)))
+        for k, v in mcp.items()
+    ):
+        raise McpConfigError(
+            "an MCP grant maps server names to a list of tool names, or None for all tools"
+        )
+    return {k: (None if v is None else list(v)) for k, v in mcp.items()}
+
+
+RemoteBridge = ray.remote(concurrency_groups={MCP_GROUP: MCP_THREADS})(WorkspaceBridge)  # type: ignore[call-overload]
 
 
 def bridge_name(namespace: str, owner: str) -> str:
@@ -219,6 +387,34 @@ class BridgeClient:
         """Delete a file or directory (``WriteOperations.delete``; read-write access);
         an ObjectRef of the result."""
         return self._call("delete", path=path, recursive=recursive)
+
+    def call_mcp(self, server: str, tool: str, arguments: dict[str, Any]) -> Any:
+        """An ObjectRef of the envelope of MCP ``server``'s ``tool`` called with
+        ``arguments`` (the grant must name the server; see ``WorkspaceBridge.mcp_call``)."""
+        return self._actor().mcp_call.remote(self.token, server, tool, arguments)
+
+    def mcp_caller(self, deadline: float = 120.0) -> Any:
+        """An ``McpCall`` for MCP tools (``runtime.tools.mcp.McpTool``): calls
+        through the bridge and raises the outcome's McpError; a bridge that cannot be
+        reached, or does not answer within ``deadline`` seconds (the server's own
+        timeout is enforced on the bridge), is an ``McpUnavailableError``."""
+
+        async def call(info: McpToolInfo, arguments: dict[str, Any]) -> Any:
+            try:
+                envelope = await asyncio.wait_for(
+                    self.call_mcp(info.server, info.tool, arguments), deadline
+                )
+            except TimeoutError:
+                raise McpUnavailableError(
+                    f"the MCP bridge did not answer within {deadline:g}s"
+                ) from None
+            except Exception as exc:
+                raise McpUnavailableError(
+                    f"the MCP bridge cannot be reached: {type(exc).__name__}"
+                ) from None
+            return raise_for_envelope(envelope)
+
+        return call
 
     def to_config(self) -> dict[str, str]:
         """The client as a plain dict (``name``, ``token``, ``access``) to store."""

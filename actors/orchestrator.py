@@ -10,6 +10,9 @@ Both classes are ``Think`` subclasses hosted by the generic session actors:
   config the orchestrator gives it (instructions, model, access, features).
 - :class:`Orchestrator` — the registry (persisted in its database), a namespace of its
   sub-agents, the bridge, delegations and their relays, and tools for its own model.
+  It also keeps the MCP servers (configs in its database); the bridge holds their
+  connections, and each sub-agent sees the MCP tools its grant names (``mcp__<server>
+  __<tool>``), called through the bridge.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from thinkray.runtime.messages import new_id
 from thinkray.runtime.models.base import Model
 from thinkray.runtime.remote import Batch, idempotent, remote
 from thinkray.runtime.tools.base import Tool, ToolContext, tool
+from thinkray.runtime.tools.mcp import McpConfigError, McpServerConfig, McpToolInfo, mcp_tools
 from thinkray.runtime.tools.workspace import LocalWorkspace, workspace_tools
 from thinkray.runtime.turn.stream import RunStream
 from thinkray.storage.errors import SubAgentNotFoundError
@@ -43,6 +47,14 @@ from thinkray.storage.types import InvalidInputError
 
 log = logging.getLogger("thinkray.orchestrator")
 BRIDGE_KEY = "bridge"
+MCP_KEY = "mcp"
+"""A sub-agent's config key: the MCP tools it may call (``McpToolInfo`` dicts)."""
+MCP_GRANTS_KEY = "mcp_grants"
+"""A sub-agent's config key: its MCP grant (server -> tool names, or None for all)."""
+MCP_SERVERS_KEY = "mcp_servers"
+"""The orchestrator's config-store key: its MCP server configs, by name."""
+MCP_TOOLS_KEY = "mcp_tools"
+"""The orchestrator's config-store key: each server's tools as last listed."""
 
 
 def build_model(spec: dict[str, Any] | None, fallback: Model | None = None) -> Model:
@@ -132,14 +144,19 @@ class SubAgent(Agent):
 
     def get_tools(self) -> dict[str, Tool]:
         """The private workspace tools; the shared workspace's (``shared_``, as its grant
-        allows, plus ``shared_wait_for_file``); ``execute`` with ``code_execution``;
-        the extension tools and loaded extensions with ``extensions``."""
+        allows, plus ``shared_wait_for_file``); the MCP tools its grant names
+        (``mcp__<server>__<tool>``, called through the bridge); ``execute`` with
+        ``code_execution``; the extension tools and loaded extensions with
+        ``extensions``."""
         config = self.get_config() or {}
         tools = dict(workspace_tools(self.get_workspace()))
         client = self.bridge()
         if client is not None and client.access != "none":
             tools.update(workspace_tools(client, access=client.access, prefix="shared_"))
             tools["shared_wait_for_file"] = _wait_for_file_tool(client)
+        if client is not None and config.get(MCP_KEY):
+            infos = [McpToolInfo.from_dict(d) for d in config[MCP_KEY]]
+            tools.update(mcp_tools(infos, client.mcp_caller()))
         if config.get("code_execution"):
             from thinkray.runtime.tools.sandbox import CodeSandbox, execute_tool
 
@@ -246,6 +263,7 @@ class Orchestrator(Agent):
         self._bridge: Any = None
         self._delegations: dict[str, Delegation] = {}
         self._handles: dict[str, Handle[Think]] = {}
+        self._mcp_synced = False
 
     # -- infrastructure ------------------------------------------------------------------
 
@@ -284,8 +302,14 @@ class Orchestrator(Agent):
         """
         if self._bridge is None:
             namespace, name, root = self._identity()
-            self._bridge = open_bridge(root, namespace, name)
-            await self._bridge.ready.remote()
+            bridge = open_bridge(root, namespace, name)
+            await bridge.ready.remote()
+            self._bridge = bridge
+        if not self._mcp_synced:
+            # The MCP servers live in this agent's database; the bridge (which may have
+            # been restarted meanwhile) holds their connections.
+            await self._bridge.mcp_sync.remote(list(self._mcp_servers().values()))
+            self._mcp_synced = True
         return self._bridge
 
     @remote
@@ -305,14 +329,21 @@ class Orchestrator(Agent):
 
     @remote
     async def create_subagent(
-        self, name: str, config: dict[str, Any] | None = None, access: str = "read-write"
+        self,
+        name: str,
+        config: dict[str, Any] | None = None,
+        access: str = "read-write",
+        mcp: dict[str, list[str] | None] | list[str] | None = None,
     ) -> SubAgentRecord:
-        """Register sub-agent ``name`` with ``config`` (see :class:`SubAgent`) and
-        ``access`` to the shared workspace, configure its actor and grant it; returns
-        its record (the grant's token left out).
+        """Register sub-agent ``name`` with ``config`` (see :class:`SubAgent`),
+        ``access`` to the shared workspace and the ``mcp`` servers it may call (server
+        names, or server -> tool names or None for all; see :meth:`grant_mcp`),
+        configure its actor and grant it; returns its record (the grant's token left
+        out).
 
         Raises:
             InvalidInputError: an invalid name or access, or the name exists.
+            McpConfigError: ``mcp`` names an unknown server.
             ModelNotConfiguredError: neither the config nor the orchestrator names a
                 model.
         """
@@ -322,9 +353,13 @@ class Orchestrator(Agent):
         if self.registry.has(name):
             raise InvalidInputError(f"sub-agent {name!r} already exists")
         config = self._with_model(name, dict(config or {}))
+        grants = self._check_grants(_grant_dict(mcp))
         namespace, me, _ = self._identity()
-        token = await (await self.shared_bridge()).grant.remote(name, access)
+        bridge = await self.shared_bridge()
+        token = await bridge.grant.remote(name, access, grants)
         config[BRIDGE_KEY] = BridgeClient(bridge_name(namespace, me), token, access).to_config()  # type: ignore[arg-type]
+        config[MCP_GRANTS_KEY] = grants
+        config[MCP_KEY] = await self._granted_tools(grants)
         record = SubAgentRecord(name=name, id=uuid.uuid4().hex, config=config, access=access)
         handle = await self._handle(name)
         await handle.configure.remote(config)
@@ -356,7 +391,13 @@ class Orchestrator(Agent):
             ModelNotConfiguredError: the merged config leaves it without a model.
         """
         record = self.registry.get(name)
-        merged = {**record.config, **config, BRIDGE_KEY: record.config.get(BRIDGE_KEY)}
+        merged = {
+            **record.config,
+            **config,
+            BRIDGE_KEY: record.config.get(BRIDGE_KEY),
+            MCP_GRANTS_KEY: record.config.get(MCP_GRANTS_KEY) or {},
+            MCP_KEY: record.config.get(MCP_KEY) or [],
+        }
         merged = self._with_model(name, merged)
         await (await self._handle(name)).configure.remote(merged)
         return _public(self.registry.update(name, config=merged))
@@ -366,7 +407,8 @@ class Orchestrator(Agent):
         """Change what a sub-agent may do in the shared workspace (new grant)."""
         record = self.registry.get(name)
         namespace, me, _ = self._identity()
-        token = await (await self.shared_bridge()).grant.remote(name, access)
+        grants = record.config.get(MCP_GRANTS_KEY) or {}
+        token = await (await self.shared_bridge()).grant.remote(name, access, grants)
         config = dict(record.config)
         config[BRIDGE_KEY] = BridgeClient(bridge_name(namespace, me), token, access).to_config()  # type: ignore[arg-type]
         await (await self._handle(name)).configure.remote(config)
@@ -409,6 +451,186 @@ class Orchestrator(Agent):
         path.unlink(missing_ok=True)
         self._handles.pop(name, None)
         self.registry.remove(name)
+
+    # -- MCP servers ---------------------------------------------------------------------
+
+    def _mcp_servers(self) -> dict[str, dict[str, Any]]:
+        return dict(self.store.get_config(MCP_SERVERS_KEY) or {})
+
+    def _mcp_listing(self) -> dict[str, list[dict[str, Any]]]:
+        return dict(self.store.get_config(MCP_TOOLS_KEY) or {})
+
+    def _check_grants(self, grants: dict[str, list[str] | None]) -> dict[str, list[str] | None]:
+        unknown = sorted(set(grants) - set(self._mcp_servers()))
+        if unknown:
+            raise McpConfigError(
+                f"unknown MCP server(s) {unknown}; known: {sorted(self._mcp_servers()) or 'none'}"
+            )
+        return grants
+
+    async def _granted_tools(self, grants: dict[str, list[str] | None]) -> list[dict[str, Any]]:
+        """The tool infos a sub-agent with ``grants`` sees: each granted server's tools as
+        last listed (listed now if never), filtered by the grant."""
+        listing = self._mcp_listing()
+        tools: list[dict[str, Any]] = []
+        for server, allowed in sorted(grants.items()):
+            if server not in listing:
+                try:
+                    await self.refresh_mcp_server(server, apply=False)
+                except Exception as exc:  # down now: its tools appear once it is listed
+                    log.warning("MCP server %r: cannot list its tools: %s", server, exc)
+                listing = self._mcp_listing()
+            for info in listing.get(server, []):
+                if allowed is None or info["tool"] in allowed:
+                    tools.append(info)
+        return tools
+
+    async def _apply_mcp(self, name: str, grants: dict[str, list[str] | None]) -> SubAgentRecord:
+        """Give sub-agent ``name`` the MCP grant ``grants``: on the bridge, then in its
+        config (the tools it sees) and record."""
+        record = self.registry.get(name)
+        await (await self.shared_bridge()).set_mcp_grant.remote(name, grants)
+        config = {
+            **record.config,
+            MCP_GRANTS_KEY: grants,
+            MCP_KEY: await self._granted_tools(grants),
+        }
+        await (await self._handle(name)).configure.remote(config)
+        return _public(self.registry.update(name, config=config))
+
+    @remote
+    async def add_mcp_server(self, name: str, config: dict[str, Any]) -> dict[str, Any]:
+        """Add (or replace) MCP server ``name`` (see ``McpServerConfig``: ``transport``
+        ``stdio`` with ``command``/``args``/``env``/``cwd``, or ``http`` with
+        ``url``/``headers``; ``timeout``, ``connect_timeout``, backoff). The config is
+        stored in this agent's database; the bridge connects and lists its tools now.
+        Returns its status (``connected``, ``tools``, ``last_error``): a server that
+        cannot be reached is still added and connects on first use. Sub-agents granted
+        it see its new tool list.
+
+        Raises:
+            McpConfigError: the config is invalid.
+        """
+        parsed = McpServerConfig.parse(name, config)
+        servers = self._mcp_servers()
+        servers[name] = parsed.model_dump()
+        self.store.set_config(MCP_SERVERS_KEY, servers)
+        bridge = await self.shared_bridge()
+        status: dict[str, Any] = await bridge.mcp_add.remote(parsed.model_dump())
+        infos = status.pop("tool_infos", None)
+        if infos is not None:
+            await self._store_listing(name, infos)
+        return status
+
+    async def _store_listing(self, server: str, infos: list[dict[str, Any]]) -> None:
+        listing = self._mcp_listing()
+        changed = listing.get(server) != infos
+        listing[server] = infos
+        self.store.set_config(MCP_TOOLS_KEY, listing)
+        if changed:
+            for record in self.registry.list():
+                grants = record.config.get(MCP_GRANTS_KEY) or {}
+                if server in grants:
+                    await self._apply_mcp(record.name, grants)
+
+    @remote
+    async def refresh_mcp_server(self, name: str, apply: bool = True) -> list[dict[str, Any]]:
+        """List server ``name``'s tools again (connecting if needed) and store the list;
+        with ``apply``, sub-agents granted it see the new list. Returns the tools.
+
+        Raises:
+            McpConfigError: no such server.
+            McpError: the server cannot be reached or answers garbage.
+        """
+        if name not in self._mcp_servers():
+            raise McpConfigError(f"unknown MCP server {name!r}")
+        bridge = await self.shared_bridge()
+        infos: list[dict[str, Any]] = await bridge.mcp_list.remote(name, True)
+        if apply:
+            await self._store_listing(name, infos)
+        else:
+            listing = self._mcp_listing()
+            listing[name] = infos
+            self.store.set_config(MCP_TOOLS_KEY, listing)
+        return infos
+
+    @remote
+    async def remove_mcp_server(self, name: str) -> None:
+        """Disconnect and forget MCP server ``name``; every sub-agent's grant of it goes.
+
+        Raises:
+            McpConfigError: no such server.
+        """
+        servers = self._mcp_servers()
+        if servers.pop(name, None) is None:
+            raise McpConfigError(f"unknown MCP server {name!r}")
+        for record in self.registry.list():
+            grants = dict(record.config.get(MCP_GRANTS_KEY) or {})
+            if grants.pop(name, False) is not False:
+                await self._apply_mcp(record.name, grants)
+        self.store.set_config(MCP_SERVERS_KEY, servers)
+        listing = self._mcp_listing()
+        listing.pop(name, None)
+        self.store.set_config(MCP_TOOLS_KEY, listing)
+        await (await self.shared_bridge()).mcp_remove.remote(name)
+
+    @idempotent
+    @remote
+    async def list_mcp_servers(self) -> list[dict[str, Any]]:
+        """Every MCP server: ``name``, ``config`` (as stored), and its connection's
+        ``status`` on the bridge (connected, connects, last_error, tools)."""
+        servers = self._mcp_servers()
+        if not servers:
+            return []
+        statuses = {s["name"]: s for s in await (await self.shared_bridge()).mcp_status.remote()}
+        return [
+            {"name": n, "config": servers[n], "status": statuses.get(n)} for n in sorted(servers)
+        ]
+
+    @idempotent
+    @remote
+    def list_mcp_tools(self, name: str) -> list[dict[str, Any]]:
+        """Server ``name``'s tools as last listed (``McpToolInfo`` dicts).
+
+        Raises:
+            McpConfigError: no such server.
+        """
+        if name not in self._mcp_servers():
+            raise McpConfigError(f"unknown MCP server {name!r}")
+        return list(self._mcp_listing().get(name, []))
+
+    @remote
+    async def grant_mcp(
+        self, agent: str, server: str, tools: list[str] | None = None
+    ) -> SubAgentRecord:
+        """Let sub-agent ``agent`` call MCP ``server``'s ``tools`` (None: all of them);
+        it sees them from its next turn on. Returns its record.
+
+        Raises:
+            SubAgentNotFoundError: no such sub-agent.
+            McpConfigError: no such server.
+        """
+        record = self.registry.get(agent)
+        self._check_grants({server: tools})
+        grants = dict(record.config.get(MCP_GRANTS_KEY) or {})
+        grants[server] = None if tools is None else list(tools)
+        return await self._apply_mcp(agent, grants)
+
+    @remote
+    async def revoke_mcp(self, agent: str, server: str | None = None) -> SubAgentRecord:
+        """Take MCP ``server`` (None: every server) away from sub-agent ``agent``; the
+        bridge refuses its calls at once. Returns its record.
+
+        Raises:
+            SubAgentNotFoundError: no such sub-agent.
+        """
+        record = self.registry.get(agent)
+        grants = dict(record.config.get(MCP_GRANTS_KEY) or {})
+        if server is None:
+            grants = {}
+        else:
+            grants.pop(server, None)
+        return await self._apply_mcp(agent, grants)
 
     # -- delegation ----------------------------------------------------------------------
 
@@ -631,9 +853,21 @@ class Orchestrator(Agent):
         return running or super().has_pending_work()
 
     async def on_hibernate(self) -> None:
-        """Drop the sub-agents' namespace object; its directory actor lives on."""
+        """Drop the sub-agents' namespace object; its directory actor lives on (as does
+        the bridge with its MCP connections; the next wake syncs its server list)."""
         if self._subs is not None:
             self._subs = None  # the directory actor lives on; handles re-resolve
+
+
+def _grant_dict(mcp: dict[str, list[str] | None] | list[str] | None) -> dict[str, list[str] | None]:
+    """``create_subagent``'s ``mcp``: server names (all their tools) or a grant dict."""
+    if mcp is None:
+        return {}
+    if isinstance(mcp, list | tuple):
+        return {str(server): None for server in mcp}
+    if isinstance(mcp, dict):
+        return {str(k): (None if v is None else [str(t) for t in v]) for k, v in mcp.items()}
+    raise McpConfigError("mcp must be a list of server names or a dict server -> tools")
 
 
 def _public(record: SubAgentRecord) -> SubAgentRecord:
