@@ -352,3 +352,58 @@ class DurableToolAgent(Think):
         if verb == "render":
             return reply(tool_call("render", {"scene": arg}, id="render-1"))
         return reply("nothing to do")
+
+
+class ResumingAgent(Agent):
+    """Generation recovery (issue 12, item 4): ``recover_generations = "resume"``.
+    ``deploy <path>`` asks for approval, then appends a line to ``path`` (one per
+    execution); ``render <scene>`` goes to an external executor; ``slow <path>`` runs
+    an inline tool that marks ``path`` and then takes long. After a tool result the
+    model answers ``done: <result>``."""
+
+    recover_generations = "resume"
+    permission_rules = ({"tool": "deploy", "action": "ask"},)
+    approval_timeout = 300.0
+
+    def get_model(self) -> Model:
+        return FunctionModel(self._step, model_id="resuming")
+
+    def get_tools(self) -> dict[str, Tool]:
+        from thinkray.runtime.tools.base import ToolPolicy
+
+        @tool
+        def deploy(path: str) -> str:
+            """Deploy (needs approval); records each execution."""
+            with open(path, "a", encoding="utf-8") as marks:
+                marks.write("deployed\n")
+            return "deployed"
+
+        @tool(policy=ToolPolicy(executor="external"))
+        async def render(scene: str) -> str:
+            """Executed by an external worker."""
+            raise AssertionError("external tools never run in the agent")
+
+        @tool
+        async def mark_and_wait(path: str) -> str:
+            """Record one execution, then take long."""
+            import asyncio
+
+            with open(path, "a", encoding="utf-8") as marks:
+                marks.write("ran\n")
+            await asyncio.sleep(60)
+            return "finished"
+
+        return {"deploy": deploy, "render": render, "mark_and_wait": mark_and_wait}
+
+    def _step(self, request: ModelRequest, step: int) -> Reply:
+        last = request.messages[-1]
+        if last.role == "tool":
+            outcome = last.content[-1]
+            return reply(f"done: {getattr(outcome, 'output', '')}")
+        text = " ".join(getattr(c, "text", "") for c in last.content)
+        verb, _, arg = text.partition(" ")
+        tools = {"deploy": "deploy", "render": "render", "slow": "mark_and_wait"}
+        if verb in tools:
+            key = "scene" if verb == "render" else "path"
+            return reply(tool_call(tools[verb], {key: arg}, id=f"{verb}-call"))
+        return reply("nothing to do")

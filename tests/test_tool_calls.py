@@ -251,3 +251,18 @@ def test_calls_found_executing_on_wake_fail_or_go_back_to_pending(tmp_path):
     assert agent.get_tool_call("c-ext")["status"] == "executing"  # its executor lives on
     assert agent.submit_tool_result("c-ext", "gpu-7", "late but fine") == "accepted"
     agent.store.close()
+
+
+async def test_a_tools_own_timeout_error_is_a_failure_not_a_policy_timeout(store):
+    @tool
+    async def flaky() -> str:
+        """Raises a TimeoutError of its own."""
+        raise TimeoutError("upstream took too long")
+
+    agent = agent_calling(store, "flaky", {})
+    agent.get_tools = lambda: {"flaky": flaky}  # type: ignore[method-assign]
+    collector = Collector()
+    await agent.chat("go", collector)
+    call = agent.get_tool_call("call-1")
+    assert call["status"] == "failed" and "upstream took too long" in call["error"]
+    assert outputs(collector.events)[0]["errorText"] == "TimeoutError: upstream took too long"

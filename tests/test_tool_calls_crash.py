@@ -9,7 +9,7 @@ import signal
 import pytest
 from thinkray.runtime.errors import RunInterruptedError
 
-from tests.agents import DurableToolAgent
+from tests.agents import DurableToolAgent, ResumingAgent
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.ray
@@ -18,7 +18,12 @@ pytestmark = pytest.mark.ray
 def _kill(ns, name: str) -> int:
     pid = ns.where(name)["pid"]
     os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: ns.where(name) is None or ns.where(name)["pid"] != pid, timeout=30)
+
+    def gone() -> bool:
+        where = ns.where(name)
+        return where is None or where["pid"] != pid
+
+    wait_until(gone, timeout=30)
     return pid
 
 
@@ -56,3 +61,83 @@ def test_an_external_executor_keeps_its_claim_across_the_agents_crash(namespace_
     assert (call["status"], call["executor"], call["attempts"]) == ("completed", "gpu-1", 1)
     with pytest.raises(Exception, match="completed"):
         agent.submit_tool_result.remote("render-1", "gpu-1", "again").result()
+
+
+# -- generation recovery (issue 12, item 4): recover_generations = "resume" ------------
+
+
+def _answers(agent) -> list[str]:
+    history = agent.get_history.remote().result()
+    return [
+        "".join(p.get("text", "") for p in m["parts"] if p["type"] == "text")
+        for m in history
+        if m["role"] == "assistant"
+    ]
+
+
+def _tool_part(agent, call_id: str) -> dict:
+    for message in agent.get_history.remote().result():
+        for part in message["parts"]:
+            if part.get("toolCallId") == call_id:
+                return part
+    raise AssertionError(f"no part for {call_id}")
+
+
+def test_an_approval_given_after_a_crash_runs_the_tool_once_and_resumes(
+    namespace_factory, tmp_path
+):
+    ns = namespace_factory(ResumingAgent)
+    agent = ns.get("resume-approval")
+    marks = tmp_path / "deploys.txt"
+    pending = agent.chat.remote(f"deploy {marks}")
+    wait_until(lambda: agent.pending_approvals.remote().result(), timeout=30)
+    _kill(ns, "resume-approval")
+    with pytest.raises(RunInterruptedError):
+        pending.result(timeout_s=30)
+    # The woken agent still lists the ask (from its database) and takes the answer.
+    [ask] = agent.pending_approvals.remote().result()
+    assert ask["tool_call_id"] == "deploy-call"
+    assert _tool_part(agent, "deploy-call")["state"] == "approval-requested"
+    agent.answer_approval.remote(ask["approval_id"], "once", "alice").result()
+    wait_until(lambda: _answers(agent)[-1:] == ["done: deployed"], timeout=30)
+    assert marks.read_text().count("deployed") == 1
+    part = _tool_part(agent, "deploy-call")
+    assert (part["state"], part["output"]) == ("output-available", "deployed")
+    call = agent.get_tool_call.remote("deploy-call").result()
+    assert call["status"] == "completed" and call["approval"]["answered_by"] == "alice"
+
+
+def test_an_external_result_after_a_crash_resumes_the_generation(namespace_factory):
+    ns = namespace_factory(ResumingAgent)
+    agent = ns.get("resume-render")
+    pending = agent.chat.remote("render dusk")
+    [claimed] = agent.claim_tool_calls.remote(["render"], "gpu-1", 1, 10.0).result()
+    _kill(ns, "resume-render")
+    with pytest.raises(RunInterruptedError):
+        pending.result(timeout_s=30)
+    assert agent.get_tool_call.remote("render-call").result()["status"] == "executing"
+    assert agent.submit_tool_result.remote("render-call", "gpu-1", "dusk.png").result() == (
+        "accepted"
+    )
+    wait_until(lambda: _answers(agent)[-1:] == ["done: dusk.png"], timeout=30)
+    assert claimed["tool_call_id"] == "render-call"
+
+
+def test_a_generation_whose_calls_are_settled_resumes_at_wake(namespace_factory, tmp_path):
+    ns = namespace_factory(ResumingAgent)
+    agent = ns.get("resume-wake")
+    marks = tmp_path / "marks.txt"
+    pending = agent.chat.remote(f"slow {marks}")
+    wait_until(lambda: marks.exists() and marks.read_text().count("ran") == 1, timeout=30)
+    _kill(ns, "resume-wake")
+    with pytest.raises(RunInterruptedError):
+        pending.result(timeout_s=30)
+    # Waking alone resumes it: the inline call failed with the process (its tool may
+    # have had effects, so it is not re-run); the model is asked again with that.
+    ns.wake("resume-wake")
+    wait_until(
+        lambda: len(_answers(agent)) == 2 and _answers(agent)[-1].startswith("done"), timeout=30
+    )
+    assert "died" in _answers(agent)[-1]
+    assert marks.read_text().count("ran") == 1
+    assert _tool_part(agent, "slow-call")["state"] == "output-error"

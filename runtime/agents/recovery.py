@@ -18,6 +18,7 @@ every such run before anything reads the history:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,7 @@ from thinkray.storage.types import ChunkWrite, PartWrite, StreamFlush
 
 log = logging.getLogger("thinkray.recovery")
 
-__all__ = ["INTERRUPTED_ERROR", "RecoveredRun", "recover_interrupted_runs"]
+__all__ = ["INTERRUPTED_ERROR", "CallOutcome", "RecoveredRun", "recover_interrupted_runs"]
 
 INTERRUPTED_ERROR = "interrupted: the agent stopped before the turn finished"
 """The error a cut-off run ends with (its stream's ``error`` chunk, its open tool calls)."""
@@ -36,18 +37,35 @@ INTERRUPTED_ERROR = "interrupted: the agent stopped before the turn finished"
 _OPEN_TOOL_STATES = ("input-streaming", "input-available", "approval-requested")
 
 
+CallOutcome = Callable[[str, str], "dict[str, Any] | None"]
+"""``(run_id, tool_call_id)`` -> what the agent's durable tool-call row says of an open
+call, as the part's fields: ``{"state": "output-available", "output": ...}``,
+``{"state": "output-error", "errorText": ...}``, ``{"state": "output-denied"}``, or an
+open state (``approval-requested``, ``input-available``: the call is still awaiting
+approval or its executor); None when there is no row (the call is interrupted)."""
+
+_OPEN_OUTCOMES = ("approval-requested", "input-available")
+
+
 @dataclass(frozen=True)
 class RecoveredRun:
     """A run closed at wake: its id, session and assistant message (None when the
-    message was gone, e.g. its session was deleted)."""
+    message was gone, e.g. its session was deleted), and the tool calls left open
+    because their durable rows are (awaiting approval, or held by an executor)."""
 
     run_id: str
     session_id: str | None
     message_id: str | None
+    open_calls: tuple[str, ...] = ()
 
 
-def recover_interrupted_runs(store: SessionStore) -> list[RecoveredRun]:
-    """Close every run whose chunk log has no final chunk (see the module doc).
+def recover_interrupted_runs(
+    store: SessionStore, outcome: CallOutcome | None = None
+) -> list[RecoveredRun]:
+    """Close every run whose chunk log has no final chunk (see the module doc). With
+    ``outcome`` (the agent's durable tool calls), a call left without output gets what
+    its row says instead of the interrupted error: its stored result or error, or it
+    stays open while its row is awaiting approval or an executor.
 
     Call it only where no run of this store is in flight: the agent's constructor.
     Returns what was closed, oldest first. Idempotent: a closed run's log is final."""
@@ -62,8 +80,12 @@ def recover_interrupted_runs(store: SessionStore) -> list[RecoveredRun]:
             store.delete_chunks([run_id])
             recovered.append(RecoveredRun(run_id, None, None))
             continue
-        closing = _closing_chunks(chunks)
-        writes = _closed_parts(row.message)
+
+        def known(call_id: str, run_id: str = run_id) -> dict[str, Any] | None:
+            return outcome(run_id, call_id) if outcome is not None else None
+
+        closing = _closing_chunks(chunks, known)
+        writes, still_open = _closed_parts(row.message, known)
         metadata = dict(row.message.get("metadata") or {})
         metadata["status"] = "interrupted"
         envelope = {"id": row.id, "role": row.role, "metadata": metadata, "parts": []}
@@ -85,11 +107,13 @@ def recover_interrupted_runs(store: SessionStore) -> list[RecoveredRun]:
             row.id,
             row.session_id,
         )
-        recovered.append(RecoveredRun(run_id, row.session_id, row.id))
+        recovered.append(RecoveredRun(run_id, row.session_id, row.id, tuple(still_open)))
     return recovered
 
 
-def _closing_chunks(chunks: list[dict[str, Any]]) -> list[UIChunk]:
+def _closing_chunks(
+    chunks: list[dict[str, Any]], known: Callable[[str], dict[str, Any] | None]
+) -> list[UIChunk]:
     """The chunks that end a cut-off stream: what the log left open, then ``error``."""
     open_text: dict[str, None] = {}
     open_reasoning: dict[str, None] = {}
@@ -118,24 +142,44 @@ def _closing_chunks(chunks: list[dict[str, Any]]) -> list[UIChunk]:
     closing: list[UIChunk] = []
     closing.extend({"type": "text-end", "id": i} for i in open_text)
     closing.extend({"type": "reasoning-end", "id": i} for i in open_reasoning)
-    closing.extend(
-        {"type": "tool-output-error", "toolCallId": c, "errorText": INTERRUPTED_ERROR}
-        for c in open_calls
-    )
+    for call in open_calls:
+        outcome = known(call) or {}
+        state = outcome.get("state")
+        if state == "output-available":
+            closing.append(
+                {"type": "tool-output-available", "toolCallId": call, "output": outcome["output"]}
+            )
+        elif state == "output-denied":
+            closing.append({"type": "tool-output-denied", "toolCallId": call})
+        elif state not in _OPEN_OUTCOMES:
+            error = outcome.get("errorText", INTERRUPTED_ERROR)
+            closing.append({"type": "tool-output-error", "toolCallId": call, "errorText": error})
     closing.append({"type": "error", "errorText": INTERRUPTED_ERROR})
     return closing
 
 
-def _closed_parts(message: dict[str, Any]) -> list[PartWrite]:
-    """Writes that close the message's parts left open by the cut-off run."""
+def _closed_parts(
+    message: dict[str, Any], known: Callable[[str], dict[str, Any] | None]
+) -> tuple[list[PartWrite], list[str]]:
+    """Writes that close the message's parts left open by the cut-off run, and the
+    tool calls that stay open (their durable rows are)."""
     writes = []
+    still_open = []
     for idx, part in enumerate(message.get("parts") or ()):
         kind = part.get("type")
         if kind == "dynamic-tool" and part.get("state") in _OPEN_TOOL_STATES:
-            fixed = dict(part, state="output-error", errorText=INTERRUPTED_ERROR)
+            outcome = known(str(part.get("toolCallId")))
+            if outcome is None:
+                fixed = dict(part, state="output-error", errorText=INTERRUPTED_ERROR)
+            else:
+                fixed = {**part, **outcome}
+                if outcome.get("state") in _OPEN_OUTCOMES:
+                    still_open.append(str(part.get("toolCallId")))
+                    if fixed == part:
+                        continue
         elif kind in ("text", "reasoning") and part.get("state") == "streaming":
             fixed = dict(part, state="done")
         else:
             continue
         writes.append(PartWrite(message["id"], idx, enforce_row_size(fixed)))
-    return writes
+    return writes, still_open

@@ -22,11 +22,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import logging
 import os
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, Literal
 
-from thinkray.runtime.abort import AbortSignal
+from thinkray.runtime.abort import AbortController, AbortSignal
 from thinkray.runtime.agents import model_switch
 from thinkray.runtime.agents.context import AgentContext, context_being_constructed
 from thinkray.runtime.agents.recovery import RecoveredRun, recover_interrupted_runs
@@ -51,16 +52,19 @@ from thinkray.runtime.messages import Role, parse_message
 from thinkray.runtime.models.base import Model, ModelMessage
 from thinkray.runtime.remote import idempotent, remote
 from thinkray.runtime.status import SessionStatus, StatusBoard
-from thinkray.runtime.tools.base import Tool
+from thinkray.runtime.tools.base import Tool, ToolContext
 from thinkray.runtime.tools.durable import LatePolicy, ToolCallLedger, ToolPolicy, policy_of
 from thinkray.runtime.turn.context import prune_tool_calls, to_model_messages
 from thinkray.runtime.turn.loop import RetryPolicy, ToolDenial, run_loop
-from thinkray.runtime.turn.persistence import ROW_MAX_BYTES, prepare_message
+from thinkray.runtime.turn.persistence import ROW_MAX_BYTES, enforce_row_size, prepare_message
 from thinkray.runtime.turn.recorder import DEFAULT_FLUSH_INTERVAL
 from thinkray.runtime.turn.stream import Pacing, RunStream
 from thinkray.runtime.usage import Usage
 from thinkray.storage.protocols import HEAD, SessionStore
-from thinkray.storage.types import SessionInfo
+from thinkray.storage.records import ToolCallRecord
+from thinkray.storage.types import PartWrite, SessionInfo, StreamFlush
+
+log = logging.getLogger("thinkray.think")
 
 __all__ = [
     "CONFIG_KEY",
@@ -125,6 +129,9 @@ class Think(metaclass=_StartsAfterInit):
     recover_fibers: bool = True  # restart interrupted fibers from their checkpoint on wake
     models: dict[str, Model] | None = None  # model_id -> Model, for per-turn selection
     late_tool_results: LatePolicy = "discard"  # a result for a cancelled call: or "store"
+    # A generation cut off by a crash: "fail" closes it (interrupted); "resume" also
+    # answers on from its durable tool calls once none is open (see on_wake).
+    recover_generations: Literal["fail", "resume"] = "fail"
 
     def __init__(
         self,
@@ -145,13 +152,18 @@ class Think(metaclass=_StartsAfterInit):
         self.turns = TurnRunner(self, self.status)
         self.sessions = SessionManager(store, self.turns)
         self.durable = DurableServices(store.stores().fibers(), self, recover=self.recover_fibers)
-        # The constructor is the wake path: runs cut off by a crash are closed first.
-        self.recovered_runs: list[RecoveredRun] = recover_interrupted_runs(store)
         self.tool_calls = ToolCallLedger(
             store.stores().tool_calls(), late_results=self.late_tool_results
         )
-        # Tool calls this agent's executors held when the old process died.
+        # The constructor is the wake path: tool calls this agent's executors held when
+        # the old process died are failed (or put back, per tool), then runs cut off by
+        # the crash are closed, their tool calls as their durable rows say.
         self.recovered_tool_calls = self.tool_calls.recover(self._tool_policies())
+        self.recovered_runs: list[RecoveredRun] = recover_interrupted_runs(
+            store, self._call_outcome
+        )
+        self._resumes: set[asyncio.Task[Any]] = set()
+        self.tool_calls.on_settled = self.on_tool_call_settled
 
     # -- identity ---------------------------------------------------------------------
 
@@ -782,8 +794,96 @@ class Think(metaclass=_StartsAfterInit):
 
     async def on_wake(self) -> None:
         """First async entry after construction: resume interrupted fibers and run
-        due schedules (the actor calls this right after binding)."""
+        due schedules (the actor calls this right after binding); with
+        ``recover_generations = "resume"``, answer on for every generation the crash
+        cut off whose tool calls are all settled (those awaiting an approval or an
+        executor resume when it comes)."""
         await self.durable.start()
+        if self.recover_generations == "resume":
+            for run in self.recovered_runs:
+                if run.session_id is not None and not run.open_calls:
+                    self._spawn_resume(run.session_id, run.run_id)
+
+    # -- generation recovery (seed 003 §3.2) ------------------------------------------
+
+    def _call_outcome(self, run_id: str, tool_call_id: str) -> dict[str, Any] | None:
+        """What the durable row of a call says, as its message part's fields."""
+        rec = self.tool_calls.store.get(self.tool_calls.record_id(tool_call_id, run_id))
+        if rec is None:
+            return None
+        if rec.status == "completed":
+            return {"state": "output-available", "output": rec.result}
+        if rec.status == "denied":
+            return {"state": "output-denied"}
+        if rec.status == "awaiting-approval":
+            return {"state": "approval-requested"}
+        if rec.status in ("pending", "executing"):
+            return {"state": "input-available"}  # an executor or a retry will finish it
+        return {"state": "output-error", "errorText": rec.error or rec.status}
+
+    def on_tool_call_settled(self, record: ToolCallRecord) -> None:
+        """Hook called when a tool call is settled (an approval decided, an executor's
+        result taken) with no turn waiting for it (its run was cut off by a crash):
+        with ``recover_generations = "resume"``, finish the run's calls and answer on."""
+        if self.recover_generations != "resume" or record.session_id is None:
+            return
+        if record.run_id and self.turns.runs.get(record.run_id) is not None:
+            return  # the run is live: it takes the decision itself
+        self._spawn_resume(record.session_id, record.run_id)
+
+    def _spawn_resume(self, session_id: str, run_id: str | None) -> None:
+        task = asyncio.ensure_future(self._resume_generation(session_id, run_id))
+        self._resumes.add(task)
+        task.add_done_callback(self._resumes.discard)
+
+    async def _resume_generation(self, session_id: str, run_id: str | None) -> None:
+        """Finish a cut-off run's settled calls (approved or put back: execute them
+        once, through the ledger), write their outcomes into the message, then re-issue
+        the model call with them: a new turn answering the session's history. Nothing
+        happens while a call of the run is still open (awaiting approval, or held by an
+        executor)."""
+        try:
+            if run_id is not None:
+                rows = self.tool_calls.store.rows(run_id=run_id)
+                tools = await _maybe_await(self.get_tools())
+                for rec in rows:
+                    if rec.status == "pending" and rec.tool_name in tools:
+                        t = tools[rec.tool_name]
+                        ctx = ToolContext(
+                            tool_call_id=rec.id,
+                            tool_name=rec.tool_name,
+                            signal=AbortController().signal,
+                            session_id=session_id,
+                            run_id=run_id,
+                            agent=self,
+                        )
+                        with contextlib.suppress(Exception):  # its outcome is in the row
+                            await self.tool_calls.execute(t, t.validate(rec.input), ctx, rec.input)
+                rows = self.tool_calls.store.rows(run_id=run_id)
+                if any(not r.finished for r in rows):
+                    return
+                self._write_outcomes(session_id, run_id, [r.id for r in rows])
+            self.start_chat(None, session_id=session_id)
+        except Exception:
+            log.exception("could not resume generation %s of session %s", run_id, session_id)
+
+    def _write_outcomes(self, session_id: str, run_id: str, record_ids: list[str]) -> None:
+        """Write the durable outcome of each call into its message part."""
+        ids = {rid.split("~", 1)[0] for rid in record_ids}
+        writes = []
+        for message in self.store.get_history(session_id)[-8:]:
+            for idx, part in enumerate(message.get("parts") or ()):
+                call_id = part.get("toolCallId")
+                if part.get("type") != "dynamic-tool" or call_id not in ids:
+                    continue
+                outcome = self._call_outcome(run_id, call_id)
+                if outcome is not None and {**part, **outcome} != part:
+                    fixed = enforce_row_size({**part, **outcome})
+                    writes.append(PartWrite(message["id"], idx, fixed))
+        if writes:
+            self.store.flush_stream(StreamFlush(session_id=session_id, parts=writes))
+            for w in writes:
+                self.turns.persist_cache.forget(w.message_id)
 
     def has_pending_work(self) -> bool:
         """True while fibers or scheduled tasks run here: do not hibernate."""

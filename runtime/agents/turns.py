@@ -283,8 +283,20 @@ class TurnRunner:
             def on_retry(attempt: int, exc: ModelError, delay: float) -> None:
                 self.status.retrying(sid, attempt, f"{exc} (retry {attempt} in {delay:.1f}s)")
 
+            def persist_step() -> None:
+                # The step's tool calls are durable in the message (and its chunk log)
+                # before any of them runs or waits: a generation cut off while a call
+                # is out (with an executor, awaiting approval) can be resumed from it.
+                if recorder is not None and not recorder.closed:
+                    recorder.flush()
+
             async def check_permission(name: str, value: Any, call_id: str) -> Any:
+                persist_step()
                 return await agent.check_tool_permission(name, value, call_id, options)
+
+            async def execute_tool(t: Tool, value: Any, ctx: Any, raw: Any) -> Any:
+                persist_step()
+                return await agent.tool_calls.execute(t, value, ctx, raw)
 
             options = ChatOptions(
                 session_id=sid,
@@ -296,7 +308,7 @@ class TurnRunner:
                     on_step_finish=on_step_finish,
                     on_retry=on_retry,
                     check_permission=check_permission,
-                    execute_tool=agent.tool_calls.execute,
+                    execute_tool=execute_tool,
                 ),
                 result=result,
                 request_options=agent.get_request_options(),

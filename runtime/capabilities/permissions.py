@@ -557,12 +557,19 @@ class Permissions:
                 raise ApprovalNotFoundError(f"approval of call {rec.id!r} was settled meanwhile")
             store.audit(rec.id, verdict, by=by, reason=reason or str(decision))
         live = self._approvals.get(str(approval.get("approval_id")))
+        waiting = live is not None and live.future is not None and not live.future.done()
         if live is not None and decision in ("deny", "once", "session", "always"):
             live.status = "approved" if approved else "denied"
             live.decision = decision
             live.answered_by = by
             if live.future is not None and not live.future.done():
                 live.future.set_result(decision)  # the turn waiting for it goes on
+        if not waiting and decision in ("deny", "once", "session", "always"):
+            # No turn waits for it (its run was cut off by a crash): the agent decides
+            # whether to finish the run (generation recovery).
+            settled = getattr(self.host, "on_tool_call_settled", None)
+            if callable(settled):
+                settled(moved)
         return _approval_of(moved)
 
     def _remember(self, approval: Approval) -> None:

@@ -36,7 +36,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 from thinkray.runtime.abort import AbortController, AbortError, AbortSignal
@@ -84,6 +84,8 @@ class ToolCallLedger:
         self._local: dict[str, AbortController] = {}  # calls local executors run now
         self._tasks: set[asyncio.Task[None]] = set()
         self.round_trips: list[float] = []  # submit -> waiting turn resumed (seconds)
+        # Called with a call an executor finished while no turn waited for it.
+        self.on_settled: Callable[[ToolCallRecord], None] | None = None
 
     # -- the turn's side ------------------------------------------------------------
 
@@ -125,21 +127,29 @@ class ToolCallLedger:
                 else:
                     self._pending.set()
             return await self._wait(call_id, ctx.signal, policy.timeout)
+        limit = asyncio.timeout(policy.timeout)
         try:
-            if policy.timeout is None:
+            async with limit:
                 output = await run_tool(t, value, ctx)
-            else:
-                output = await asyncio.wait_for(run_tool(t, value, ctx), policy.timeout)
         except AbortError as exc:
             self._cancel(call_id, "cancelled-by-user", f"aborted: {exc.reason}")
             raise
-        except TimeoutError:
+        except TimeoutError as exc:
+            if not limit.expired():  # the tool's own TimeoutError: an ordinary failure
+                self._failed(call_id, f"TimeoutError: {exc}")
+                raise
             self._cancel(call_id, "cancelled-by-timeout", f"timed out after {policy.timeout} s")
             raise ToolTimeoutError(f"tool {t.name!r} timed out after {policy.timeout} s") from None
         except Exception as exc:
-            self._finish(call_id, "failed", self.executor_id, error=f"{type(exc).__name__}: {exc}")
+            self._failed(call_id, f"{type(exc).__name__}: {exc}")
             raise
         return self._finish(call_id, "completed", self.executor_id, result=output)
+
+    def _failed(self, call_id: str, error: str) -> None:
+        """Record that this ledger's inline execution of a call raised (the caller
+        re-raises the tool's own exception for the model)."""
+        with contextlib.suppress(ToolExecutionError, ToolCallStateError):
+            self._finish(call_id, "failed", self.executor_id, error=error)
 
     def record_id(self, tool_call_id: str, run_id: str | None) -> str:
         """The row id of the model's call ``tool_call_id`` in run ``run_id``: the call
@@ -279,10 +289,13 @@ class ToolCallLedger:
         log.info("discarded a late result for cancelled tool call %s", rec.id)
         return "discarded-late"
 
-    def _resolve(self, rec: ToolCallRecord) -> None:
+    def _resolve(self, rec: ToolCallRecord) -> bool:
+        """Wake the turn waiting for ``rec``; False when none waits."""
         future = self._waiters.get(rec.id)
         if future is not None and not future.done():
             future.set_result(rec)
+            return True
+        return False
 
     # -- decoupled executors' side (the agent's remote API) ---------------------------
 
@@ -352,7 +365,8 @@ class ToolCallLedger:
             if now is not None and now.cancelled:
                 return self._late(now, result, error)
             raise ToolCallStateError(f"tool call {call_id!r} changed while reporting")
-        self._resolve(done)
+        if not self._resolve(done) and self.on_settled is not None:
+            self.on_settled(done)  # no turn waits (its run was cut off): the agent decides
         self.round_trips.append(time.perf_counter() - started)
         del self.round_trips[:-1000]
         return "accepted"
