@@ -348,6 +348,28 @@ class AgentResponseStream(Generic[T]):
             self.batches += 1
         return self._buffer.popleft()
 
+    async def item_batches(self) -> AsyncIterator[list[T]]:
+        """The items as they arrive, a list per Ray item (the actor's relay batches
+        what the run produced meanwhile): for a relay that forwards them onward
+        (an HTTP stream) and pays per write, not per item. Same errors as iterating."""
+        if self._refs is None:
+            await self._open_async()
+        if self._buffer:
+            first = list(self._buffer)
+            self._buffer.clear()
+            yield first
+        while True:
+            try:
+                ref = await self._refs.__anext__()
+                batch = await ref
+            except StopAsyncIteration:
+                return
+            except ray.exceptions.RayActorError:
+                raise self._died() from None
+            self.batches += 1
+            if batch:
+                yield list(batch)
+
     async def __aiter__(self) -> AsyncIterator[T]:
         if self._refs is None:
             await self._open_async()

@@ -39,6 +39,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from thinkray.actors.ingress.agents import Agents, NotVisibleError
 from thinkray.actors.ingress.auth import Authenticator, BearerTokens, Principal
 from thinkray.actors.ingress.config import IngressConfig, load_object
+from thinkray.actors.response import AgentResponseStream
 from thinkray.runtime.chunks import SSE_DONE, SSE_HEADERS, to_sse
 from thinkray.runtime.errors import SessionBusyError
 from thinkray.storage.errors import NotFoundError, ThinkrayError, UserError
@@ -189,12 +190,14 @@ def need_str(body: dict[str, Any], key: str, optional: bool = False) -> Any:
     return value
 
 
-async def sse_stream(chunks: AsyncIterator[Any]) -> AsyncIterator[str]:
-    """UI chunks as SSE frames, ending with ``[DONE]``. Leaving early (the client
-    went away) only stops reading: the run is not aborted."""
+async def sse_stream(stream: AgentResponseStream[Any]) -> AsyncIterator[str]:
+    """UI chunks as SSE frames, ending with ``[DONE]``: one write per batch the actor
+    relayed (under Serve every write is a message from the replica to the proxy, so
+    a write per chunk costs far more than the chunk). Leaving early (the client went
+    away) only stops reading: the run is not aborted."""
     try:
-        async for chunk in chunks:
-            yield to_sse(chunk)
+        async for batch in stream.item_batches():
+            yield "".join(to_sse(chunk) for chunk in batch)
     except ThinkrayError as exc:  # the actor died mid-stream: say so in the protocol
         yield to_sse({"type": "error", "errorText": str(exc)})
     yield SSE_DONE
