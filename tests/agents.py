@@ -407,3 +407,14 @@ class ResumingAgent(Agent):
             key = "scene" if verb == "render" else "path"
             return reply(tool_call(tools[verb], {key: arg}, id=f"{verb}-call"))
         return reply("nothing to do")
+
+
+class GuardedApprovalAgent(ResumingAgent):
+    """The ingress's approval routes (issue 12, item 2; issue 11, item 6): as
+    :class:`ResumingAgent` (``deploy <path>`` asks), but an answer must name its
+    answerer (an anonymous one is refused), and nobody may approve a deploy to a path
+    containing ``locked``."""
+
+    def may_approve(self, approval: dict[str, Any], answered_by: str | None) -> bool:
+        path = str((approval.get("input") or {}).get("path", ""))
+        return answered_by is not None and "locked" not in path

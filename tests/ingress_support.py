@@ -22,11 +22,12 @@ BOB = {"authorization": "Bearer token-bob"}
 
 def make_config(root: str, namespace: str, **overrides: Any) -> IngressConfig:
     agent_kwargs = overrides.pop("agent_kwargs", {"chunks": 5})
+    agent_cls = overrides.pop("agent_cls", "tests.agents:ScriptAgent")
     fields: dict[str, Any] = {
         "storage_root": root,
         "agents": {
             "chat": AgentRoute(
-                agent_cls="tests.agents:ScriptAgent",
+                agent_cls=agent_cls,
                 namespace=namespace,
                 agent_kwargs=agent_kwargs,
                 namespace_options={"detached": False, "pool_size": 1},

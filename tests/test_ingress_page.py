@@ -2,8 +2,8 @@
 (Debian's ``chromium`` package) driven by Playwright, against the ingress app on a
 loopback port in front of real session actors. It sends, watches the answer stream
 in, reloads mid-stream and sees the answer resume and complete, stops an answer, edits
-and resends (a branch), rewinds and undoes it, renames and deletes a session, and
-saves a screenshot to tests/artifacts/.
+and resends (a branch), rewinds and undoes it, renames and deletes a session,
+approves and denies a tool call that asks, and saves screenshots to tests/artifacts/.
 
 Needs ``/usr/bin/chromium`` and the ``playwright`` Python package (``.ci/browser``
 installs both); without them the test fails, it is not skipped."""
@@ -217,3 +217,95 @@ def run_the_page(page: Any, expect: Any, base: str, agent: str) -> None:
     expect(users).to_have_count(3)
     expect(users.nth(1)).to_contain_text("second")
     assert list(sessions(base, agent)) == ["hello"]
+
+
+def test_approving_and_denying_a_tool_call_on_the_page(ray_local, tmp_path, browser):
+    """Issue 11 item 6 / issue 12 item 2: an ask shows Approve / Approve for session /
+    Deny on its tool call; Approve runs the tool and the answer streams on; after a
+    reload the ask still has its buttons, and Deny renders the call as denied."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=TIMEOUT)
+    namespace = f"page-apr-{tmp_path.name[-10:]}".replace("_", "-")
+    config = make_config(
+        str(tmp_path / "root"),
+        namespace,
+        agent_cls="tests.agents:GuardedApprovalAgent",
+        agent_kwargs={},
+    )
+    agent = "alice-approve"
+    marks, refused = tmp_path / "deployed", tmp_path / "refused"
+    ARTIFACTS.mkdir(exist_ok=True)
+    with serve_app(config) as base:
+        context = browser.new_context(viewport={"width": 1200, "height": 860})
+        page = context.new_page()
+        problems: list[str] = []
+        page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+        page.on(
+            "console",
+            lambda m: (
+                problems.append(f"console: {m.text}")
+                if m.type == "error" and "Failed to load resource" not in m.text
+                else None
+            ),
+        )
+        try:
+            page.goto(f"{base}/?token=token-alice&agent={agent}")
+            box = page.get_by_label("Message", exact=True)
+            assistants = page.locator("li.msg.assistant")
+
+            # 1. The ask: the tool call waits with its three buttons; nothing ran.
+            box.fill(f"deploy {marks}")
+            page.get_by_role("button", name="Send", exact=True).click()
+            tool = assistants.nth(0).locator("details.tool")
+            expect(tool.locator(".badge")).to_have_text("awaiting approval")
+            approve = tool.get_by_role("button", name="Approve", exact=True)
+            expect(approve).to_be_visible()
+            expect(tool.get_by_role("button", name="Approve for session")).to_be_visible()
+            expect(tool.get_by_role("button", name="Deny")).to_be_visible()
+            page.screenshot(path=str(ARTIFACTS / "ingress_page_approval_ask.png"), full_page=True)
+            assert not marks.exists()
+
+            # 2. Approve: the tool runs once, its output renders, the answer completes.
+            approve.click()
+            expect(tool.locator(".badge")).to_have_text("done")
+            expect(tool).to_contain_text("deployed")
+            expect(assistants.nth(0)).to_contain_text("done: deployed")
+            expect(assistants.nth(0)).to_have_attribute("data-state", "done")
+            expect(tool.get_by_role("button", name="Approve", exact=True)).to_have_count(0)
+            page.screenshot(path=str(ARTIFACTS / "ingress_page_approval.png"), full_page=True)
+            assert marks.read_text() == "deployed\n"
+            sid = sessions(base, agent)[f"deploy {marks}"[:40] + "\u2026"]
+            [part] = [p for p in stored(base, agent, sid)[-1]["parts"] if "toolCallId" in p]
+            assert part["state"] == "output-available"
+            decided = httpx.get(
+                f"{base}/agents/chat/{agent}/approvals/{part['approval']['id']}", headers=ALICE
+            ).json()
+            assert (decided["decision"], decided["answered_by"]) == ("once", "alice")
+
+            # 3. A second ask survives a reload (its buttons come back), then Deny.
+            box.fill(f"deploy {refused}")
+            page.get_by_role("button", name="Send", exact=True).click()
+            second = assistants.nth(1).locator("details.tool")
+            expect(second.locator(".badge")).to_have_text("awaiting approval")
+            page.reload()
+            second = assistants.nth(1).locator("details.tool")
+            deny = second.get_by_role("button", name="Deny")
+            expect(deny).to_be_visible()
+            deny.click()
+            expect(second.locator(".badge")).to_have_text("denied")
+            expect(second).to_contain_text("The call was denied.")
+            expect(assistants.nth(1)).to_have_attribute("data-state", "done")
+            expect(page.locator("#status")).to_have_attribute("data-state", "idle")
+            assert not refused.exists()
+            pending = httpx.get(f"{base}/agents/chat/{agent}/approvals", headers=ALICE).json()
+            assert pending == {"approvals": []}
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(
+                    path=str(ARTIFACTS / "ingress_page_approval_failure.png"), full_page=True
+                )
+            raise
+        finally:
+            context.close()
+        assert problems == []

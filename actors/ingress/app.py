@@ -18,6 +18,15 @@ Routes (every one behind the authenticator; ``{agent}`` is an agent class's slug
 - ``GET|POST .../sessions``, ``PATCH|DELETE .../sessions/{sid}``,
   ``POST .../sessions/{sid}/{branch|rewind|unrewind|compact}``,
   ``GET .../sessions/{sid}/status`` (an event stream of status changes).
+- ``GET .../approvals?session=<sid>``: the tool calls waiting for a human's approval
+  (all sessions without ``session``); ``GET .../approvals/{approval_id}``: one
+  approval, pending or decided (who answered, when, how);
+  ``POST .../approvals/{approval_id}`` with ``{"decision": "once" | "session" |
+  "always" | "deny"}``: answer it. The answerer is the authenticated principal (never
+  a body field), checked by the agent's ``may_approve`` hook (403 when refused); an
+  unknown or already-decided approval is 404 and nothing is written; an agent class
+  without approvals (plain ``Think``) answers 404. The waiting run's stream goes on:
+  the tool runs (``tool-output-available``) or is denied (``tool-output-denied``).
 - ``GET /agents/{agent}``: the caller's agents of that class.
 """
 
@@ -41,13 +50,15 @@ from thinkray.actors.ingress.auth import Authenticator, BearerTokens, Principal
 from thinkray.actors.ingress.config import IngressConfig, load_object
 from thinkray.actors.response import AgentResponseStream
 from thinkray.runtime.chunks import SSE_DONE, SSE_HEADERS, to_sse
-from thinkray.runtime.errors import SessionBusyError
+from thinkray.runtime.errors import AccessDeniedError, ApprovalNotFoundError, SessionBusyError
 from thinkray.storage.errors import NotFoundError, ThinkrayError, UserError
 from thinkray.storage.types import InvalidInputError
 
 log = logging.getLogger("thinkray.ingress")
 
 PAGE = Path(__file__).with_name("page")
+DECISIONS = ("once", "session", "always", "deny")  # how an approval may be answered
+APPROVAL_METHODS = ("pending_approvals", "get_approval", "answer_approval")
 
 
 class HTTPError(Exception):
@@ -62,8 +73,10 @@ def error_status(exc: BaseException) -> tuple[int, str]:
     """The HTTP status and error type of an exception a call raised."""
     if isinstance(exc, HTTPError):
         return exc.status, exc.kind
-    if isinstance(exc, NotVisibleError | NotFoundError):
+    if isinstance(exc, NotVisibleError | NotFoundError | ApprovalNotFoundError):
         return 404, "not_found"
+    if isinstance(exc, AccessDeniedError):
+        return 403, "forbidden"
     if isinstance(exc, SessionBusyError):
         return 409, "busy"
     if isinstance(exc, UserError | InvalidInputError | ValueError):
@@ -406,6 +419,55 @@ def build_app(config: IngressConfig) -> FastAPI:
     add(f"{base}/sessions/{{sid}}/unrewind", unrewind, ["POST"])
     add(f"{base}/sessions/{{sid}}/compact", compact, ["POST"])
     add(f"{base}/sessions/{{sid}}/status", status, ["GET"])
+
+    # -- tool approvals ----------------------------------------------------------------
+
+    def approvals_of(agent: str) -> None:
+        # A class without approvals (plain Think) has nothing to list or answer.
+        route = config.agents.get(agent)
+        if route is None:
+            raise NotVisibleError(f"unknown agent class {agent!r}")
+        cls = route.load_class()
+        if not all(callable(getattr(cls, m, None)) for m in APPROVAL_METHODS):
+            raise HTTPError(404, f"agent class {agent!r} has no tool approvals", "not_found")
+
+    async def list_approvals(request: Request, who: Principal, agent: str, name: str) -> Any:
+        approvals_of(agent)
+        session = request.query_params.get("session")
+        if session is not None:
+            need_id(session, "session id")
+        handle: Any = await agents.agent(agent, name, who, claim=False)
+        pending = await handle.pending_approvals.remote(session)
+        return JSONResponse({"approvals": jsonable(pending)})
+
+    async def get_approval(
+        request: Request, who: Principal, agent: str, name: str, approval_id: str
+    ) -> Any:
+        approvals_of(agent)
+        need_id(approval_id, "approval id")
+        handle: Any = await agents.agent(agent, name, who, claim=False)
+        approval = await handle.get_approval.remote(approval_id)
+        if approval is None:
+            raise HTTPError(404, f"no approval {approval_id!r}", "not_found")
+        return JSONResponse(jsonable(approval))
+
+    async def answer_approval(
+        request: Request, who: Principal, agent: str, name: str, approval_id: str
+    ) -> Any:
+        approvals_of(agent)
+        need_id(approval_id, "approval id")
+        body = need_dict(await read_json(request, config.max_body_bytes))
+        decision = body.get("decision")
+        if decision not in DECISIONS:
+            raise HTTPError(400, f"'decision' must be one of {', '.join(DECISIONS)}")
+        handle: Any = await agents.agent(agent, name, who, claim=False)
+        # The answerer is who authenticated, whatever the body says.
+        settled = await handle.answer_approval.remote(approval_id, decision, who.id)
+        return JSONResponse(jsonable(settled))
+
+    add(f"{base}/approvals", list_approvals, ["GET"])
+    add(f"{base}/approvals/{{approval_id}}", get_approval, ["GET"])
+    add(f"{base}/approvals/{{approval_id}}", answer_approval, ["POST"])
 
     # -- the web page and the WebSocket protocol ---------------------------------------
 

@@ -59,10 +59,11 @@ load balancer).
 Tool results and approvals: thinkray runs every tool on the server, so a
 ``cf_agent_tool_result`` never has a call to complete. ``cf_agent_tool_approval``
 answers a pending ask of an agent with approvals (``Agent.answer_approval``: ``once``
-or ``deny``); approvals live in the run's memory (they are not durable yet: an ask
-dies with its process), so an approval for no pending ask, or for an agent class
-without approvals, is answered with the protocol's error frame addressed by the tool
-call id (``{"type": "cf_agent_use_chat_response", "id": <toolCallId>, "body",
+or ``deny``, answered by the connection's principal, which the agent's ``may_approve``
+hook may refuse); asks are durable rows in the agent's database, so one made before a
+restart is still answerable. An approval for no pending ask, one the hook refuses, or
+one for an agent class without approvals, is answered with the protocol's error frame
+addressed by the tool call id (``{"type": "cf_agent_use_chat_response", "id": <toolCallId>, "body",
 "done": true, "error": true}``; the package's transport ignores an unknown id, raw
 clients see why).
 
@@ -627,8 +628,17 @@ def add_websocket_routes(
                 pending = []
                 why = "this agent has no tool approvals"
             for ask in pending:
-                if ask.get("tool_call_id", ask.get("toolCallId")) == call_id:
+                # The row id is the model's call id, or ``<call id>~<run id>`` when an
+                # earlier run used the same id.
+                row = str(ask.get("tool_call_id", ask.get("toolCallId")))
+                if row == call_id or row.startswith(f"{call_id}~"):
                     decision = "once" if approved else "deny"
-                    await handle.answer_approval.remote(ask.get("approval_id"), decision)
-                    return
+                    try:
+                        await handle.answer_approval.remote(
+                            ask.get("approval_id"), decision, conn.principal.id
+                        )
+                        return
+                    except Exception as exc:  # refused by may_approve, or decided meanwhile
+                        why = error_text(exc)
+                    break
         conn.send(response(call_id, why, done=True, error=True))
