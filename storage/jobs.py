@@ -8,8 +8,9 @@ into the conversation. Layout::
 
 ``status`` is ``running`` → ``completed`` | ``failed`` | ``cancelled``; a job found
 ``running`` by a new incarnation of the agent (the process died) becomes
-``interrupted``. Everything else (kind, input, result, error, correlation ids) is in
-the msgpack ``info`` blob; no PRIMARY KEY, ids are checked inside the insert.
+``interrupted``. Everything else (kind, input, result, error, correlation ids, the
+last progress report, a late result kept after cancellation) is in the msgpack
+``info`` blob; no PRIMARY KEY, ids are checked inside the insert.
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ def _record(values: Sequence[Any]) -> JobRecord:
         parent=dict(info.get("parent") or {}),
         created_at=float(info.get("created_at", updated_at)),
         updated_at=float(updated_at),
+        progress=info.get("progress"),
+        message=info.get("message"),
+        late=info.get("late"),
     )
 
 
@@ -69,6 +73,9 @@ def _info(rec: JobRecord) -> dict[str, Any]:
         "error": rec.error,
         "parent": rec.parent,
         "created_at": rec.created_at,
+        "progress": rec.progress,
+        "message": rec.message,
+        "late": rec.late,
     }
 
 
@@ -123,6 +130,46 @@ class DuckDBJobStore(MigratedStore, JobStore):
             con.execute(
                 "UPDATE jobs SET status = ?, updated_at = ?, info = ? WHERE id = ?",
                 [status, rec.updated_at, _pack(_info(rec), "job result"), job_id],
+            )
+        return rec
+
+    @override
+    def set_progress(
+        self, job_id: str, progress: Any = None, message: str | None = None
+    ) -> JobRecord | None:
+        with self.db.transaction() as con:
+            row = con.execute(f"SELECT {_COLS} FROM jobs WHERE id = ?", [job_id]).fetchone()
+            if row is None:
+                return None
+            rec = _record(row)
+            if rec.finished:
+                return rec  # a finished job's progress is final
+            rec.progress, rec.message = progress, message
+            rec.updated_at = time.time()
+            con.execute(
+                "UPDATE jobs SET updated_at = ?, info = ? WHERE id = ?",
+                [rec.updated_at, _pack(_info(rec), "job progress"), job_id],
+            )
+        return rec
+
+    @override
+    def store_late(
+        self, job_id: str, *, result: Any = None, error: str | None = None
+    ) -> JobRecord | None:
+        with self.db.transaction() as con:
+            row = con.execute(f"SELECT {_COLS} FROM jobs WHERE id = ?", [job_id]).fetchone()
+            if row is None:
+                return None
+            rec = _record(row)
+            if rec.status != "cancelled":
+                raise InvalidInputError(
+                    f"job {job_id!r} is {rec.status}: only a cancelled job keeps a late result"
+                )
+            rec.late = {"result": result, "error": error, "at": time.time()}
+            rec.updated_at = time.time()
+            con.execute(
+                "UPDATE jobs SET updated_at = ?, info = ? WHERE id = ?",
+                [rec.updated_at, _pack(_info(rec), "late job result"), job_id],
             )
         return rec
 

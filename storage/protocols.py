@@ -685,6 +685,9 @@ class JobStore(Protocol):
       found ``running`` by a new incarnation becomes ``interrupted``
       (:meth:`interrupt_running`). An unknown status raises
       :class:`~thinkray.storage.errors.InvalidInputError`.
+    - **Progress and late results** live beside the status: :meth:`set_progress`
+      writes only while the job runs; :meth:`store_late` only on a cancelled job;
+      :meth:`update` keeps both.
     - **Inserts are not idempotent.** :meth:`insert` refuses an id that exists
       (:class:`~thinkray.storage.errors.InvalidInputError`, nothing written);
       idempotent starts are the job registry's business, above the store.
@@ -722,6 +725,37 @@ class JobStore(Protocol):
 
         Raises:
             InvalidInputError: an unknown status or an unencodable result.
+        """
+        ...
+
+    def set_progress(
+        self, job_id: str, progress: Any = None, message: str | None = None
+    ) -> JobRecord | None:
+        """Record a running job's progress report (``progress`` and ``message`` both
+        replaced) and stamp ``updated_at``; the status is unchanged. A finished job is
+        returned as stored, nothing written (its last report is final).
+
+        Returns:
+            The record, or ``None`` if there is no such job.
+
+        Raises:
+            InvalidInputError: an unencodable ``progress``; nothing written.
+        """
+        ...
+
+    def store_late(
+        self, job_id: str, *, result: Any = None, error: str | None = None
+    ) -> JobRecord | None:
+        """Keep a result (or error) that arrived after the job was ``cancelled`` beside
+        it, in ``late`` (``{"result", "error", "at"}``); status, result and error are
+        unchanged. A second late result replaces the first.
+
+        Returns:
+            The record, or ``None`` if there is no such job.
+
+        Raises:
+            InvalidInputError: the job is not ``cancelled``, or an unencodable result;
+                nothing written.
         """
         ...
 

@@ -163,6 +163,13 @@ class JobRecord:
     parent: dict[str, Any] = field(default_factory=dict)
     created_at: float = 0.0
     updated_at: float = 0.0
+    # The last progress report of the running job (seed 003 §4.2): a fraction in
+    # [0, 1] or a dict, and a short text; kept once the job ends.
+    progress: Any = None
+    message: str | None = None
+    # A result (or error) the work produced after the job was cancelled, kept only under
+    # the agent's ``late_tool_results = "store"`` policy: ``{"result", "error", "at"}``.
+    late: dict[str, Any] | None = None
 
     @property
     def finished(self) -> bool:
@@ -182,6 +189,9 @@ class JobRecord:
             "parent": self.parent,
             "created_at": self.created_at,
             "updated_at": self.updated_at,
+            "progress": self.progress,
+            "message": self.message,
+            "late": self.late,
         }
 
 

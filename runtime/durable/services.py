@@ -1,20 +1,28 @@
 """An agent's durable services: fibers, schedules and background jobs.
 
 They share one trait: their state is rows in the agent's database, and a wake resumes
-them (interrupted fibers restart from their checkpoint, due schedules run). The agent
-owns one :class:`DurableServices`; the session actor asks it whether anything is
-running (``has_pending_work``: never hibernate then) and when to wake the agent next.
+them (interrupted fibers restart from their checkpoint, due schedules run, jobs the
+dead incarnation left ``running`` become ``interrupted`` — reported to the registry's
+push listeners as those jobs' outcome). The agent owns one :class:`DurableServices`;
+the session actor asks it whether anything is running (``has_pending_work``: never
+hibernate then) and when to wake the agent next.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from typing import TYPE_CHECKING, Any
 
 from thinkray.runtime.durable.fibers import FiberManager
 from thinkray.runtime.durable.schedules import Scheduler
 from thinkray.storage.protocols import FiberStore
 
+if TYPE_CHECKING:
+    from thinkray.runtime.agents.worker import JobRegistry
+
 __all__ = ["DurableServices"]
+
+log = logging.getLogger("thinkray.durable")
 
 
 class DurableServices:
@@ -35,10 +43,23 @@ class DurableServices:
         """The scheduler."""
         return self.scheduler
 
+    def jobs(self) -> JobRegistry:
+        """The agent's background jobs (async tools), created on first use."""
+        from thinkray.runtime.agents.worker import JobRegistry
+
+        return JobRegistry.for_agent(self.host)
+
     async def start(self) -> None:
-        """Resume interrupted fibers and start the schedule timer (after a wake)."""
+        """Resume interrupted fibers, start the schedule timer and open the job
+        registry (after a wake): jobs found ``running`` belonged to the dead
+        incarnation and become ``interrupted`` now, not when an async tool is next
+        used."""
         await self.fibers.start()
         self.scheduler.start()
+        try:
+            self.jobs()
+        except Exception:  # never fails a wake: the registry is opened again on first use
+            log.exception("opening the job registry at wake failed")
 
     def has_pending_work(self) -> bool:
         """True while fibers, due schedules or background jobs run."""

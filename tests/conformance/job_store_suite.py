@@ -15,7 +15,14 @@ from conformance.store_helpers import (
     rolled_back,
 )
 
-__all__ = ["TestJobPersistence", "TestJobRows", "TestJobTransactions", "TestJobWrites", "jobs"]
+__all__ = [
+    "TestJobPersistence",
+    "TestJobProgressAndLate",
+    "TestJobRows",
+    "TestJobTransactions",
+    "TestJobWrites",
+    "jobs",
+]
 
 
 @pytest.fixture
@@ -97,6 +104,54 @@ class TestJobWrites:
         assert by_id["b"].status == "interrupted"
         assert (by_id["c"].status, by_id["c"].result) == ("completed", 1)
         assert jobs.interrupt_running("again") == 0
+
+
+class TestJobProgressAndLate:
+    def test_progress_is_written_while_running_and_kept_after(self, jobs: JobStore) -> None:
+        jobs.insert(job("j1", input="in"))
+        rec = jobs.set_progress("j1", 0.25, "a quarter")
+        assert rec is not None and (rec.status, rec.progress, rec.message) == (
+            "running",
+            0.25,
+            "a quarter",
+        )
+        assert jobs.get("j1").to_dict() == rec.to_dict()  # type: ignore[union-attr]
+        jobs.set_progress("j1", {"done": 3, "of": 4})
+        stored = jobs.get("j1")
+        assert stored is not None and (stored.progress, stored.message) == (
+            {"done": 3, "of": 4},
+            None,
+        )
+        done = jobs.update("j1", "completed", result=1)
+        assert done is not None and done.progress == {"done": 3, "of": 4} and done.input == "in"
+        # a finished job's last report is final: nothing written
+        after = jobs.set_progress("j1", 0.1, "too late")
+        assert after is not None and after.progress == {"done": 3, "of": 4}
+        assert jobs.get("j1").message is None  # type: ignore[union-attr]
+
+    def test_bad_progress_writes_nothing(self, jobs: JobStore) -> None:
+        jobs.insert(job("j1"))
+        jobs.set_progress("j1", 0.5, "half")
+        with pytest.raises(InvalidInputError):
+            jobs.set_progress("j1", object())
+        stored = jobs.get("j1")
+        assert stored is not None and (stored.progress, stored.message) == (0.5, "half")
+        assert jobs.set_progress("nope", 0.5) is None
+
+    def test_late_result_only_on_a_cancelled_job(self, jobs: JobStore) -> None:
+        jobs.insert(job("j1"))
+        with pytest.raises(InvalidInputError, match="cancelled"):
+            jobs.store_late("j1", result="early")
+        jobs.update("j1", "cancelled", error="user said stop")
+        rec = jobs.store_late("j1", result={"answer": 42})
+        assert rec is not None and rec.late is not None
+        assert (rec.status, rec.result, rec.error) == ("cancelled", None, "user said stop")
+        assert rec.late["result"] == {"answer": 42} and rec.late["error"] is None
+        assert jobs.get("j1").to_dict() == rec.to_dict()  # type: ignore[union-attr]
+        with pytest.raises(InvalidInputError):
+            jobs.store_late("j1", result=object())
+        assert jobs.get("j1").late["result"] == {"answer": 42}  # type: ignore[union-attr,index]
+        assert jobs.store_late("nope", result=1) is None
 
 
 class TestJobRows:
