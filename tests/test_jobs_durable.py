@@ -20,7 +20,6 @@ from thinkray.runtime.agents.think import Think
 from thinkray.runtime.agents.worker import (
     JOB_PROGRESS_CHUNK,
     JobContext,
-    JobMethods,
     JobRegistry,
     WorkerAgent,
     async_tool,
@@ -76,11 +75,11 @@ class Gates:
             self.ended.set()
 
 
-class JobAgent(JobMethods, Think):
+class JobAgent(Think):
     pass
 
 
-class StoringJobAgent(JobMethods, Think):
+class StoringJobAgent(Think):
     late_tool_results = "store"
 
 

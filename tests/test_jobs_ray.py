@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 from thinkray.runtime.agents.think import Think
-from thinkray.runtime.agents.worker import JobContext, JobMethods, async_tool, check_job_tool
+from thinkray.runtime.agents.worker import JobContext, async_tool, check_job_tool
 from thinkray.runtime.models.base import Model, ModelRequest
 from thinkray.runtime.models.testing import FunctionModel, reply, tool_call
 from thinkray.runtime.tools.base import Tool
@@ -34,7 +34,7 @@ def _step(req: ModelRequest, i: int) -> Any:
     return reply("started")
 
 
-class JobHostAgent(JobMethods, Think):
+class JobHostAgent(Think):
     """Starts a research job that runs until it is cancelled (actor tests)."""
 
     def get_model(self) -> Model:

@@ -47,7 +47,7 @@ from thinkray.runtime.durable.services import DurableServices
 from thinkray.runtime.errors import (  # re-exported: the errors live in thinkray.runtime.errors
     InvalidConfigError as InvalidConfigError,
 )
-from thinkray.runtime.errors import ModelNotConfiguredError, UnknownRunError
+from thinkray.runtime.errors import ModelNotConfiguredError, UnknownJobError, UnknownRunError
 from thinkray.runtime.messages import Role, parse_message
 from thinkray.runtime.models.base import Model, ModelMessage
 from thinkray.runtime.remote import idempotent, remote
@@ -649,6 +649,45 @@ class Think(metaclass=_StartsAfterInit):
         async for batch in batches:
             for chunk in batch:
                 yield chunk
+
+    # -- background jobs (async tools, seed 003 §1.5 and §4.2) --------------------------
+
+    @idempotent
+    @remote
+    def get_job(self, job_id: str) -> dict[str, Any] | None:
+        """One job's row (status, progress, result or error, the tool call that started
+        it in ``parent``); None if unknown."""
+        from thinkray.runtime.agents.worker import JobRegistry
+
+        record = JobRegistry.for_agent(self).get(job_id)
+        return record.to_dict() if record is not None else None
+
+    @idempotent
+    @remote
+    def list_jobs(self, status: str | None = None) -> list[dict[str, Any]]:
+        """Jobs oldest first, optionally only those with ``status``."""
+        from thinkray.runtime.agents.worker import JobRegistry
+
+        return [r.to_dict() for r in JobRegistry.for_agent(self).jobs(status)]
+
+    @idempotent
+    @remote
+    def cancel_job(self, job_id: str, reason: str = "cancelled by request") -> dict[str, Any]:
+        """Cancel a running job (its work's abort signal fires; see
+        ``JobRegistry.cancel``) and return its row; a finished job is returned as it is
+        (cancelling again changes nothing).
+
+        Raises:
+            UnknownJobError: no such job.
+        """
+        from thinkray.runtime.agents.worker import JobRegistry
+
+        registry = JobRegistry.for_agent(self)
+        registry.cancel(job_id, reason)
+        record = registry.get(job_id)
+        if record is None:
+            raise UnknownJobError(f"unknown job {job_id!r}")
+        return record.to_dict()
 
     # -- durable tool calls (seed 003 §1; thinkray.runtime.tools.durable) ---------------
 

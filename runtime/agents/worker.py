@@ -35,11 +35,11 @@ Async tools on the durable model (seed 003 §1.5, §4.2):
   row id ``tool_call_row``, ``session_id``); the job id is ``job-<row id>``.
 - Progress: the work calls ``job.report_progress(fraction | dict, message)`` (its
   :class:`JobContext`, also :func:`current_job`); the report is written on the job
-  row, shows in ``check_job`` and in :class:`JobMethods` ``get_job`` / ``list_jobs``,
+  row, shows in ``check_job`` and in the agent's ``get_job`` / ``list_jobs``,
   and goes out as a transient ``data-job-progress`` chunk into the turn running in
   the job's session, if one is (:func:`stream_progress`).
 - Cancellation: ``cancel_job`` (the model's tool, :func:`cancel_job_tool`) and the
-  remote :meth:`JobMethods.cancel_job` mark the job ``cancelled`` at once and fire
+  remote ``Think.cancel_job`` mark the job ``cancelled`` at once and fire
   its work's abort signal. A result the work returns after that follows the agent's
   ``late_tool_results``: dropped, or kept flagged on the row (``late``); it is never
   heard by listeners, so never pushed into a conversation.
@@ -95,7 +95,6 @@ from thinkray.runtime.errors import (
 )
 from thinkray.runtime.messages import new_id
 from thinkray.runtime.models.base import Model, ModelMessage, TextContent
-from thinkray.runtime.remote import idempotent, remote
 from thinkray.runtime.tools.base import (
     ModelTool,
     Tool,
@@ -1251,42 +1250,6 @@ def stream_progress(agent: Any) -> JobListener:
     return listener
 
 
-class JobMethods:
-    """The job half of an agent's remote API (seed 003 §4.2), for ``Think``
-    subclasses: ``class MyAgent(JobMethods, Think)``. Reads and cancels the jobs of
-    the agent's registry (:meth:`JobRegistry.for_agent`)."""
-
-    @idempotent
-    @remote
-    def get_job(self, job_id: str) -> dict[str, Any] | None:
-        """One job's row (status, progress, result or error, the tool call that started
-        it in ``parent``); None if unknown."""
-        record = JobRegistry.for_agent(self).get(job_id)
-        return record.to_dict() if record is not None else None
-
-    @idempotent
-    @remote
-    def list_jobs(self, status: str | None = None) -> list[dict[str, Any]]:
-        """Jobs oldest first, optionally only those with ``status``."""
-        return [r.to_dict() for r in JobRegistry.for_agent(self).jobs(status)]
-
-    @idempotent
-    @remote
-    def cancel_job(self, job_id: str, reason: str = "cancelled by request") -> dict[str, Any]:
-        """Cancel a running job (see :meth:`JobRegistry.cancel`) and return its row; a
-        finished job is returned as it is (cancelling again changes nothing).
-
-        Raises:
-            UnknownJobError: no such job.
-        """
-        registry = JobRegistry.for_agent(self)
-        registry.cancel(job_id, reason)
-        record = registry.get(job_id)
-        if record is None:
-            raise UnknownJobError(f"unknown job {job_id!r}")
-        return record.to_dict()
-
-
 def _log_listener_failure(task: asyncio.Future[Any]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.warning("async job listener failed: %s", task.exception())
@@ -1461,7 +1424,6 @@ __all__ = [
     "JOB_PROGRESS_CHUNK",
     "JobContext",
     "JobListener",
-    "JobMethods",
     "JobRegistry",
     "ToolMode",
     "WorkerAgent",

@@ -94,32 +94,43 @@ class ToolCallLedger:
         output. Raises AbortError on abort, :class:`ToolTimeoutError` on timeout, and
         :class:`ToolExecutionError` (the call's error) when it failed."""
         policy = policy_of(t)
-        call_id = self.record_id(ctx.tool_call_id, ctx.run_id)
-        rec = self.store.get(call_id)
-        if rec is None:
+
+        def fresh(call_id: str) -> ToolCallRecord:
             # Written before anything runs. An inline call is written already claimed
             # (executing, by this ledger): one write instead of insert-then-claim.
-            rec = self.store.insert(
-                ToolCallRecord(
-                    id=call_id,
-                    tool_name=t.name,
-                    status="pending" if policy.decoupled else "executing",
-                    executor=None if policy.decoupled else self.executor_id,
-                    attempts=0 if policy.decoupled else 1,
-                    run_id=ctx.run_id,
-                    session_id=ctx.session_id,
-                    input=raw_input if raw_input is not None else _plain(value),
-                    durable=policy.decoupled,
+            return ToolCallRecord(
+                id=call_id,
+                tool_name=t.name,
+                status="pending" if policy.decoupled else "executing",
+                executor=None if policy.decoupled else self.executor_id,
+                attempts=0 if policy.decoupled else 1,
+                run_id=ctx.run_id,
+                session_id=ctx.session_id,
+                input=raw_input if raw_input is not None else _plain(value),
+                durable=policy.decoupled,
+            )
+
+        # A provider's call id is new: insert at once (the insert checks for the id
+        # in its own transaction); only a known id needs a look (a re-run, or a
+        # scripted model repeating its ids).
+        rec: ToolCallRecord | None
+        try:
+            call_id, rec = ctx.tool_call_id, self.store.insert(fresh(ctx.tool_call_id))
+            created = True
+        except InvalidInputError:
+            call_id, rec = self._lookup(ctx.tool_call_id, ctx.run_id)
+            created = rec is None
+            if rec is None:
+                rec = self.store.insert(fresh(call_id))
+        if not created:
+            if rec.finished:
+                return _outcome(rec)  # ran before (a re-run turn): never again
+            if not policy.decoupled:
+                claimed = self.store.transition(
+                    call_id, ["pending"], "executing", executor=self.executor_id, claim=True
                 )
-            )
-        elif rec.finished:
-            return _outcome(rec)  # ran before (a re-run turn): never again
-        elif not policy.decoupled:
-            claimed = self.store.transition(
-                call_id, ["pending"], "executing", executor=self.executor_id, claim=True
-            )
-            if claimed is None:  # another executor holds it: wait for its result
-                return await self._wait(call_id, ctx.signal, policy.timeout)
+                if claimed is None:  # another executor holds it: wait for its result
+                    return await self._wait(call_id, ctx.signal, policy.timeout)
         if policy.decoupled:
             if rec.status == "pending":
                 if policy.executor == "local":
@@ -156,10 +167,16 @@ class ToolCallLedger:
         id itself, unless another run already used it (providers' ids are unique, but
         scripted test models repeat theirs); then ``<call id>~<run id>``. The same run
         (a turn re-run after recovery) always gets the same row: exactly once."""
+        return self._lookup(tool_call_id, run_id)[0]
+
+    def _lookup(self, tool_call_id: str, run_id: str | None) -> tuple[str, ToolCallRecord | None]:
+        """:meth:`record_id` and the row under it (None: none yet), reading as few
+        rows as it can (one, for a provider's fresh id)."""
         rec = self.store.get(tool_call_id)
         if rec is None or rec.run_id is None or run_id is None or rec.run_id == run_id:
-            return tool_call_id
-        return f"{tool_call_id}~{run_id}"
+            return tool_call_id, rec
+        scoped = f"{tool_call_id}~{run_id}"
+        return scoped, self.store.get(scoped)
 
     async def _wait(self, call_id: str, signal: AbortSignal, timeout: float | None) -> Any:
         """Wait for a decoupled executor's result, with the tool's timeout and abort."""
