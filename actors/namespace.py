@@ -104,8 +104,9 @@ class AgentNamespace(Generic[A]):
         start_patience: float = 0.5,
     ) -> None:
         validate_name(name, "namespace")
-        # Absolute: the actors open the files from their own working directory.
-        storage_root = os.path.abspath(storage_root)
+        # Absolute: the actors open the files from their own working directory (a URI
+        # root, s3://... or file://..., is kept as given: thinkray.storage.objectstore).
+        storage_root = storage_root if "://" in storage_root else os.path.abspath(storage_root)
         ensure_root(storage_root, name)
         self.name = name
         self.storage_root = storage_root

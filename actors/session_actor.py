@@ -19,6 +19,7 @@ import logging
 import os
 import tempfile
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -32,6 +33,14 @@ from thinkray.runtime.agents.context import AgentContext, constructing
 from thinkray.runtime.agents.think import Think
 from thinkray.runtime.remote import Batch, RemoteMethod, check_arguments, remote_methods
 from thinkray.runtime.turn.stream import Pacing
+from thinkray.storage.objectstore import (
+    LeaseLostError,
+    RemoteSession,
+    StaleOwnerError,
+    default_cache_dir,
+    is_uri,
+    root_of_session_uri,
+)
 from thinkray.storage.session_store import DuckDBSessionStore
 from thinkray.storage.types import SessionNotFoundError
 
@@ -93,6 +102,8 @@ class SessionActor:
         self.inflight = 0
         self.last_activity = self.bound_at = time.monotonic()
         self._watcher: asyncio.Task[None] | None = None
+        self._remote: RemoteSession | None = None  # under an object-store root
+        self._renewer: asyncio.Future[None] | None = None
         self._unbound = asyncio.Event()
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -152,22 +163,30 @@ class SessionActor:
         if self.agent is not None:
             raise InvalidStateError(f"actor already hosts {self.name!r}")
         started = time.perf_counter()
-        path = Path(spec.path)
-        if not spec.create and not path.exists():
-            raise SessionNotFoundError(
-                f"agent {spec.name!r} does not exist in namespace {spec.namespace!r}"
-            )
-        store = DuckDBSessionStore(path)
-        context = AgentContext(
-            name=spec.name, namespace=spec.namespace, storage_root=str(path.parent.parent)
-        )
+        remote = await self._open_remote(spec)  # an object-store root: lease + download
+        path = remote.local_path if remote is not None else Path(spec.path)
+        store: DuckDBSessionStore | None = None
         try:
+            if not spec.create and not path.exists():
+                raise SessionNotFoundError(
+                    f"agent {spec.name!r} does not exist in namespace {spec.namespace!r}"
+                )
+            store = DuckDBSessionStore(path)
+            root = remote.root if remote is not None else str(path.parent.parent)
+            context = AgentContext(name=spec.name, namespace=spec.namespace, storage_root=root)
             with constructing(context):
                 agent = spec.agent_cls(store, **spec.agent_kwargs)
         except BaseException:
-            store.close()
+            if store is not None:
+                store.close()
+            if remote is not None:
+                self._remote = None
+                await asyncio.to_thread(remote.release)
             raise
         self.agent, self.name, self.spec = agent, spec.name, spec
+        self._remote = remote
+        if remote is not None:
+            self._renewer = asyncio.ensure_future(self._renew_lease(remote))
         self.bindings += 1
         self._unbound = asyncio.Event()
         if spec.directory is not None:
@@ -201,7 +220,7 @@ class SessionActor:
             return {"ok": True, "was_bound": False}
         if self.busy() and not force:
             return {"ok": False, "reason": "busy"}
-        agent = self.agent
+        agent, spec = self.agent, self.spec
         next_due = None
         try:
             next_due = await _maybe_await(getattr(agent, "next_alarm_at", None))
@@ -214,7 +233,68 @@ class SessionActor:
                 self._watcher = None
             await _maybe_await(getattr(agent, "aclose", None))
             agent.close()
+        if self._remote is not None and spec is not None:
+            await self._commit_remote(spec)
         return {"ok": True, "was_bound": True, "next_due_at": next_due}
+
+    # -- object-store roots (thinkray.storage.objectstore) -------------------------------
+
+    async def _open_remote(self, spec: BindSpec) -> RemoteSession | None:
+        """Under an object-store root: take the session's lease and download its newest
+        generation into this node's cache (or reuse a valid local copy). None for a
+        local root."""
+        if not is_uri(spec.path):
+            return None
+        remote = self._remote
+        if remote is not None and remote.held and remote.prefix == f"{spec.namespace}/{spec.name}":
+            return remote  # bound again after a failed upload: the local file is newest
+        remote = RemoteSession(
+            root_of_session_uri(spec.path, spec.namespace, spec.name),
+            spec.namespace,
+            spec.name,
+            owner=f"{self.node_id[:12]}.{os.getpid()}.{uuid.uuid4().hex[:8]}",
+            cache_dir=default_cache_dir() / self.node_id[:16],
+        )
+        await asyncio.to_thread(remote.acquire)
+        try:
+            await asyncio.to_thread(remote.fetch)
+        except BaseException:
+            await asyncio.to_thread(remote.release)
+            raise
+        return remote
+
+    async def _renew_lease(self, remote: RemoteSession) -> None:
+        while self._remote is remote:
+            await asyncio.sleep(remote.lease_ttl / 3)
+            if self._remote is not remote:
+                return
+            try:
+                await asyncio.to_thread(remote.renew)
+            except LeaseLostError as exc:
+                log.error("%s: lost its lease; its hibernation will be refused", exc)
+                return
+            except Exception as exc:  # the store is unreachable: try again
+                log.warning("renewing the lease of %s failed: %s", remote.prefix, exc)
+
+    async def _commit_remote(self, spec: BindSpec) -> None:
+        """Upload the closed file as the next generation and release the lease. An
+        upload that fails (after retries) leaves the previous generation intact: the
+        agent is bound again from its local file and the error goes to the caller."""
+        remote = self._remote
+        assert remote is not None
+        if self._renewer is not None:
+            self._renewer.cancel()
+            self._renewer = None
+        try:
+            await asyncio.to_thread(remote.commit)
+        except StaleOwnerError:
+            self._remote = None  # not ours to write any more: the local copy is dropped
+            raise
+        except BaseException:
+            await self.bind(spec)
+            raise
+        self._remote = None
+        await asyncio.to_thread(remote.release)
 
     async def _watch_idle(self, idle_timeout: float) -> None:
         # Sleeps until the agent could be idle for idle_timeout, not on a fixed tick:
