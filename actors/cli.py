@@ -6,6 +6,8 @@ wakes it and shows the history rebuilt from its DuckDB file. ``thinkray bench`` 
 the W1/W2 benchmark (issue 10) with LangGraph beside thinkray (:mod:`thinkray.actors.bench`).
 ``thinkray serve`` runs the HTTP ingress (:mod:`thinkray.actors.ingress`) on Ray Serve:
 the AI SDK chat stream, resume, sessions and the web chat page, behind bearer tokens.
+``thinkray sessions ls|show|export|rm`` and ``thinkray stats`` read the fleet index
+(:mod:`thinkray.actors.fleet_cli`) without waking any agent.
 """
 
 from __future__ import annotations
@@ -368,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
         help="a browser origin allowed to call it (repeatable; default: none)",
     )
     p_serve.set_defaults(func=serve)
+    from thinkray.actors import fleet_cli
+
+    fleet_cli.add_commands(sub)  # sessions ls|show|export|rm|compact, stats
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 

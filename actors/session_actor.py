@@ -41,6 +41,7 @@ from thinkray.storage.objectstore import (
     is_uri,
     root_of_session_uri,
 )
+from thinkray.storage.fleet_index import refresh_if_due, write_index_row
 from thinkray.storage.session_store import DuckDBSessionStore
 from thinkray.storage.types import SessionNotFoundError
 
@@ -225,6 +226,7 @@ class SessionActor:
         try:
             next_due = await _maybe_await(getattr(agent, "next_alarm_at", None))
             await _maybe_await(getattr(agent, "on_hibernate", None))
+            write_index_row(agent.store, getattr(self.spec, "path", None))  # fleet index
         finally:
             self.agent, self.name, self.spec = None, None, None
             self._unbound.set()
@@ -304,6 +306,7 @@ class SessionActor:
             await asyncio.sleep(max(0.05, wait))
             if self.agent is None or self.spec is None:
                 return
+            refresh_if_due(self.agent.store, self.spec.path)  # fleet index, live agent
             if self.busy():
                 self.last_activity = time.monotonic()
                 wait = min(idle_timeout, 5.0)  # a run in flight: look again soon

@@ -1,0 +1,602 @@
+"""The fleet index: one row per agent of a namespace, readable without waking anyone.
+
+A row says what an agent is without opening its database: ``name``, ``owner`` (the
+ingress's owner file, :mod:`thinkray.storage.owners`), ``sessions``, ``messages``
+(visible ones), ``bytes`` on disk (the ``.duckdb`` file plus any ``.wal``),
+``created_at``, ``last_active`` (the newest session update), token rollups by model and
+kind (``models``: ``{model: {input, output, reasoning, cache_read, cache_write,
+cost_usd}}``) and the same by day (``days``: ``{"YYYY-MM-DD": {model: {...}}}``).
+The session actor writes its agent's row at every hibernation and, for an agent that
+stays live, from its idle watcher at most once per :data:`REFRESH_SECONDS`.
+
+Layout (beside the agents' files, ``root/<namespace>/.index/``)::
+
+    rows/<name>.json       one small file per agent, replaced whole (tmp + rename)
+    merging/<name>.json    rows a compaction has taken and not yet folded in
+    snapshot.msgpack       every row, as of the last compaction (tmp + rename)
+    compact.lock           held (fcntl) by the one compaction running
+
+Why files and not a table: every session actor, on every node, writes rows at once,
+and a DuckDB file has one writer. A writer only ever replaces its own agent's row file
+with an atomic rename, so writers never wait for each other or a lock, and a reader
+sees each row whole, old or new. Readers merge the three layers, newest first
+(``rows`` > ``merging`` > ``snapshot``; between the last two the later ``written_at``).
+A compaction (the CLI runs one when ``rows/`` has grown, or ``thinkray sessions
+compact``) renames each row file into ``merging/`` (a row written meanwhile lands in
+``rows/`` again and stays newer), folds them into a new snapshot, renames it in, then
+deletes the merged files: a crash at any step loses nothing (the next compaction or
+reader picks up what ``merging/`` holds). Deletion (``thinkray sessions rm``) writes a
+tombstone row that compaction drops.
+
+Tokens by day: the row's ``days`` are built from deltas. At each write the agent's own
+file keeps the totals it last reported (config key :data:`REPORTED_KEY`); what grew
+since is added to today's bucket (UTC). Usage is attributed to the day it was indexed
+(the hibernation, or the live refresh, at most ``REFRESH_SECONDS`` late), and a session
+switching model mid-way counts under its current model. ``days`` keep the last
+:data:`KEEP_DAYS` days.
+
+Cost: the project has no price table. A row keeps the tokens by model and kind, and
+``cost_usd`` only when a provider reported one; :func:`cost_of` prices tokens when a
+table is configured (``THINKRAY_PRICES`` or ``--prices``: a JSON file ``{model:
+{input, output, reasoning, cache_read, cache_write}}`` in USD per million tokens).
+
+Costs at 100,000 agents (see ``tests/bench/bench_fleet.py`` for measured figures): a
+row is ~0.4 KB, so the snapshot is ~40 MB of msgpack (one read, ~0.5 s, for ``ls`` and
+``stats``); between compactions each re-indexed agent adds one ~0.5 KB file, and a read
+opens each (~20 µs apiece), which is why the CLI compacts beyond
+:data:`COMPACT_AFTER` of them; a write is one small file and a rename (no fsync:
+a row lost to a power cut is rewritten at the agent's next hibernation, and
+``stats --deep`` rebuilds any from the files themselves).
+
+With an object-store root (issue 13 item 1) the index follows the local file's root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import fcntl
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import duckdb
+from thinkray.storage.codec import pack, unpack
+from thinkray.storage.layout import FILE_SUFFIX, validate_name
+from thinkray.storage.owners import OwnerRegistry
+
+log = logging.getLogger("thinkray.fleet_index")
+
+INDEX_DIR = ".index"
+ROWS_DIR = "rows"
+MERGING_DIR = "merging"
+SNAPSHOT = "snapshot.msgpack"
+LOCK = "compact.lock"
+REPORTED_KEY = "fleet_index.reported"
+REFRESH_SECONDS = float(os.environ.get("THINKRAY_INDEX_REFRESH", "300"))
+"""A live agent's row is rewritten at most this often (seconds)."""
+COMPACT_AFTER = 1000
+"""The CLI compacts when ``rows/`` holds more row files than this."""
+KEEP_DAYS = 90
+KINDS = ("input", "output", "reasoning", "cache_read", "cache_write")
+_ROLLUP_OF_KIND = {
+    "input": "prompt_tokens",
+    "output": "completion_tokens",
+    "reasoning": "reasoning_tokens",
+    "cache_read": "cache_read",
+    "cache_write": "cache_write",
+}
+DEFAULT_MODEL = "default"
+"""The model key of sessions whose row names no model (the agent's ``get_model()``)."""
+
+Row = dict[str, Any]
+FetchAll = Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]
+
+_counter = 0
+_counter_lock = threading.Lock()
+_last_refresh: dict[str, float] = {}
+
+
+class AgentLiveError(Exception):
+    """The agent's file is held by a live process (DuckDB's lock)."""
+
+
+def index_dir(root: str | os.PathLike[str], namespace: str) -> Path:
+    """``root/<namespace>/.index``."""
+    return Path(root) / validate_name(namespace, "namespace") / INDEX_DIR
+
+
+def today(now: float | None = None) -> str:
+    """The UTC day of ``now`` as ``YYYY-MM-DD``."""
+    return _dt.datetime.fromtimestamp(time.time() if now is None else now, _dt.UTC).strftime(
+        "%Y-%m-%d"
+    )
+
+
+def _model_key(model: Any) -> str:
+    if isinstance(model, dict):
+        mid = model.get("model_id")
+        if mid:
+            provider = model.get("provider_id")
+            return f"{provider}/{mid}" if provider else str(mid)
+    return DEFAULT_MODEL
+
+
+def _empty_kinds() -> dict[str, Any]:
+    out: dict[str, Any] = dict.fromkeys(KINDS, 0)
+    out["cost_usd"] = None
+    return out
+
+
+def _add_kinds(into: dict[str, Any], more: dict[str, Any], sign: int = 1) -> None:
+    for kind in KINDS:
+        into[kind] = into.get(kind, 0) + sign * int(more.get(kind) or 0)
+    if more.get("cost_usd") is not None:
+        into["cost_usd"] = (into.get("cost_usd") or 0.0) + sign * float(more["cost_usd"])
+
+
+def summarize(fetchall: FetchAll) -> Row:
+    """Sessions, visible messages, times and usage by model of one agent's database,
+    through ``fetchall(sql, params)`` (a live store's or a read-only connection's)."""
+    sessions = fetchall("SELECT id, created_at, updated_at, info FROM sessions", [])
+    counts: dict[str, int] = dict(
+        fetchall(
+            "SELECT session_id, count(*) FROM messages WHERE hidden_at IS NULL GROUP BY session_id",
+            [],
+        )
+    )
+    models: dict[str, dict[str, Any]] = {}
+    created = last = None
+    for sid, created_at, updated_at, blob in sessions:
+        info = unpack(blob) if blob is not None else {}
+        usage = info.get("usage") or {}
+        kinds = {k: usage.get(_ROLLUP_OF_KIND[k], 0) for k in KINDS}
+        kinds["cost_usd"] = usage.get("cost_usd")
+        if any(kinds[k] for k in KINDS) or kinds["cost_usd"] is not None:
+            _add_kinds(models.setdefault(_model_key(info.get("model")), _empty_kinds()), kinds)
+        created = created_at if created is None else min(created, created_at)
+        last = updated_at if last is None else max(last, updated_at)
+        counts.setdefault(sid, 0)
+    return {
+        "sessions": len(sessions),
+        "messages": int(sum(counts.values())),
+        "created_at": created,
+        "last_active": last,
+        "models": models,
+    }
+
+
+def _reported(fetchall: FetchAll) -> dict[str, Any]:
+    rows = fetchall("SELECT value FROM config WHERE key = ?", [REPORTED_KEY])
+    value = unpack(rows[0][0]) if rows else None
+    return value if isinstance(value, dict) else {}
+
+
+def _with_days(models: dict[str, Any], reported: dict[str, Any], now: float) -> dict[str, Any]:
+    """The day buckets after adding what grew since ``reported["models"]`` to today."""
+    days = {d: {m: dict(k) for m, k in v.items()} for d, v in (reported.get("days") or {}).items()}
+    before = reported.get("models") or {}
+    bucket = days.setdefault(today(now), {})
+    for model, kinds in models.items():
+        delta = dict(kinds)
+        _add_kinds(delta, before.get(model) or {}, sign=-1)
+        clean = {k: max(0, int(delta.get(k) or 0)) for k in KINDS}
+        cost = delta.get("cost_usd")
+        clean_cost = cost if cost is not None and cost > 0 else None
+        if any(clean.values()) or clean_cost is not None:
+            into = bucket.setdefault(model, _empty_kinds())
+            _add_kinds(into, {**clean, "cost_usd": clean_cost})
+    if not bucket:
+        days.pop(today(now))
+    for day in sorted(days)[:-KEEP_DAYS]:
+        del days[day]
+    return days
+
+
+def _file_bytes(path: Path) -> int:
+    total = 0
+    for p in (path, path.with_name(path.name + ".wal")):
+        with contextlib.suppress(OSError):
+            total += p.stat().st_size
+    return total
+
+
+def _split(path: str | os.PathLike[str]) -> tuple[Path, str, str]:
+    """``root/<namespace>/<name>.duckdb`` -> (root, namespace, name)."""
+    p = Path(path)
+    if not p.name.endswith(FILE_SUFFIX):
+        raise ValueError(f"not an agent file: {p}")
+    return p.parent.parent, p.parent.name, p.name[: -len(FILE_SUFFIX)]
+
+
+def agent_row(
+    store: Any, path: str | os.PathLike[str], *, live: bool, now: float | None = None
+) -> Row:
+    """The index row of the agent whose open store is ``store`` (file ``path``), and
+    the day buckets' bookkeeping saved in the store (:data:`REPORTED_KEY`)."""
+    now = time.time() if now is None else now
+    root, namespace, name = _split(path)
+    fetchall = store.db.fetchall
+    row = summarize(fetchall)
+    reported = _reported(fetchall)
+    days = _with_days(row["models"], reported, now)
+    if row["models"] != reported.get("models") or days != reported.get("days"):
+        store.set_config(REPORTED_KEY, {"models": row["models"], "days": days})
+    if not live:
+        # The hibernation's close checkpoints anyway: done now, ``bytes`` is the size
+        # the file keeps, and the close has nothing left to write.
+        store.db.execute("CHECKPOINT")
+    row.update(
+        name=name,
+        namespace=namespace,
+        owner=OwnerRegistry(root).owner(namespace, name),
+        bytes=_file_bytes(Path(path)),
+        days=days,
+        live=live,
+        written_at=now,
+    )
+    return row
+
+
+def write_index_row(
+    store: Any, path: str | os.PathLike[str] | None, *, live: bool = False
+) -> Row | None:
+    """Compute and write the row of the agent at ``path`` (``root/ns/name.duckdb``)
+    from its open ``store``. Never raises: a failure is logged and the agent's
+    hibernation goes on (the row is rewritten next time, or by ``stats --deep``).
+    Nothing is written for ``path`` None or a file outside a namespace folder."""
+    if path is None:
+        return None
+    try:
+        row = agent_row(store, path, live=live)
+        root, namespace, _ = _split(path)
+        FleetIndex(root, namespace).put(row)
+        _last_refresh[str(path)] = time.monotonic()
+        return row
+    except Exception as exc:
+        log.warning("fleet index row of %s not written: %s", path, exc)
+        return None
+
+
+def refresh_if_due(store: Any, path: str | os.PathLike[str], every: float | None = None) -> bool:
+    """For a live agent: write its row if none was written by this process in the
+    last ``every`` seconds (default :data:`REFRESH_SECONDS`). True when written."""
+    every = REFRESH_SECONDS if every is None else every
+    last = _last_refresh.get(str(path))
+    now = time.monotonic()
+    if last is None:
+        _last_refresh[str(path)] = now  # the first tick only starts the clock
+        return False
+    if now - last < every:
+        return False
+    return write_index_row(store, path, live=True) is not None
+
+
+def _tmp_name(final: Path) -> Path:
+    global _counter
+    with _counter_lock:
+        _counter += 1
+        n = _counter
+    return final.with_name(f".{final.name}.{os.getpid()}.{threading.get_ident()}.{n}.tmp")
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = _tmp_name(path)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def _read_json(path: Path) -> Row | None:
+    try:
+        value = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None  # moved by a compaction meanwhile, or foreign
+    return value if isinstance(value, dict) and "name" in value else None
+
+
+def _row_files(folder: Path) -> list[Path]:
+    try:
+        with os.scandir(folder) as it:
+            return [Path(e.path) for e in it if e.name.endswith(".json") and e.name[0] != "."]
+    except FileNotFoundError:
+        return []
+
+
+class FleetIndex:
+    """The index of one namespace under a storage root (see the module docstring)."""
+
+    def __init__(self, root: str | os.PathLike[str], namespace: str) -> None:
+        self.root = Path(root)
+        self.namespace = namespace
+        self.dir = index_dir(root, namespace)
+        self.rows_dir = self.dir / ROWS_DIR
+        self.merging_dir = self.dir / MERGING_DIR
+        self.snapshot = self.dir / SNAPSHOT
+
+    # -- writing -----------------------------------------------------------------
+
+    def put(self, row: Row) -> None:
+        """Replace the row of ``row["name"]`` (atomic; any number of concurrent writers)."""
+        name = validate_name(row["name"], "agent name")
+        row.setdefault("written_at", time.time())
+        row.setdefault("namespace", self.namespace)
+        self.rows_dir.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.rows_dir / f"{name}.json", json.dumps(row).encode())
+
+    def delete(self, name: str) -> None:
+        """Drop ``name`` from the index (a tombstone row until the next compaction)."""
+        self.put({"name": name, "deleted": True, "written_at": time.time()})
+
+    def put_snapshot(self, rows: Iterable[Row]) -> int:
+        """Bulk load: fold ``rows`` into the snapshot directly (one file written), as a
+        compaction would. Returns the number of rows in the snapshot."""
+        with self._compaction() as locked:
+            if not locked:
+                raise RuntimeError("a compaction is running")
+            merged = self._read_snapshot()
+            for row in rows:
+                merged[row["name"]] = row
+            self._write_snapshot(merged)
+            return len(merged)
+
+    # -- reading -----------------------------------------------------------------
+
+    def _read_snapshot(self) -> dict[str, Row]:
+        try:
+            data = self.snapshot.read_bytes()
+        except FileNotFoundError:
+            return {}
+        value = unpack(data)
+        return {r["name"]: r for r in value.get("rows", [])}
+
+    def _write_snapshot(self, rows: dict[str, Row]) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        live = [r for r in rows.values() if not r.get("deleted")]
+        _atomic_write(self.snapshot, pack({"v": 1, "written_at": time.time(), "rows": live}))
+
+    def pending(self) -> int:
+        """How many row files wait for a compaction."""
+        return len(_row_files(self.rows_dir)) + len(_row_files(self.merging_dir))
+
+    def rows(self) -> dict[str, Row]:
+        """Every agent's current row by name (tombstones applied)."""
+        newest = {r["name"]: r for p in _row_files(self.rows_dir) if (r := _read_json(p))}
+        merging = [r for p in _row_files(self.merging_dir) if (r := _read_json(p))]
+        merged = self._read_snapshot()
+        for r in merging:
+            old = merged.get(r["name"])
+            if old is None or r.get("written_at", 0) >= old.get("written_at", 0):
+                merged[r["name"]] = r
+        merged.update(newest)
+        return {n: r for n, r in merged.items() if not r.get("deleted")}
+
+    def get(self, name: str) -> Row | None:
+        """The row of ``name`` (None: not indexed)."""
+        validate_name(name, "agent name")
+        row = _read_json(self.rows_dir / f"{name}.json")
+        if row is None:
+            return self.rows().get(name)
+        return None if row.get("deleted") else row
+
+    # -- compaction --------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _compaction(self) -> Any:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)
+
+    def compact(self) -> int | None:
+        """Fold the row files into the snapshot. Returns how many were folded, None
+        when another compaction holds the lock."""
+        with self._compaction() as locked:
+            if not locked:
+                return None
+            self.merging_dir.mkdir(parents=True, exist_ok=True)
+            for path in _row_files(self.rows_dir):
+                with contextlib.suppress(FileNotFoundError):
+                    # rows/ is always newer than merging/: replacing is right.
+                    os.replace(path, self.merging_dir / path.name)
+            taken = _row_files(self.merging_dir)
+            merged = self._read_snapshot()
+            for path in taken:
+                row = _read_json(path)
+                if row is None:
+                    continue
+                old = merged.get(row["name"])
+                if old is None or row.get("written_at", 0) >= old.get("written_at", 0):
+                    merged[row["name"]] = row
+            self._write_snapshot(merged)
+            for path in taken:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+            return len(taken)
+
+    def size_bytes(self) -> int:
+        """Bytes the index takes on disk (snapshot and row files)."""
+        total = 0
+        for p in [self.snapshot, *_row_files(self.rows_dir), *_row_files(self.merging_dir)]:
+            with contextlib.suppress(OSError):
+                total += p.stat().st_size
+        return total
+
+
+# -- the files themselves (offline) ------------------------------------------------
+
+
+def namespaces(root: str | os.PathLike[str]) -> list[str]:
+    """The namespaces under ``root`` (folders with agent files or an index), sorted."""
+    base = Path(root)
+    if not base.is_dir():
+        return []
+    out = []
+    for p in base.iterdir():
+        if p.is_dir() and not p.name.startswith("."):
+            with contextlib.suppress(Exception):
+                validate_name(p.name, "namespace")
+                out.append(p.name)
+    return sorted(out)
+
+
+def is_locked(path: str | os.PathLike[str]) -> bool:
+    """Whether another process holds a lock on the DuckDB file ``path`` (a live agent:
+    DuckDB takes an fcntl lock). Only tests; holds nothing after returning. A lock held
+    by this very process is not seen (fcntl locks are per process)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.lockf(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def scan_file(path: str | os.PathLike[str], now: float | None = None) -> Row:
+    """The index row of a hibernated agent's file, read through a read-only DuckDB
+    connection (nothing is written, the agent is not woken).
+
+    Raises:
+        AgentLiveError: a live process holds the file.
+    """
+    root, namespace, name = _split(path)
+    if is_locked(path):
+        raise AgentLiveError(f"{name} is live")
+    try:
+        con = duckdb.connect(str(path), read_only=True)
+    except duckdb.IOException as exc:
+        if "lock" in str(exc).lower():
+            raise AgentLiveError(f"{name} is live: {exc}") from exc
+        raise
+    try:
+
+        def fetchall(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+            return con.execute(sql, list(params)).fetchall()
+
+        tables = {t for (t,) in fetchall("SELECT table_name FROM information_schema.tables", [])}
+        if "sessions" in tables:
+            row = summarize(fetchall)
+        else:
+            row = {"sessions": 0, "messages": 0, "created_at": None, "last_active": None}
+            row["models"] = {}
+        reported = _reported(fetchall) if "config" in tables else {}
+    finally:
+        con.close()
+    row.update(
+        name=name,
+        namespace=namespace,
+        owner=OwnerRegistry(root).owner(namespace, name),
+        bytes=_file_bytes(Path(path)),
+        days=reported.get("days") or {},
+        live=False,
+        written_at=time.time() if now is None else now,
+    )
+    return row
+
+
+# -- pricing and stats --------------------------------------------------------------
+
+
+def load_prices(path: str | os.PathLike[str] | None = None) -> dict[str, dict[str, float]] | None:
+    """The price table (USD per million tokens by model and kind) from ``path`` or
+    ``$THINKRAY_PRICES``; None when none is configured."""
+    path = path or os.environ.get("THINKRAY_PRICES")
+    if not path:
+        return None
+    value = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(value, dict):
+        raise ValueError(f"price table {path} must be a JSON object of models")
+    return value
+
+
+def cost_of(
+    model: str, kinds: dict[str, Any], prices: dict[str, dict[str, float]] | None
+) -> float | None:
+    """USD for ``kinds`` of ``model``: from the price table when it names the model,
+    else the cost the provider reported (None: unknown)."""
+    table = (prices or {}).get(model)
+    if table is not None:
+        return sum(int(kinds.get(k) or 0) * float(table.get(k, 0.0)) for k in KINDS) / 1e6
+    cost = kinds.get("cost_usd")
+    return None if cost is None else float(cost)
+
+
+def _tokens(kinds: dict[str, Any]) -> int:
+    return sum(int(kinds.get(k) or 0) for k in KINDS)
+
+
+def fleet_stats(
+    rows: Iterable[Row],
+    *,
+    prices: dict[str, dict[str, float]] | None = None,
+    top: int = 10,
+    idle_days: float = 30.0,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """Totals, usage by model, usage by day and model, the biggest agents (bytes) and
+    the idle ones (no activity for ``idle_days``) of ``rows``."""
+    now = time.time() if now is None else now
+    by_model: dict[str, dict[str, Any]] = {}
+    by_day: dict[tuple[str, str], dict[str, Any]] = {}
+    agents = sessions = messages = size = 0
+    biggest: list[tuple[int, str]] = []
+    idle: list[tuple[float, str]] = []
+    cutoff = now - idle_days * 86400
+    for row in rows:
+        agents += 1
+        sessions += row.get("sessions") or 0
+        messages += row.get("messages") or 0
+        size += row.get("bytes") or 0
+        biggest.append((row.get("bytes") or 0, row["name"]))
+        last = row.get("last_active")
+        if last is None or last < cutoff:
+            idle.append((last or 0.0, row["name"]))
+        for model, kinds in (row.get("models") or {}).items():
+            _add_kinds(by_model.setdefault(model, _empty_kinds()), kinds)
+        for day, models in (row.get("days") or {}).items():
+            for model, kinds in models.items():
+                _add_kinds(by_day.setdefault((day, model), _empty_kinds()), kinds)
+
+    def usage(model: str, kinds: dict[str, Any]) -> dict[str, Any]:
+        out = {k: kinds.get(k, 0) for k in KINDS}
+        out["tokens"] = _tokens(kinds)
+        out["cost_usd"] = cost_of(model, kinds, prices)
+        return out
+
+    biggest.sort(reverse=True)
+    idle.sort()
+    return {
+        "agents": agents,
+        "sessions": sessions,
+        "messages": messages,
+        "bytes": size,
+        "priced": prices is not None,
+        "by_model": [{"model": m, **usage(m, k)} for m, k in sorted(by_model.items())],
+        "by_day": [{"day": d, "model": m, **usage(m, k)} for (d, m), k in sorted(by_day.items())],
+        "biggest": [{"name": n, "bytes": b} for b, n in biggest[:top]],
+        "idle": [{"name": n, "last_active": t or None} for t, n in idle[:top]],
+        "idle_count": len(idle),
+    }
