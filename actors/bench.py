@@ -568,7 +568,7 @@ def _init_ray() -> bool:
 
     if ray.is_initialized():
         return False
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     return True
 
 

@@ -53,7 +53,8 @@ def _init_ray() -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
     else:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        # "local": a Ray of our own, never whichever other instance runs on the machine.
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -311,6 +312,7 @@ def serve(args: argparse.Namespace) -> int:
         # Workers import `--agent module:Class` from here, as this process does.
         path = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
         ray.init(
+            address="local",  # our own Ray, never another instance on the machine
             include_dashboard=False,
             log_to_driver=False,
             runtime_env={"env_vars": {"PYTHONPATH": path}},

@@ -61,6 +61,7 @@ def ray_local():
 
     if not ray.is_initialized():
         ray.init(
+            address="local",  # the suite's own Ray, never another instance on the machine
             num_cpus=2,
             include_dashboard=False,
             log_to_driver=False,

@@ -85,6 +85,7 @@ from thinkray.actors import AgentNamespace
 assert (runtime.OWNER, storage.OWNER, actors.OWNER) == ("job",) * 3
 
 ray.init(
+    address="local",  # its own Ray, whatever else runs on the machine
     num_cpus=1,
     include_dashboard=False,
     log_to_driver=False,

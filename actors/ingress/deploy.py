@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from typing import Any
@@ -69,7 +70,11 @@ def serve_local(
     from ray import serve
 
     if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False)
+        ray.init(
+            address=os.environ.get("RAY_ADDRESS") or "local",
+            include_dashboard=False,
+            log_to_driver=False,
+        )
     serve.start(http_options={"host": host, "port": port})
     serve.run(ingress_app(config, replicas), name=APP_NAME, route_prefix="/")
     url = f"http://{host}:{port}"
