@@ -249,8 +249,10 @@ def write_index_row(
     """Compute and write the row of the agent at ``path`` (``root/ns/name.duckdb``)
     from its open ``store``. Never raises: a failure is logged and the agent's
     hibernation goes on (the row is rewritten next time, or by ``stats --deep``).
-    Nothing is written for ``path`` None or a file outside a namespace folder."""
-    if path is None:
+    Nothing is written for ``path`` None or a file outside a namespace folder, nor
+    for an object-store root (``s3://…``): the index of such a root is not shared
+    across nodes yet, and a node-local one would be wrong."""
+    if path is None or "://" in str(path):
         return None
     try:
         row = agent_row(store, path, live=live)
@@ -267,6 +269,8 @@ def refresh_if_due(store: Any, path: str | os.PathLike[str], every: float | None
     """For a live agent: write its row if none was written by this process in the
     last ``every`` seconds (default :data:`REFRESH_SECONDS`). True when written."""
     every = REFRESH_SECONDS if every is None else every
+    if "://" in str(path):
+        return False  # object-store roots have no index yet (see write_index_row)
     last = _last_refresh.get(str(path))
     now = time.monotonic()
     if last is None:

@@ -216,3 +216,13 @@ def test_hibernation_writes_the_index_row(namespace_factory):
     assert (row["sessions"], row["messages"], row["live"]) == (1, 2, False)
     path = Path(ns.storage_root) / ns.name / "indexed.duckdb"
     assert row["bytes"] == path.stat().st_size
+
+
+def test_an_object_store_root_writes_no_node_local_index(tmp_path, monkeypatch):
+    from thinkray.storage.fleet_index import refresh_if_due, write_index_row
+
+    monkeypatch.chdir(tmp_path)
+    assert write_index_row(object(), "file:///srv/root/ns/agent.duckdb") is None
+    assert write_index_row(object(), "s3://bucket/root/ns/agent.duckdb") is None
+    assert refresh_if_due(object(), "s3://bucket/root/ns/agent.duckdb", every=0) is False
+    assert list(tmp_path.iterdir()) == []  # no folder named "file:" or "s3:"
