@@ -220,9 +220,16 @@ def test_hibernation_writes_the_index_row(namespace_factory):
 
 def test_an_object_store_root_writes_no_node_local_index(tmp_path, monkeypatch):
     from thinkray.storage.fleet_index import refresh_if_due, write_index_row
+    from thinkray.storage.session_store import DuckDBSessionStore
 
-    monkeypatch.chdir(tmp_path)
-    assert write_index_row(object(), "file:///srv/root/ns/agent.duckdb") is None
-    assert write_index_row(object(), "s3://bucket/root/ns/agent.duckdb") is None
-    assert refresh_if_due(object(), "s3://bucket/root/ns/agent.duckdb", every=0) is False
-    assert list(tmp_path.iterdir()) == []  # no folder named "file:" or "s3:"
+    store = DuckDBSessionStore(tmp_path / "agent.duckdb")
+    store.create_session("s")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    uri = f"file://{tmp_path}/root/ns/agent.duckdb"
+    assert write_index_row(store, uri) is None
+    assert write_index_row(store, "s3://bucket/root/ns/agent.duckdb") is None
+    assert refresh_if_due(store, "s3://bucket/root/ns/agent.duckdb", every=0) is False
+    assert list(cwd.iterdir()) == []  # no folder named "file:" or "s3:"
+    store.close()
