@@ -34,16 +34,52 @@ Concurrency: a per-name asyncio lock makes get-or-create exactly-once (two proce
 resolving one name get one actor and one writer); an entry being hibernated is
 removed only after its file is closed, so a concurrent resolve waits on the lock and
 never opens a file that is still held.
+
+**Shards.** A namespace may spread its names over K directory actors
+(``AgentNamespace(..., directories=K)``): name ``n`` belongs to shard
+:func:`shard_of` ``(n, K)`` (sha1 of the name mod K: stable across processes and
+restarts), and only that shard binds it, so the exactly-once argument above holds per
+shard. Shard 0 is named ``thinkray-directory-<namespace>`` (as with one directory),
+shard i ``thinkray-directory-<namespace>/<i>``; shard 0 reports K, so ``connect``
+finds the others.
+
+Each shard runs the whole policy above on its own share: its own pool and its own
+live cap, ``ceil(max_live / K)`` (likewise ``pool_size``, ``max_pool`` and
+``max_starting``, at least 1 each). The trade-off, against one shard hosting a pool
+the others borrow from: separate pools keep a bind at one round trip (caller ->
+shard -> session actor) and share no lock or queue, which is the point of sharding;
+the price is that the caps are approximate (their sum may exceed ``max_live`` by up to
+K - 1) and that an idle agent of one shard is never hibernated for a bind waiting in
+another, so with load skewed onto few names one shard can wait at its cap (for
+``cap_wait``, then exceed it) while another has room. With many names the hash
+spreads them evenly. A shared pool would balance better but put a second actor (and
+its queue) on every bind's path and make it a single point of contention again.
+
+**Crash recovery.** A directory actor is restarted by Ray when its process dies
+(``max_restarts=-1``: same name, same actor id, so the handles held anywhere stay
+valid); one stopped for good (``ray.kill(..., no_restart=True)``) is recreated by
+the namespace object or by a handle that finds it gone. Session actors of a detached
+namespace are themselves detached and named ``thinkray-session/<namespace>/<shard>/<id>``,
+so they outlive the directory's process. A directory's first call (any method) first
+rebuilds its map from them: each such actor is asked what it hosts (``rehome``,
+which also points its alarms and idle timer at the new directory); an agent still
+live there is *adopted* (entered as live, never bound a second time), a generic actor
+rejoins the pool, and an actor that does not answer within ``ADOPT_TIMEOUT`` is killed
+(its file lock goes with it, so the agent's next call binds it cleanly). Calls wait
+for the rebuild. Lost on a crash: the pending alarms of *hibernated* agents (they live
+in the directory's memory) and the pool's statistics.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import math
 import os
 import time
+import uuid
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,7 +88,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from thinkray.actors.errors import InvalidStateError
 from thinkray.actors.session_actor import DEFAULT_PRELOAD, BindSpec, RemoteSessionActor
-from thinkray.storage.errors import DatabaseLockedError
+from thinkray.storage.errors import DatabaseLockedError, InvalidInputError
 from thinkray.storage.layout import ensure_root, session_path, validate_name
 from thinkray.storage.types import SessionNotFoundError
 
@@ -79,6 +115,31 @@ STALE_PROBE_TIMEOUT = 5.0
 """How long the directory waits for an actor reported stale to say whether it still
 hosts the agent before it replaces it."""
 _DEFICIT_CHECK = 0.25  # how often the pool re-checks a deficit it could not fill yet
+ADOPT_TIMEOUT = 10.0
+"""How long a rebuilding directory waits for a session actor to say what it hosts."""
+RAY_NAMESPACE = "thinkray"
+"""The Ray namespace of the directories' and session actors' names."""
+
+
+def shard_of(name: str, shards: int) -> int:
+    """The directory shard (0 .. ``shards`` - 1) that owns agent ``name``: sha1 of the
+    name mod ``shards``, the same in every process."""
+    if shards <= 1:
+        return 0
+    digest = hashlib.sha1(name.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % shards
+
+
+def directory_name(namespace: str, shard: int = 0) -> str:
+    """The Ray actor name of ``namespace``'s directory shard ``shard``."""
+    base = f"thinkray-directory-{namespace}"
+    return base if shard == 0 else f"{base}/{shard}"
+
+
+def session_actor_prefix(namespace: str, shard: int | None = None) -> str:
+    """The Ray actor names of ``namespace``'s session actors (of one shard) start so."""
+    prefix = f"thinkray-session/{namespace}/"
+    return prefix if shard is None else f"{prefix}{shard}/"
 
 
 def _young(report: dict[str, Any]) -> bool:
@@ -110,6 +171,9 @@ class NamespaceConfig:
     pool_ttl: float = 60.0
     max_starting: int | None = None  # actor starts in flight (None: the cluster's CPUs)
     start_patience: float = 0.5
+    shard: int = 0  # this directory's shard (see the module)
+    shards: int = 1  # how many directory shards the namespace has
+    detached: bool = True  # session actors outlive the directory's process (named)
 
 
 @dataclass
@@ -225,6 +289,7 @@ class Directory:
         self._reclaimer: asyncio.Task[None] | None = None
         self._reclaiming: set[str] = set()
         self._probing: set[str] = set()
+        self._recovery: asyncio.Future[None] | None = None
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
@@ -232,18 +297,98 @@ class Directory:
         task.add_done_callback(self._background.discard)
         return task
 
-    async def start(self) -> dict[str, Any]:
-        """Fill the pool to ``pool_size`` and start the alarm and pool loops
-        (idempotent)."""
-        if self._alarm_changed is None:
+    async def _ready(self) -> None:
+        """Start the alarm and pool loops and rebuild the map from the live session
+        actors, once (every public method waits for it: see the module)."""
+        if self._recovery is None:
             if self.cfg.max_starting is None:
                 cpus = ray.cluster_resources().get("CPU", 1)
-                self._max_starting = max(1, int(cpus))
+                self._max_starting = max(1, math.ceil(int(cpus) / max(1, self.cfg.shards)))
             self._alarm_changed = asyncio.Event()
             self._pool_changed = asyncio.Event()
             self._reclaim_changed = asyncio.Event()
             self._spawn(self._alarm_loop())
             self._spawn(self._pool_loop())
+            self._recovery = asyncio.ensure_future(self._recover())
+        if not self._recovery.done():
+            await asyncio.shield(self._recovery)
+
+    async def _recover(self) -> None:
+        """Adopt the live session actors of this shard (see the module)."""
+        prefix = session_actor_prefix(self.cfg.namespace, self.cfg.shard)
+        try:
+            named = ray.util.list_named_actors(all_namespaces=True)
+        except Exception as exc:
+            log.warning("could not list the session actors to adopt: %s", exc)
+            return
+        found = [
+            a["name"]
+            for a in named
+            if isinstance(a, dict)
+            and a.get("namespace") == RAY_NAMESPACE
+            and str(a.get("name", "")).startswith(prefix)
+        ]
+        if not found:
+            return
+        me = ray.get_runtime_context().current_actor
+
+        async def ask(actor_name: str) -> tuple[Any, dict[str, Any] | None]:
+            try:
+                handle = ray.get_actor(actor_name, namespace=RAY_NAMESPACE)
+            except Exception:  # gone since the listing
+                return None, None
+            info: dict[str, Any]
+            try:
+                info = await asyncio.wait_for(handle.rehome.remote(me), ADOPT_TIMEOUT)
+            except Exception:
+                return handle, None
+            return handle, info
+
+        for handle, info in await asyncio.gather(*(ask(n) for n in found)):
+            if handle is None:
+                continue
+            bound = info.get("bound") if info is not None else None
+            if info is None or (
+                bound is not None
+                and (info.get("bound_namespace") != self.cfg.namespace or bound in self.entries)
+            ):
+                # Mute, warming up, or (never expected) a second host of a name: stop it.
+                with contextlib.suppress(Exception):
+                    ray.kill(handle, no_restart=True)
+                self.counters["adopt_killed"] += 1
+                continue
+            actor = PooledActor(
+                handle, info["actor_id"], info["node_id"], info["pid"], info.get("bindings", 0)
+            )
+            if bound is None:
+                self.counters["adopted_spares"] += 1
+                self._offer(actor)
+                continue
+            entry = Entry(actor)
+            self.entries[bound] = entry
+            self.counters["adopted"] += 1
+            self._spawn(self._watch(bound, entry))
+        if self.entries:
+            log.warning(
+                "directory %s/%d adopted %d live agents",
+                self.cfg.namespace,
+                self.cfg.shard,
+                len(self.entries),
+            )
+
+    def _owns(self, name: str) -> str:
+        validate_name(name)
+        if shard_of(name, self.cfg.shards) != self.cfg.shard:
+            raise InvalidInputError(
+                f"agent {name!r} belongs to shard {shard_of(name, self.cfg.shards)} of "
+                f"namespace {self.cfg.namespace!r}, not to shard {self.cfg.shard}"
+            )
+        return name
+
+    async def start(self) -> dict[str, Any]:
+        """Fill the pool to ``pool_size`` and start the alarm and pool loops
+        (idempotent)."""
+        await self._ready()
         headroom = self.cfg.max_live + 1 - self._live()
         self._fill = max(0, min(self.cfg.pool_size, headroom))
         self._kick()
@@ -256,7 +401,15 @@ class Directory:
     # -- pool ------------------------------------------------------------------------
 
     def _new_actor(self, node_id: str | None = None) -> Any:
-        options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1000}
+        options: dict[str, Any] = {
+            "num_cpus": 0,
+            "max_concurrency": 1000,
+            # Named, so that a replacement directory finds it (see the module).
+            "name": f"{session_actor_prefix(self.cfg.namespace, self.cfg.shard)}{uuid.uuid4().hex}",
+            "namespace": RAY_NAMESPACE,
+        }
+        if self.cfg.detached:
+            options["lifetime"] = "detached"
         options.update(self.cfg.actor_options)
         if node_id is not None:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
@@ -667,7 +820,8 @@ class Directory:
     ) -> tuple[Any, str]:
         """The live actor for ``name``, binding one if needed. ``stale_actor_id`` says
         the caller found that actor dead or no longer hosting ``name``."""
-        validate_name(name)
+        self._owns(name)
+        await self._ready()
         async with self.locks[name]:
             entry = self.entries.get(name)
             if (
@@ -756,6 +910,7 @@ class Directory:
 
     async def hibernate(self, name: str, force: bool = False) -> bool:
         """Close ``name``'s file and return its actor to the pool. False if busy."""
+        await self._ready()
         lock = self.locks[name]
         async with lock:
             entry = self.entries.get(name)
@@ -787,6 +942,7 @@ class Directory:
     async def hibernate_all(self, force: bool = False) -> int:
         """:meth:`hibernate` every live agent at once (busy ones too with ``force``);
         returns how many hibernated."""
+        await self._ready()
         results = await asyncio.gather(*(self.hibernate(n, force) for n in list(self.entries)))
         return sum(1 for r in results if r)
 
@@ -859,9 +1015,13 @@ class Directory:
         """The namespace, its storage root, live agents (name → actor id), the free
         pool size, actors starting, binds waiting, pending alarms, the event counters
         and the pool's state (``target`` spares, ``max_starting`` starts in flight and
-        the most seen at once, ``starting_peak``)."""
+        the most seen at once, ``starting_peak``), and which shard of how many this is."""
+        await self._ready()
         return {
             "namespace": self.cfg.namespace,
+            "shard": self.cfg.shard,
+            "shards": self.cfg.shards,
+            "max_live": self.cfg.max_live,
             "storage_root": self.cfg.storage_root,
             "live": {n: e.actor.actor_id for n, e in self.entries.items()},
             "free": len(self.free),
@@ -881,6 +1041,7 @@ class Directory:
     async def live_actor(self, name: str) -> dict[str, Any] | None:
         """Where ``name`` runs (``actor_id``, ``node_id``, ``pid``), or None when it is
         not live."""
+        await self._ready()
         entry = self.entries.get(name)
         if entry is None:
             return None
@@ -891,9 +1052,14 @@ class Directory:
         }
 
     async def shutdown(self) -> None:
-        """Hibernate everything (forcing), then stop every actor this directory made."""
+        """Hibernate everything (forcing), then stop every actor this directory made
+        (waiting a little for the starts in flight: a detached actor would outlive it)."""
         await self.hibernate_all(force=True)
         self._closed = True
+        deadline = time.monotonic() + 10.0
+        while self.starting and time.monotonic() < deadline:
+            self._pool_grew.clear()
+            await self._pool_event(self._pool_grew, 0.5)
         self._kick()  # fails the binds still waiting
         for event in (self._alarm_changed, self._pool_changed, self._reclaim_changed):
             if event is not None:
@@ -902,6 +1068,10 @@ class Directory:
             with contextlib.suppress(Exception):
                 ray.kill(actor.handle, no_restart=True)
         self.free.clear()
+
+    async def config(self) -> NamespaceConfig:
+        """This shard's configuration (a namespace object recreates lost shards from it)."""
+        return self.cfg
 
 
 RemoteDirectory = ray.remote(Directory)

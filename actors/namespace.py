@@ -25,18 +25,36 @@ when that actor answers that it no longer hosts the agent (it hibernated) or die
 directory replaces it and the agent rebinds). Handles are serializable: pass them to
 other actors. Operations on the agent's *placement* — hibernate, wake, where — are the
 namespace's: ``ns.hibernate(name)``, ``ns.wake(name)``, ``ns.where(name)``.
+
+``AgentNamespace(..., directories=K)`` spreads the names over K directory actors
+(:mod:`thinkray.actors.directory` explains the sharding, how the pool and the live cap
+divide, and how a crashed directory is replaced and adopts the live agents). A handle
+talks to its name's shard only; ``stats()``, ``hibernate_all()`` and ``shutdown()``
+cover every shard, and ``connect()`` finds them all.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import math
 import os
 import threading
+import time
 from collections import OrderedDict
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeAlias, TypeVar, cast
 
 import ray
 from ray.actor import ActorHandle
-from thinkray.actors.directory import NamespaceConfig, RemoteDirectory
+from thinkray.actors.directory import (
+    RAY_NAMESPACE,
+    NamespaceConfig,
+    RemoteDirectory,
+    directory_name,
+    session_actor_prefix,
+    shard_of,
+)
 from thinkray.actors.errors import RemoteCallError
 from thinkray.actors.response import AgentResponse, AgentResponseStream, CrashPolicy, TurnKeys
 from thinkray.actors.session_actor import DEFAULT_PRELOAD
@@ -45,17 +63,117 @@ from thinkray.runtime.messages import new_id, parse_message
 from thinkray.runtime.remote import RemoteMethod, check_arguments, remote_methods
 from thinkray.storage.layout import ensure_root, list_names, validate_name
 
-__all__ = ["RAY_NAMESPACE", "AgentHandle", "AgentNamespace", "Handle", "HandleMethod"]
+__all__ = [
+    "RAY_NAMESPACE",
+    "AgentHandle",
+    "AgentNamespace",
+    "DirectoryRouter",
+    "Handle",
+    "HandleMethod",
+]
 
-RAY_NAMESPACE = "thinkray"
 HANDLE_CACHE = 4096
 """Agent handles a namespace object keeps for reuse (least recently used dropped)."""
 
 A = TypeVar("A", bound=Think)
 
 
+DIRECTORY_RETRY = 30.0
+"""How long a handle keeps retrying a directory that is being restarted or recreated."""
+
+
 def _directory_name(namespace: str) -> str:
-    return f"thinkray-directory-{namespace}"
+    return directory_name(namespace)
+
+
+def _share(total: int | None, shards: int) -> int | None:
+    """One shard's share of a namespace-wide figure (at least 1; 0 stays 0)."""
+    if total is None:
+        return None
+    return 0 if total <= 0 else max(1, math.ceil(total / shards))
+
+
+class DirectoryRouter:
+    """The directory shards of one namespace, routed by name: ``router.for_name(name)``
+    is the actor handle of the shard that owns ``name``, and ``router.<method>.remote(
+    name, ...)`` sends a per-name directory call (``resolve``, ``hibernate``,
+    ``live_actor``, ...) to that shard. Serializable. It recreates a shard that is
+    gone for good when it knows the configuration (``revive``)."""
+
+    def __init__(
+        self,
+        namespace: str,
+        handles: list[Any],
+        config: NamespaceConfig | None = None,
+        detached: bool = True,
+    ) -> None:
+        self.namespace = namespace
+        self.handles = list(handles)
+        self.config = config
+        self.detached = detached
+
+    @property
+    def shards(self) -> int:
+        """How many directory shards."""
+        return len(self.handles)
+
+    def shard_of(self, name: str) -> int:
+        """The shard that owns ``name``."""
+        return shard_of(name, len(self.handles))
+
+    def for_name(self, name: str) -> Any:
+        """The actor handle of ``name``'s shard."""
+        return self.handles[self.shard_of(name)]
+
+    def __getattr__(self, method: str) -> _Routed:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return _Routed(self, method)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (DirectoryRouter, (self.namespace, self.handles, self.config, self.detached))
+
+    def revive(self, shard: int, dead: Any = None) -> Any:
+        """Shard ``shard``'s handle after a call found ``dead`` (its old handle) gone:
+        the actor registered under its name now, created anew from the configuration
+        if there is none (it then adopts the live agents: see the directory module)."""
+        current = self.handles[shard]
+        if dead is not None and current is not dead:
+            return current  # replaced already
+        name = directory_name(self.namespace, shard)
+        try:
+            handle = ray.get_actor(name, namespace=RAY_NAMESPACE)
+        except ValueError:
+            if self.config is None:
+                raise
+            handle = _create_shard(replace(self.config, shard=shard), self.detached)
+        self.handles[shard] = handle
+        return handle
+
+
+class _Routed:
+    def __init__(self, router: DirectoryRouter, method: str) -> None:
+        self.router = router
+        self.method = method
+
+    def remote(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.router.for_name(name), self.method).remote(name, *args, **kwargs)
+
+
+def _create_shard(config: NamespaceConfig, detached: bool) -> Any:
+    """Get or create the directory actor of ``config.shard`` (restarted by Ray if its
+    process dies)."""
+    options: dict[str, Any] = {
+        "name": directory_name(config.namespace, config.shard),
+        "namespace": RAY_NAMESPACE,
+        "get_if_exists": True,
+        "num_cpus": 0,
+        "max_concurrency": 1000,
+        "max_restarts": -1,
+    }
+    if detached:
+        options["lifetime"] = "detached"
+    return RemoteDirectory.options(**options).remote(config)
 
 
 class AgentNamespace(Generic[A]):
@@ -79,6 +197,11 @@ class AgentNamespace(Generic[A]):
     freed for it: given back, newly started, or taken from the least recently used
     idle agent, which hibernates. Binds at the ``max_live`` cap wait up to ``cap_wait``
     seconds for such an agent, then exceed the cap.
+    With ``directories=K`` the names spread over K directory actors (sha1 of the name
+    mod K); each shard keeps its own pool and a share of the caps (``ceil(max_live /
+    K)`` live agents, and so on: the directory module weighs this choice).
+    ``ns.directory`` is the directory's actor handle with one shard, a
+    :class:`DirectoryRouter` (per-name calls only) with several.
     Raises a storage error at once for a root that cannot be written.
     """
 
@@ -102,8 +225,11 @@ class AgentNamespace(Generic[A]):
         pool_ttl: float = 60.0,
         max_starting: int | None = None,
         start_patience: float = 0.5,
+        directories: int = 1,
     ) -> None:
         validate_name(name, "namespace")
+        if not isinstance(directories, int) or directories < 1:
+            raise ValueError(f"directories must be a positive integer, not {directories!r}")
         # Absolute: the actors open the files from their own working directory (a URI
         # root, s3://... or file://..., is kept as given: thinkray.storage.objectstore).
         storage_root = storage_root if "://" in storage_root else os.path.abspath(storage_root)
@@ -117,35 +243,72 @@ class AgentNamespace(Generic[A]):
             storage_root=storage_root,
             agent_cls=agent_cls,
             agent_kwargs=dict(agent_kwargs or {}),
-            pool_size=pool_size,
-            max_live=max_live,
+            pool_size=_share(pool_size, directories) or 0,
+            max_live=_share(max_live, directories) or 0,
             cap_wait=cap_wait,
             idle_timeout=idle_timeout,
             recycle_after=recycle_after,
             actor_options=dict(actor_options or {}),
             preload=tuple(preload),
-            max_pool=max_pool,
+            max_pool=_share(max_pool, directories),
             pool_ttl=pool_ttl,
-            max_starting=max_starting,
+            max_starting=_share(max_starting, directories),
             start_patience=start_patience,
+            shards=directories,
+            detached=detached,
         )
-        options: dict[str, Any] = {
-            "name": _directory_name(name),
-            "namespace": RAY_NAMESPACE,
-            "get_if_exists": True,
-            "num_cpus": 0,
-            "max_concurrency": 1000,
-        }
-        if detached:
-            options["lifetime"] = "detached"
-        # Any: Ray types a handle's methods only when they are declared with @ray.method
-        self.directory: Any = cast(Any, RemoteDirectory.options(**options).remote(config))
+        handles = [_create_shard(replace(config, shard=i), detached) for i in range(directories)]
+        self._router = DirectoryRouter(name, handles, config, detached)
+        self._set_directory()
         if start:
-            ray.get(self.directory.start.remote())
+            ray.get([d.start.remote() for d in self._router.handles])
+
+    def _set_directory(self) -> None:
+        # Any: Ray types a handle's methods only when they are declared with @ray.method
+        router = self._router
+        self.directory: Any = cast(Any, router.handles[0] if router.shards == 1 else router)
+
+    @property
+    def shards(self) -> int:
+        """How many directory actors the names are spread over."""
+        return self._router.shards
+
+    def directory_for(self, name: str) -> Any:
+        """The directory actor (shard) that owns agent ``name``."""
+        return self._router.for_name(validate_name(name))
+
+    def _call(self, shard: int, method: str, *args: Any) -> Any:
+        """``ray.get`` of a directory call on ``shard``, asked again while the shard is
+        being restarted by Ray, and recreated if it is gone for good (for up to
+        ``DIRECTORY_RETRY`` seconds)."""
+        return self._get(
+            shard, getattr(self._router.handles[shard], method).remote(*args), method, args
+        )
+
+    def _get(self, shard: int, ref: Any, method: str, args: tuple[Any, ...]) -> Any:
+        started = time.monotonic()
+        while True:
+            try:
+                return ray.get(ref)
+            except ray.exceptions.RayActorError:
+                if time.monotonic() - started > DIRECTORY_RETRY:
+                    raise
+                time.sleep(0.2)
+                handle = self._router.handles[shard]
+                with contextlib.suppress(ValueError):  # not registered yet: wait
+                    handle = self._router.revive(shard, handle)
+                    self._set_directory()
+                ref = getattr(handle, method).remote(*args)
+
+    def _all(self, method: str, *args: Any) -> list[Any]:
+        """``method`` on every shard at once (each asked again as in :meth:`_call`)."""
+        refs = [getattr(h, method).remote(*args) for h in self._router.handles]
+        return [self._get(shard, ref, method, args) for shard, ref in enumerate(refs)]
 
     async def astart(self) -> AgentNamespace[A]:
         """Wait for the warm pool (the async form of ``start=True``)."""
-        await self.directory.start.remote()
+        for handle in self._router.handles:
+            await handle.start.remote()
         return self
 
     @classmethod
@@ -154,9 +317,14 @@ class AgentNamespace(Generic[A]):
         calls on the actor's side only)."""
         self = cls.__new__(cls)
         self.name = name
-        self.directory = ray.get_actor(_directory_name(name), namespace=RAY_NAMESPACE)
-        stats: dict[str, Any] = ray.get(self.directory.stats.remote())
-        self.storage_root = stats.get("storage_root", "")
+        first: Any = ray.get_actor(directory_name(name), namespace=RAY_NAMESPACE)
+        config = cast(NamespaceConfig, ray.get(first.config.remote()))
+        handles: list[Any] = [first]
+        for shard in range(1, config.shards):
+            handles.append(ray.get_actor(directory_name(name, shard), namespace=RAY_NAMESPACE))
+        self._router = DirectoryRouter(name, handles, config, config.detached)
+        self._set_directory()
+        self.storage_root = config.storage_root
         self.agent_cls = None
         self._init_handles()
         return self
@@ -194,7 +362,7 @@ class AgentNamespace(Generic[A]):
         with self._handles_lock:
             handle = self._handles.get(key)
             if handle is None:
-                handle = AgentHandle(self.name, name, self.directory, create, self.agent_cls)
+                handle = AgentHandle(self.name, name, self._router, create, self.agent_cls)
                 self._handles[key] = handle
                 if len(self._handles) > HANDLE_CACHE:
                     self._handles.popitem(last=False)
@@ -208,40 +376,110 @@ class AgentNamespace(Generic[A]):
 
     def hibernate(self, name: str, force: bool = False) -> bool:
         """Hibernate agent ``name`` now; False while it is busy (unless ``force``)."""
-        return bool(ray.get(self.directory.hibernate.remote(validate_name(name), force)))
+        shard = self._router.shard_of(validate_name(name))
+        return bool(self._call(shard, "hibernate", name, force))
 
     async def ahibernate(self, name: str, force: bool = False) -> bool:
         """:meth:`hibernate` for async code."""
-        return bool(await self.directory.hibernate.remote(validate_name(name), force))
+        return bool(await self.directory_for(name).hibernate.remote(name, force))
 
     def hibernate_all(self, force: bool = False) -> int:
-        """Hibernate every live agent; returns how many went."""
-        return int(ray.get(self.directory.hibernate_all.remote(force)))
+        """Hibernate every live agent (on every shard); returns how many went."""
+        return sum(int(n) for n in self._all("hibernate_all", force))
 
     def wake(self, name: str, node_id: str | None = None) -> dict[str, Any]:
         """Bind agent ``name`` now (optionally on a given node); returns where it lives."""
-        validate_name(name)
-        ray.get(self.directory.resolve.remote(name, True, None, node_id))
-        where: dict[str, Any] = ray.get(self.directory.live_actor.remote(name))
+        shard = self._router.shard_of(validate_name(name))
+        self._call(shard, "resolve", name, True, None, node_id)
+        where: dict[str, Any] = self._call(shard, "live_actor", name)
         return where
 
     def where(self, name: str) -> dict[str, Any] | None:
         """The live actor hosting agent ``name`` (actor_id, node_id, pid), or None
         when it is hibernated."""
-        live: dict[str, Any] | None = ray.get(self.directory.live_actor.remote(validate_name(name)))
+        shard = self._router.shard_of(validate_name(name))
+        live: dict[str, Any] | None = self._call(shard, "live_actor", name)
         return live
 
     def stats(self) -> dict[str, Any]:
-        """The directory's counters (live, pooled, binds, hibernations, ...)."""
-        stats: dict[str, Any] = ray.get(self.directory.stats.remote())
-        return stats
+        """The directory's counters (live, pooled, binds, hibernations, ...): with
+        several shards their sum (``live`` and ``alarms`` merged, ``max_live`` the
+        sum of the shares), and each shard's own under ``by_shard``."""
+        return _aggregate(self._all("stats"))
 
     def shutdown(self) -> None:
-        """Hibernate every agent and stop the pool and the directory."""
+        """Hibernate every agent and stop the pool and the directories (every shard),
+        then any session actor of the namespace still registered."""
+        handles = list(self._router.handles)
         try:
-            ray.get(self.directory.shutdown.remote())
+            refs = [h.shutdown.remote() for h in handles]
+            for ref in refs:
+                with contextlib.suppress(ray.exceptions.ActorDiedError):
+                    ray.get(ref)  # gone already: its actors are stopped below
         finally:
-            ray.kill(self.directory, no_restart=True)
+            for handle in handles:
+                with contextlib.suppress(Exception):
+                    ray.kill(handle, no_restart=True)
+            _kill_session_actors(self.name)
+
+
+def _kill_session_actors(namespace: str) -> None:
+    """Stop the named session actors of ``namespace`` that are still registered (detached,
+    they would outlive the directories: a start in flight at shutdown, a lost shard)."""
+    prefix = session_actor_prefix(namespace)
+    try:
+        named = ray.util.list_named_actors(all_namespaces=True)
+    except Exception:
+        return
+    for item in named:
+        if not isinstance(item, dict) or item.get("namespace") != RAY_NAMESPACE:
+            continue
+        if not str(item.get("name", "")).startswith(prefix):
+            continue
+        with contextlib.suppress(Exception):
+            ray.kill(ray.get_actor(item["name"], namespace=RAY_NAMESPACE), no_restart=True)
+
+
+def _aggregate(shards: list[dict[str, Any]]) -> dict[str, Any]:
+    """One namespace's stats from its shards' (one shard: its own, plus ``by_shard``)."""
+    first = shards[0]
+    if len(shards) == 1:
+        return {**first, "by_shard": [_shard_summary(first)]}
+    counters: dict[str, int] = {}
+    for s in shards:
+        for key, value in s.get("counters", {}).items():
+            counters[key] = counters.get(key, 0) + value
+    pools = [s.get("pool", {}) for s in shards]
+    return {
+        "namespace": first["namespace"],
+        "storage_root": first["storage_root"],
+        "shards": len(shards),
+        "max_live": sum(s.get("max_live", 0) for s in shards),
+        "live": {n: a for s in shards for n, a in s["live"].items()},
+        "free": sum(s["free"] for s in shards),
+        "starting": sum(s["starting"] for s in shards),
+        "waiting": sum(s["waiting"] for s in shards),
+        "alarms": {n: t for s in shards for n, t in s["alarms"].items()},
+        "counters": counters,
+        "pool": {
+            "target": sum(p.get("target", 0) for p in pools),
+            "max_starting": sum(p.get("max_starting", 0) for p in pools),
+            "starting_peak": sum(p.get("starting_peak", 0) for p in pools),
+            "bind_rate": sum(p.get("bind_rate", 0.0) for p in pools),
+            "start_secs": max(p.get("start_secs", 0.0) for p in pools),
+        },
+        "by_shard": [_shard_summary(s) for s in shards],
+    }
+
+
+def _shard_summary(stats: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "shard": stats.get("shard", 0),
+        "live": len(stats["live"]),
+        "free": stats["free"],
+        "waiting": stats["waiting"],
+        "counters": dict(stats.get("counters", {})),
+    }
 
 
 class AgentHandle(Generic[A]):
@@ -254,13 +492,17 @@ class AgentHandle(Generic[A]):
         self,
         namespace: str,
         name: str,
-        directory: ActorHandle,
+        directory: ActorHandle | DirectoryRouter,
         create: bool = True,
         agent_cls: type[A] | None = None,
     ) -> None:
         self.namespace = namespace
         self.name = name
-        self.directory = directory
+        # The shard that owns the name; the router (when given) revives a lost one.
+        self._router = directory if isinstance(directory, DirectoryRouter) else None
+        self.directory: Any = directory
+        if self._router is not None:
+            self.directory = self._router.for_name(name)
         self.create = create
         self.agent_cls = agent_cls
         self._actor: ActorHandle | None = None
@@ -270,10 +512,8 @@ class AgentHandle(Generic[A]):
         return f"AgentHandle({self.namespace}/{self.name})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            AgentHandle,
-            (self.namespace, self.name, self.directory, self.create, self.agent_cls),
-        )
+        directory = self._router if self._router is not None else self.directory
+        return (AgentHandle, (self.namespace, self.name, directory, self.create, self.agent_cls))
 
     def __getattr__(self, method: str) -> HandleMethod:
         if method.startswith("_"):
@@ -296,21 +536,45 @@ class AgentHandle(Generic[A]):
     def _cached_actor(self) -> ActorHandle | None:
         return self._actor
 
+    def _resolve(self, stale: bool) -> Any:
+        return self.directory.resolve.remote(
+            self.name, self.create, self._actor_id if stale else None, None
+        )
+
+    def _directory_lost(self, started: float, error: BaseException) -> float:
+        """A resolve found the directory gone (crashed mid-call, or stopped for good):
+        how long to wait before asking again (its replacement), or ``error`` re-raised
+        after ``DIRECTORY_RETRY`` seconds."""
+        if time.monotonic() - started > DIRECTORY_RETRY:
+            raise error
+        if self._router is not None:
+            with contextlib.suppress(ValueError):  # not registered (yet): keep waiting
+                self.directory = self._router.revive(
+                    self._router.shard_of(self.name), self.directory
+                )
+        return 0.2
+
     def _actor_sync(self, stale: bool = False) -> ActorHandle:
         if self._actor is None or stale:
-            self._actor, self._actor_id = ray.get(
-                self.directory.resolve.remote(
-                    self.name, self.create, self._actor_id if stale else None, None
-                )
-            )
+            started = time.monotonic()
+            while True:
+                try:
+                    self._actor, self._actor_id = ray.get(self._resolve(stale))
+                    break
+                except ray.exceptions.RayActorError as exc:
+                    time.sleep(self._directory_lost(started, exc))
         assert self._actor is not None
         return self._actor
 
     async def _actor_async(self, stale: bool = False) -> ActorHandle:
         if self._actor is None or stale:
-            self._actor, self._actor_id = await self.directory.resolve.remote(
-                self.name, self.create, self._actor_id if stale else None, None
-            )
+            started = time.monotonic()
+            while True:
+                try:
+                    self._actor, self._actor_id = await self._resolve(stale)
+                    break
+                except ray.exceptions.RayActorError as exc:
+                    await asyncio.sleep(self._directory_lost(started, exc))
         assert self._actor is not None
         return self._actor
 

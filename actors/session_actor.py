@@ -331,6 +331,26 @@ class SessionActor:
         await self._unbound.wait()
         return True
 
+    async def rehome(self, directory: Any) -> dict[str, Any]:
+        """A replacement namespace directory takes this actor over (it rebuilds its map
+        from the live actors): alarms and idleness go to ``directory`` from now on.
+        Returns :meth:`ready`'s info plus ``bound_namespace`` (the hosted agent's)."""
+        spec = self.spec
+        if spec is not None and spec.directory is not None:
+            spec.directory = directory
+            if self.agent is not None:
+                name = spec.name
+
+                def report(due_at: float | None) -> None:
+                    directory.note_alarm.remote(name, due_at)
+
+                self.agent.durable.scheduler.on_next_due = report
+            if spec.idle_timeout and (self._watcher is None or self._watcher.done()):
+                self._watcher = asyncio.ensure_future(self._watch_idle(spec.idle_timeout))
+        info = self._info()
+        info["bound_namespace"] = spec.namespace if spec is not None else None
+        return info
+
     async def activity(self, name: str) -> dict[str, Any]:
         """For the live cap's LRU choice: whether ``name`` is still hosted here
         (``bound``), :meth:`busy`, seconds since the last call (``idle_for``), and
