@@ -33,6 +33,7 @@ from thinkray.runtime.agents.context import AgentContext, constructing
 from thinkray.runtime.agents.think import Think
 from thinkray.runtime.remote import Batch, RemoteMethod, check_arguments, remote_methods
 from thinkray.runtime.turn.stream import Pacing
+from thinkray.storage.fleet_index import refresh_if_due, write_index_row
 from thinkray.storage.objectstore import (
     LeaseLostError,
     RemoteSession,
@@ -41,7 +42,6 @@ from thinkray.storage.objectstore import (
     is_uri,
     root_of_session_uri,
 )
-from thinkray.storage.fleet_index import refresh_if_due, write_index_row
 from thinkray.storage.session_store import DuckDBSessionStore
 from thinkray.storage.types import SessionNotFoundError
 
