@@ -282,8 +282,12 @@ def serve_config(args: argparse.Namespace) -> tuple[IngressConfig, str | None]:
     if not tokens:
         generated = secrets.token_urlsafe(24)
         tokens[generated] = "user"
+    from thinkray.storage.layout import normalize_root
+
     config = IngressConfig(
-        storage_root=os.path.abspath(root),
+        # A local root made absolute (replicas open files from their own working
+        # directory); an object-store URI (s3://bucket/prefix?...) kept as given.
+        storage_root=normalize_root(root),
         agents=agents,
         tokens=tokens,
         cors_origins=list(args.cors_origin or []),

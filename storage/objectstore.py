@@ -70,6 +70,12 @@ __all__ = [
     "StaleOwnerError",
     "UploadError",
     "check_root",
+    "delete_object",
+    "list_folders",
+    "list_objects",
+    "put_object_if_absent",
+    "read_object",
+    "write_object",
     "is_uri",
     "list_remote_names",
     "remote_exists",
@@ -375,6 +381,51 @@ def _entries(backend: _Backend, prefix: str) -> tuple[list[int], list[int], list
         except ValueError:
             continue
     return sorted(gens), sorted(leases), data
+
+
+# -- small objects by key (the owner registry and the fleet index of a URI root) -------
+
+
+def read_object(root: str, key: str) -> bytes | None:
+    """The bytes of ``key`` under ``root`` (None: absent)."""
+    return _backend(root).read(key)
+
+
+def write_object(root: str, key: str, data: bytes) -> None:
+    """Create or replace ``key`` whole (readers see the old or the new object)."""
+    _backend(root).write(key, data)
+
+
+def put_object_if_absent(root: str, key: str, data: bytes) -> bool:
+    """Create ``key`` unless it exists (atomic, the store's conditional write); False
+    when it existed."""
+    return _backend(root).put_if_absent(key, data)
+
+
+def delete_object(root: str, key: str) -> None:
+    """Delete ``key`` (nothing if absent)."""
+    _backend(root).delete(key)
+
+
+def list_objects(root: str, key: str, *, recursive: bool = False) -> list[tuple[str, int]]:
+    """``(path relative to key, size)`` of the objects under ``key`` (recursively or
+    directly under it; folders left out); ``[]`` when there is nothing."""
+    backend = _backend(root)
+    base = backend._path(key).rstrip("/")
+    selector = backend.pafs.FileSelector(base, allow_not_found=True, recursive=recursive)
+    out = []
+    for info in backend.fs.get_file_info(selector):
+        if info.type != backend.pafs.FileType.File:
+            continue
+        path = info.path
+        rel = path[len(base) + 1 :] if path.startswith(base + "/") else info.base_name
+        out.append((rel, int(info.size or 0)))
+    return out
+
+
+def list_folders(root: str, key: str) -> list[str]:
+    """The names of the folders (common prefixes) directly under ``key``, sorted."""
+    return sorted(base for base, is_dir in _backend(root).children(key) if is_dir)
 
 
 def remote_exists(root: str, namespace: str, name: str) -> bool:

@@ -6,6 +6,12 @@ concurrently, and a DuckDB file has one writer. Creating a file with ``O_EXCL`` 
 atomic on a local or shared filesystem, so exactly one principal wins a name and the
 others read the winner. The owner files sit beside the agents' databases, so a name
 and its owner move together.
+
+Under an object-store root (``s3://bucket/prefix``, ``file:///path``; see
+:mod:`thinkray.storage.objectstore`) an owner file is the object
+``<root>/<namespace>/.owners/<name>``, claimed with the store's conditional write
+(put-if-absent: S3's ``PutObject`` with ``If-None-Match: *``), so every replica on every
+node agrees on the winner exactly as with a local root.
 """
 
 from __future__ import annotations
@@ -15,6 +21,13 @@ import os
 from pathlib import Path
 
 from thinkray.storage.layout import validate_name
+from thinkray.storage.objectstore import (
+    delete_object,
+    is_uri,
+    list_objects,
+    put_object_if_absent,
+    read_object,
+)
 
 OWNERS_DIR = ".owners"
 
@@ -26,10 +39,21 @@ class OwnerRegistry:
     name owns it; later claims by the same principal return True and change nothing,
     claims by others return False and write nothing. :meth:`release` frees a name
     (only for its owner). Names and namespaces are validated before any filesystem
-    call."""
+    call. ``root`` is a local path or an object-store URI (then :attr:`uri` is set)."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.uri: str | None = str(root) if is_uri(root) else None
         self.root = Path(root)
+
+    def _key(self, namespace: str, name: str) -> str:
+        validate_name(namespace, "namespace")
+        validate_name(name, "agent name")
+        return f"{namespace}/{OWNERS_DIR}/{name}"
+
+    def _read(self, key: str) -> str | None:
+        assert self.uri is not None
+        data = read_object(self.uri, key)
+        return (data.decode("utf-8") or None) if data is not None else None
 
     def _path(self, namespace: str, name: str) -> Path:
         validate_name(namespace, "namespace")
@@ -38,6 +62,8 @@ class OwnerRegistry:
 
     def owner(self, namespace: str, name: str) -> str | None:
         """The principal owning ``name`` (None: unclaimed)."""
+        if self.uri is not None:
+            return self._read(self._key(namespace, name))
         try:
             return self._path(namespace, name).read_text(encoding="utf-8") or None
         except FileNotFoundError:
@@ -48,6 +74,10 @@ class OwnerRegistry:
         ``principal`` owns it now."""
         if not principal:
             raise ValueError("a principal must be a non-empty string")
+        if self.uri is not None:
+            key = self._key(namespace, name)
+            put_object_if_absent(self.uri, key, principal.encode("utf-8"))
+            return self._read(key) == principal
         path = self._path(namespace, name)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{name}.{os.getpid()}.{id(self)}.tmp")
@@ -67,12 +97,22 @@ class OwnerRegistry:
         """Free ``name`` if ``principal`` owns it; True when it was freed."""
         if self.owner(namespace, name) != principal:
             return False
+        if self.uri is not None:
+            delete_object(self.uri, self._key(namespace, name))
+            return True
         with contextlib.suppress(FileNotFoundError):
             self._path(namespace, name).unlink()
         return True
 
     def names(self, namespace: str, principal: str) -> list[str]:
         """The names ``principal`` owns in ``namespace``, sorted."""
+        if self.uri is not None:
+            folder_key = f"{validate_name(namespace, 'namespace')}/{OWNERS_DIR}"
+            return sorted(
+                name
+                for name, _size in list_objects(self.uri, folder_key)
+                if not name.startswith(".") and self._read(f"{folder_key}/{name}") == principal
+            )
         folder = self.root / validate_name(namespace, "namespace") / OWNERS_DIR
         if not folder.is_dir():
             return []
