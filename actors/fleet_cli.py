@@ -24,6 +24,7 @@ from typing import Any
 
 from thinkray.storage import fleet_index as fi
 from thinkray.storage.layout import list_names, session_path
+from thinkray.storage.objectstore import is_uri
 from thinkray.storage.owners import OwnerRegistry
 
 
@@ -115,16 +116,26 @@ class Progress:
 # -- shared --------------------------------------------------------------------------
 
 
-def _root(args: argparse.Namespace) -> Path:
+def _root(args: argparse.Namespace, *, local_only: str = "") -> Path | str:
+    """The storage root: a local folder, or an object-store URI as given (its index
+    lives in the store). ``local_only`` names a command that reads the agents' files
+    directly, refused under a URI root."""
     root = args.root or os.environ.get("THINKRAY_STORAGE_ROOT")
     if not root:
         raise CommandError("no storage root: pass --root or set THINKRAY_STORAGE_ROOT")
+    if is_uri(root):
+        if local_only:
+            raise CommandError(
+                f"{local_only} reads the agents' files on a local storage root; {root!r} is "
+                "an object store (its index answers sessions ls/show/compact and stats)"
+            )
+        return str(root)
     if not Path(root).is_dir():
         raise CommandError(f"storage root {root!r} is not a directory")
     return Path(root)
 
 
-def _namespaces(args: argparse.Namespace, root: Path) -> list[str]:
+def _namespaces(args: argparse.Namespace, root: Path | str) -> list[str]:
     if args.namespace:
         return [args.namespace]
     return fi.namespaces(root)
@@ -146,10 +157,12 @@ def index_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     return out
 
 
-def _find(args: argparse.Namespace, name: str) -> tuple[Path, str, dict[str, Any] | None]:
+def _find(
+    args: argparse.Namespace, name: str, local_only: str = ""
+) -> tuple[Path | str, str, dict[str, Any] | None]:
     """(root, namespace, index row or None) of agent ``name``: in ``--namespace``, else
     the one namespace holding it (an error when none or several do)."""
-    root = _root(args)
+    root = _root(args, local_only=local_only)
     found = []
     for ns in _namespaces(args, root):
         row = fi.FleetIndex(root, ns).get(name)
@@ -248,7 +261,7 @@ def sessions_export(args: argparse.Namespace) -> int:
     touched). Refuses a live agent."""
     from thinkray.storage.session_store import DuckDBSessionStore
 
-    root, ns, row = _find(args, args.name)
+    root, ns, row = _find(args, args.name, local_only="sessions export")
     path = session_path(root, ns, args.name)
     if not path.exists():
         raise CommandError(f"agent {args.name!r} has no file ({path})")
@@ -276,7 +289,7 @@ def sessions_export(args: argparse.Namespace) -> int:
 def sessions_rm(args: argparse.Namespace) -> int:
     """``thinkray sessions rm NAME``: delete a hibernated agent's file, index row and
     owner file. Refuses a live agent (a process holds its file)."""
-    root, ns, _row = _find(args, args.name)
+    root, ns, _row = _find(args, args.name, local_only="sessions rm")
     path = session_path(root, ns, args.name)
     if fi.is_locked(path):
         raise CommandError(f"agent {args.name!r} is live: hibernate it first, nothing removed")
@@ -317,7 +330,7 @@ def sessions_compact(args: argparse.Namespace) -> int:
 
 def deep_rows(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str]]:
     """Rows read from every hibernated file (read-only), and the live ones skipped."""
-    root = _root(args)
+    root = _root(args, local_only="stats --deep")
     files = [(ns, n) for ns in _namespaces(args, root) for n in list_names(root, ns)]
     rows: list[dict[str, Any]] = []
     skipped: list[str] = []

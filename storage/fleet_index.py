@@ -48,7 +48,11 @@ opens each (~20 µs apiece), which is why the CLI compacts beyond
 a row lost to a power cut is rewritten at the agent's next hibernation, and
 ``stats --deep`` rebuilds any from the files themselves).
 
-With an object-store root (issue 13 item 1) the index follows the local file's root.
+With an object-store root (``s3://bucket/prefix``, ``file:///path``; issue 13) the index
+lives in the store, under ``<root>/<namespace>/.index/`` (:class:`ObjectStoreIndex`):
+rows are small immutable objects (``rows/<name>/<stamp>-<token>.json``, each write a
+new one, the newest stamp wins) since an object store has no rename, and the snapshot
+is one object replaced whole; see that class for compaction.
 """
 
 from __future__ import annotations
@@ -68,6 +72,17 @@ from typing import Any
 import duckdb
 from thinkray.storage.codec import pack, unpack
 from thinkray.storage.layout import FILE_SUFFIX, validate_name
+from thinkray.storage.objectstore import (
+    RootURI,
+    delete_object,
+    is_uri,
+    list_folders,
+    list_objects,
+    put_object_if_absent,
+    read_object,
+    root_of_session_uri,
+    write_object,
+)
 from thinkray.storage.owners import OwnerRegistry
 
 log = logging.getLogger("thinkray.fleet_index")
@@ -206,8 +221,15 @@ def _file_bytes(path: Path) -> int:
     return total
 
 
-def _split(path: str | os.PathLike[str]) -> tuple[Path, str, str]:
-    """``root/<namespace>/<name>.duckdb`` -> (root, namespace, name)."""
+def _split(path: str | os.PathLike[str]) -> tuple[Path | str, str, str]:
+    """``root/<namespace>/<name>.duckdb`` -> (root, namespace, name); the root of a
+    session URI (``s3://bucket/prefix/ns/name.duckdb``) is the root's URI."""
+    if is_uri(path):
+        parts = RootURI.parse(str(path)).path.rsplit("/", 2)
+        if len(parts) < 3 or not parts[2].endswith(FILE_SUFFIX):
+            raise ValueError(f"not an agent file: {path}")
+        namespace, name = parts[1], parts[2][: -len(FILE_SUFFIX)]
+        return root_of_session_uri(str(path), namespace, name), namespace, name
     p = Path(path)
     if not p.name.endswith(FILE_SUFFIX):
         raise ValueError(f"not an agent file: {p}")
@@ -235,7 +257,8 @@ def agent_row(
         name=name,
         namespace=namespace,
         owner=OwnerRegistry(root).owner(namespace, name),
-        bytes=_file_bytes(Path(path)),
+        # under an object-store root: the node-local copy being hibernated
+        bytes=_file_bytes(Path(store.db.path if is_uri(path) else path)),
         days=days,
         live=live,
         written_at=now,
@@ -249,10 +272,10 @@ def write_index_row(
     """Compute and write the row of the agent at ``path`` (``root/ns/name.duckdb``)
     from its open ``store``. Never raises: a failure is logged and the agent's
     hibernation goes on (the row is rewritten next time, or by ``stats --deep``).
-    Nothing is written for ``path`` None or a file outside a namespace folder, nor
-    for an object-store root (``s3://…``): the index of such a root is not shared
-    across nodes yet, and a node-local one would be wrong."""
-    if path is None or "://" in str(path):
+    Nothing is written for ``path`` None or a file outside a namespace folder. Under
+    an object-store root ``path`` is the session's URI and the row goes to the
+    store (:class:`ObjectStoreIndex`)."""
+    if path is None:
         return None
     try:
         row = agent_row(store, path, live=live)
@@ -269,8 +292,6 @@ def refresh_if_due(store: Any, path: str | os.PathLike[str], every: float | None
     """For a live agent: write its row if none was written by this process in the
     last ``every`` seconds (default :data:`REFRESH_SECONDS`). True when written."""
     every = REFRESH_SECONDS if every is None else every
-    if "://" in str(path):
-        return False  # object-store roots have no index yet (see write_index_row)
     last = _last_refresh.get(str(path))
     now = time.monotonic()
     if last is None:
@@ -317,7 +338,13 @@ def _row_files(folder: Path) -> list[Path]:
 
 
 class FleetIndex:
-    """The index of one namespace under a storage root (see the module docstring)."""
+    """The index of one namespace under a storage root (see the module docstring).
+    Under an object-store root (a URI) it is an :class:`ObjectStoreIndex`."""
+
+    def __new__(cls, root: str | os.PathLike[str], namespace: str) -> FleetIndex:  # noqa: D102
+        if cls is FleetIndex and is_uri(root):
+            return super().__new__(ObjectStoreIndex)
+        return super().__new__(cls)
 
     def __init__(self, root: str | os.PathLike[str], namespace: str) -> None:
         self.root = Path(root)
@@ -443,11 +470,179 @@ class FleetIndex:
         return total
 
 
+class ObjectStoreIndex(FleetIndex):
+    """The index of one namespace under an object-store root, in the store itself
+    (``<root>/<namespace>/.index/``), through the helpers of
+    :mod:`thinkray.storage.objectstore`::
+
+        rows/<name>/<stamp>-<token>.json   one immutable object per write
+        snapshot.msgpack                   every row as of the last compaction
+        compact.lock                       put-if-absent by the compaction running
+
+    An object store has no rename, so instead of replacing ``rows/<name>.json`` a
+    writer creates a new object (its stamp: nanoseconds since the epoch) and then
+    deletes its agent's older ones; readers take the newest object of each name (and
+    the snapshot's row when its ``written_at`` is newer). Objects are never
+    rewritten, so a compaction deletes exactly the objects it folded into the
+    snapshot and a row written meanwhile survives (no ``merging/`` stage is needed).
+    The compaction lock is an object created with the store's conditional write; one
+    left by a crashed compaction is taken over after :attr:`LOCK_TTL` seconds."""
+
+    LOCK_TTL = 300.0
+
+    def __init__(self, root: str | os.PathLike[str], namespace: str) -> None:
+        self.uri = str(root)
+        self.namespace = validate_name(namespace, "namespace")
+        self.prefix = f"{namespace}/{INDEX_DIR}"
+        self.rows_key = f"{self.prefix}/{ROWS_DIR}"
+        self.snapshot_key = f"{self.prefix}/{SNAPSHOT}"
+        self.lock_key = f"{self.prefix}/{LOCK}"
+
+    def __repr__(self) -> str:
+        return f"ObjectStoreIndex({self.uri!r}, {self.namespace!r})"
+
+    def _row_objects(self, name: str | None = None) -> dict[str, list[str]]:
+        """The row objects' keys by agent name, oldest first."""
+        base = self.rows_key if name is None else f"{self.rows_key}/{name}"
+        out: dict[str, list[str]] = {}
+        for rel, _size in list_objects(self.uri, base, recursive=True):
+            if name is not None:
+                rel = f"{name}/{rel}"
+            agent, sep, leaf = rel.partition("/")
+            if sep and leaf.endswith(".json") and not leaf.startswith(".") and "/" not in leaf:
+                out.setdefault(agent, []).append(f"{self.rows_key}/{rel}")
+        for keys in out.values():
+            keys.sort()
+        return out
+
+    def _read_row(self, key: str) -> Row | None:
+        try:
+            data = read_object(self.uri, key)
+            value = json.loads(data) if data is not None else None
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) and "name" in value else None
+
+    def put(self, row: Row) -> None:
+        """Write the row of ``row["name"]`` as a new object, then drop its older ones."""
+        name = validate_name(row["name"], "agent name")
+        row.setdefault("written_at", time.time())
+        row.setdefault("namespace", self.namespace)
+        key = f"{self.rows_key}/{name}/{time.time_ns():020d}-{os.urandom(4).hex()}.json"
+        write_object(self.uri, key, json.dumps(row).encode())
+        for old in self._row_objects(name).get(name, []):
+            if old < key:
+                with contextlib.suppress(Exception):  # a compaction may have taken it
+                    delete_object(self.uri, old)
+
+    def _read_snapshot(self) -> dict[str, Row]:
+        data = read_object(self.uri, self.snapshot_key)
+        if data is None:
+            return {}
+        return {r["name"]: r for r in unpack(data).get("rows", [])}
+
+    def _write_snapshot(self, rows: dict[str, Row]) -> None:
+        live = [r for r in rows.values() if not r.get("deleted")]
+        data = pack({"v": 1, "written_at": time.time(), "rows": live})
+        write_object(self.uri, self.snapshot_key, data)
+
+    @staticmethod
+    def _fold(into: dict[str, Row], row: Row) -> None:
+        old = into.get(row["name"])
+        if old is None or row.get("written_at", 0) >= old.get("written_at", 0):
+            into[row["name"]] = row
+
+    def pending(self) -> int:
+        """How many row objects wait for a compaction."""
+        return sum(len(keys) for keys in self._row_objects().values())
+
+    def rows(self) -> dict[str, Row]:
+        """Every agent's current row by name (tombstones applied)."""
+        merged = self._read_snapshot()
+        for keys in self._row_objects().values():
+            for key in reversed(keys):  # the newest readable one
+                if (row := self._read_row(key)) is not None:
+                    self._fold(merged, row)
+                    break
+        return {n: r for n, r in merged.items() if not r.get("deleted")}
+
+    def get(self, name: str) -> Row | None:
+        """The row of ``name`` (None: not indexed)."""
+        validate_name(name, "agent name")
+        for key in reversed(self._row_objects(name).get(name, [])):
+            if (row := self._read_row(key)) is not None:
+                snap = self._read_snapshot().get(name)
+                if snap is not None and snap.get("written_at", 0) > row.get("written_at", 0):
+                    row = snap
+                return None if row.get("deleted") else row
+        row = self._read_snapshot().get(name)
+        return None if row is None or row.get("deleted") else row
+
+    @contextlib.contextmanager
+    def _compaction(self) -> Any:
+        body = json.dumps({"pid": os.getpid(), "expires_at": time.time() + self.LOCK_TTL})
+        locked = put_object_if_absent(self.uri, self.lock_key, body.encode())
+        if not locked:
+            try:
+                held = json.loads(read_object(self.uri, self.lock_key) or b"{}")
+            except ValueError:
+                held = {}
+            if float(held.get("expires_at", 0)) < time.time():  # left by a crashed one
+                delete_object(self.uri, self.lock_key)
+                locked = put_object_if_absent(self.uri, self.lock_key, body.encode())
+        try:
+            yield locked
+        finally:
+            if locked:
+                with contextlib.suppress(Exception):
+                    delete_object(self.uri, self.lock_key)
+
+    def put_snapshot(self, rows: Iterable[Row]) -> int:
+        """Bulk load: fold ``rows`` into the snapshot (one object written). Returns the
+        number of rows in the snapshot."""
+        with self._compaction() as locked:
+            if not locked:
+                raise RuntimeError("a compaction is running")
+            merged = self._read_snapshot()
+            for row in rows:
+                merged[row["name"]] = row
+            self._write_snapshot(merged)
+            return len(merged)
+
+    def compact(self) -> int | None:
+        """Fold the row objects into the snapshot and delete them. Returns how many
+        were folded, None when another compaction holds the lock."""
+        with self._compaction() as locked:
+            if not locked:
+                return None
+            taken = [key for keys in self._row_objects().values() for key in keys]
+            merged = self._read_snapshot()
+            for key in taken:
+                if (row := self._read_row(key)) is not None:
+                    self._fold(merged, row)
+            self._write_snapshot(merged)
+            for key in taken:
+                with contextlib.suppress(Exception):
+                    delete_object(self.uri, key)
+            return len(taken)
+
+    def size_bytes(self) -> int:
+        """Bytes the index takes in the store (snapshot and row objects)."""
+        return sum(size for _rel, size in list_objects(self.uri, self.prefix, recursive=True))
+
+
 # -- the files themselves (offline) ------------------------------------------------
 
 
 def namespaces(root: str | os.PathLike[str]) -> list[str]:
     """The namespaces under ``root`` (folders with agent files or an index), sorted."""
+    if is_uri(root):
+        out = []
+        for folder in list_folders(str(root), ""):
+            if not folder.startswith("."):
+                with contextlib.suppress(Exception):
+                    out.append(validate_name(folder, "namespace"))
+        return out
     base = Path(root)
     if not base.is_dir():
         return []

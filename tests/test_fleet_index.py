@@ -218,18 +218,47 @@ def test_hibernation_writes_the_index_row(namespace_factory):
     assert row["bytes"] == path.stat().st_size
 
 
-def test_an_object_store_root_writes_no_node_local_index(tmp_path, monkeypatch):
-    from thinkray.storage.fleet_index import refresh_if_due, write_index_row
-    from thinkray.storage.session_store import DuckDBSessionStore
+def test_an_object_store_root_keeps_its_index_in_the_store(uri_root, tmp_path, monkeypatch, capsys):
+    """Under a URI root (file:// and S3 on moto) the rows land in the store, under
+    ``<root>/<ns>/.index/``, and ``sessions ls``/``stats``/``compact`` read them there."""
+    from thinkray.storage.objectstore import list_objects, session_uri
 
-    store = DuckDBSessionStore(tmp_path / "agent.duckdb")
-    store.create_session("s")
+    def index_objects() -> list[str]:
+        return sorted(rel for rel, _ in list_objects(uri_root, f"{NS}/.index", recursive=True))
+
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
-    uri = f"file://{tmp_path}/root/ns/agent.duckdb"
-    assert write_index_row(store, uri) is None
-    assert write_index_row(store, "s3://bucket/root/ns/agent.duckdb") is None
-    assert refresh_if_due(store, "s3://bucket/root/ns/agent.duckdb", every=0) is False
-    assert list(cwd.iterdir()) == []  # no folder named "file:" or "s3:"
-    store.close()
+    local = tmp_path / "cache" / "agent.duckdb"  # the node-local copy of a live agent
+    uri = session_uri(uri_root, NS, "agent")
+    OwnerRegistry(uri_root).claim(NS, "agent", "alice")
+    with DuckDBSessionStore(local) as store:
+        sid = store.create_session("chat").id
+        store.add_usage(sid, {"input": 100, "output": 10})
+        row = fi.write_index_row(store, uri)
+        assert row is not None and row["owner"] == "alice" and row["bytes"] > 0
+        first = index_objects()
+        assert len(first) == 1 and first[0].startswith("rows/agent/"), first
+        assert fi.refresh_if_due(store, uri, every=0)  # a live refresh replaces it
+        second = index_objects()
+        assert len(second) == 1 and second != first
+    assert list(cwd.iterdir()) == []  # no node-local folder named after the scheme
+    index = fi.FleetIndex(uri_root, NS)
+    assert isinstance(index, fi.ObjectStoreIndex) and index.pending() == 1
+    got = index.get("agent")
+    assert got is not None and got["live"] is True and got["sessions"] == 1
+    rows = _json(capsys, ["sessions", "ls", "--root", uri_root, "--json"])
+    assert [(r["namespace"], r["name"], r["owner"]) for r in rows] == [(NS, "agent", "alice")]
+    stats = _json(capsys, ["stats", "--root", uri_root, "--json"])
+    assert stats["agents"] == 1 and stats["by_model"][0]["input"] == 100
+    assert _json(capsys, ["sessions", "compact", "--root", uri_root, "--json"]) == {NS: 1}
+    assert index_objects() == ["snapshot.msgpack"] and index.pending() == 0
+    assert list(fi.FleetIndex(uri_root, NS).rows()) == ["agent"]
+    assert index.size_bytes() > 0
+    index.put({"name": "other", "sessions": 2})
+    assert sorted(index.rows()) == ["agent", "other"]
+    index.delete("agent")
+    assert sorted(index.rows()) == ["other"] and index.get("agent") is None
+    assert index.compact() == 2 and sorted(index.rows()) == ["other"]
+    assert main(["sessions", "rm", "other", "--root", uri_root]) == 1  # refused, clearly
+    assert "object store" in capsys.readouterr().err
