@@ -56,20 +56,36 @@ def _cost(c: float | None) -> str:
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], out: Any = None) -> None:
     """Print ``rows`` under ``headers`` as aligned columns (numbers right-aligned)."""
+    cells = [["" if c is None else str(c) for c in r] for r in rows]
+    columns = [[r[i] for r in cells] for i in range(len(headers))]
+    table_columns(headers, columns, out)
+
+
+_CHUNK = 4096
+"""Lines (or JSON rows) written at once."""
+
+
+def table_columns(headers: Sequence[str], columns: Sequence[list[str]], out: Any = None) -> None:
+    """:func:`table` of the cells given column by column (strings, all as long): a
+    column is numeric when each of its distinct cells is; lines are written in chunks."""
     out = out or sys.stdout
-    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
-    numeric = [
-        all(_numeric(r[i]) for r in cells[1:]) and len(cells) > 1 for i in range(len(headers))
+    count = len(columns[0]) if columns else 0
+    numeric = [count > 0 and all(map(_numeric, set(col))) for col in columns]
+    widths = [
+        max(len(str(h)), max(map(len, col), default=0))
+        for h, col in zip(headers, columns, strict=True)
     ]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    for n, r in enumerate(cells):
-        line = "  ".join(
-            c.rjust(w) if numeric[i] and n else c.ljust(w)
-            for i, (c, w) in enumerate(zip(r, widths, strict=True))
-        )
-        out.write(line.rstrip() + "\n")
-        if n == 0:
-            out.write("  ".join("-" * w for w in widths) + "\n")
+    out.write(
+        "  ".join(str(h).ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip() + "\n"
+    )
+    out.write("  ".join("-" * w for w in widths) + "\n")
+    for start in range(0, count, _CHUNK):
+        padded = [
+            [c.rjust(w) if num else c.ljust(w) for c in col[start : start + _CHUNK]]
+            for col, w, num in zip(columns, widths, numeric, strict=True)
+        ]
+        lines = zip(*padded, strict=True)
+        out.write("".join("  ".join(cells).rstrip() + "\n" for cells in lines))
 
 
 def _numeric(s: str) -> bool:
@@ -82,8 +98,25 @@ def _numeric(s: str) -> bool:
 
 
 def _emit_json(value: Any) -> None:
-    json.dump(value, sys.stdout, indent=None, separators=(",", ":"))
-    sys.stdout.write("\n")
+    # json.dumps, not json.dump: dump streams through the pure-Python encoder.
+    sys.stdout.write(json.dumps(value, indent=None, separators=(",", ":")) + "\n")
+
+
+def _emit_json_rows(texts: Iterable[str]) -> None:
+    """A JSON list of rows already encoded (compact), written in chunks: the same text
+    as :func:`_emit_json` of the decoded rows."""
+    out = sys.stdout
+    out.write("[")
+    chunk: list[str] = []
+    first = True
+    for text in texts:
+        chunk.append(text)
+        if len(chunk) >= _CHUNK:
+            out.write(("" if first else ",") + ",".join(chunk))
+            first, chunk = False, []
+    if chunk:
+        out.write(("" if first else ",") + ",".join(chunk))
+    out.write("]\n")
 
 
 class Progress:
@@ -157,6 +190,25 @@ def index_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     return out
 
 
+def index_table(args: argparse.Namespace, columns: Sequence[str] | None = None) -> Any:
+    """:func:`index_rows` as one Arrow table (:func:`fi.snapshot_schema`, only ``columns``
+    and the merge's own when given) with ``pos``, the row's place in that list."""
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+    root = _root(args)
+    tables = []
+    for ns in _namespaces(args, root):
+        index = fi.FleetIndex(root, ns)
+        if not args.no_compact and index.pending() > fi.COMPACT_AFTER:
+            with contextlib.suppress(OSError):
+                index.compact()
+        tables.append(index.table(columns))
+    if not tables:
+        tables.append(fi.rows_table([], "", columns))
+    merged = pa.concat_tables([t.cast(tables[0].schema) for t in tables])
+    return merged.append_column("pos", pa.array(range(merged.num_rows), type=pa.int64()))
+
+
 def _find(
     args: argparse.Namespace, name: str, local_only: str = ""
 ) -> tuple[Path | str, str, dict[str, Any] | None]:
@@ -182,42 +234,79 @@ def _tokens(row: dict[str, Any]) -> int:
 
 # -- sessions ------------------------------------------------------------------------
 
-_SORTS = {
-    "name": (lambda r: (r.get("namespace", ""), r["name"]), False),
-    "bytes": (lambda r: r.get("bytes") or 0, True),
-    "messages": (lambda r: r.get("messages") or 0, True),
-    "last_active": (lambda r: r.get("last_active") or 0, True),
-    "tokens": (_tokens, True),
+_SORTS: dict[str, tuple[tuple[str, ...], str]] = {
+    # the index table's columns, and the order; ties keep the listing's order (``pos``)
+    "name": (("namespace", "name"), "ascending"),
+    "bytes": (("bytes",), "descending"),
+    "messages": (("messages",), "descending"),
+    "last_active": (("last_active",), "descending"),  # none: as 0
+    "tokens": (("tokens",), "descending"),
 }
+_LS_COLUMNS = ("namespace", "owner", "sessions", "messages", "bytes", "tokens", "last_active")
+
+
+def _cached(func: Any) -> Any:
+    """``func`` of one argument, computed once per distinct value (sizes, minutes)."""
+    memo: dict[Any, Any] = {}
+
+    def get(value: Any) -> Any:
+        out = memo.get(value)
+        if out is None:
+            out = memo[value] = func(value)
+        return out
+
+    return get
+
+
+def _ls_order(args: argparse.Namespace, table: Any) -> list[int]:
+    """Row numbers of ``table`` in ``ls``'s order: ``--owner``, ``--sort`` (stable over
+    the index's order), ``--limit``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc  # type: ignore[import-untyped]
+
+    keys = {"pos": table["pos"]}
+    columns, order = _SORTS[args.sort]
+    for c in columns:
+        keys[c] = table[c].fill_null(0.0) if c == "last_active" else table[c]
+    sort_keys = [*((c, order) for c in columns), ("pos", "ascending")]
+    keyed = pa.table(keys)
+    if args.owner:
+        keyed = keyed.filter(pc.equal(table["owner"], args.owner).fill_null(False))
+    ranked = pc.sort_indices(keyed, sort_keys=sort_keys)
+    picked: list[int] = keyed["pos"].take(ranked).to_pylist()
+    return picked if args.limit is None else picked[: args.limit]
 
 
 def sessions_ls(args: argparse.Namespace) -> int:
-    """``thinkray sessions ls``: one line per indexed agent."""
-    rows = index_rows(args)
-    if args.owner:
-        rows = [r for r in rows if r.get("owner") == args.owner]
-    key, reverse = _SORTS[args.sort]
-    rows.sort(key=key, reverse=reverse)
-    if args.limit is not None:
-        rows = rows[: args.limit]
+    """``thinkray sessions ls``: one line per indexed agent (sorted, filtered and cut by
+    columnar operations on the index; the lines written as they are formatted)."""
+    import pyarrow as pa
+
+    table = index_table(args, (*_LS_COLUMNS, "row") if args.json else _LS_COLUMNS)
+    order = _ls_order(args, table)
     if args.json:
-        _emit_json(rows)
+
+        def texts() -> Iterable[str]:
+            for start in range(0, len(order), _CHUNK):
+                yield from table["row"].take(order[start : start + _CHUNK]).to_pylist()
+
+        _emit_json_rows(texts())
         return 0
-    table(
+    picked = table.select(["name", *_LS_COLUMNS]).take(pa.array(order, type=pa.int64()))
+    size = _cached(_size)
+    minute = _cached(lambda m: time.strftime("%Y-%m-%d %H:%M", time.localtime(m * 60)))
+    table_columns(
         ("namespace", "name", "owner", "sessions", "messages", "size", "tokens", "last active"),
-        (
-            (
-                r.get("namespace"),
-                r["name"],
-                r.get("owner") or "-",
-                r.get("sessions", 0),
-                r.get("messages", 0),
-                _size(r.get("bytes")),
-                f"{_tokens(r):,}",
-                _when(r.get("last_active")),
-            )
-            for r in rows
-        ),
+        [
+            picked["namespace"].to_pylist(),
+            picked["name"].to_pylist(),
+            [o or "-" for o in picked["owner"].to_pylist()],
+            list(map(str, picked["sessions"].to_pylist())),
+            list(map(str, picked["messages"].to_pylist())),
+            list(map(size, picked["bytes"].to_pylist())),
+            [f"{t:,}" for t in picked["tokens"].to_pylist()],
+            ["-" if not t else minute(int(t) // 60) for t in picked["last_active"].to_pylist()],
+        ],
     )
     return 0
 
@@ -362,9 +451,10 @@ def stats(args: argparse.Namespace) -> int:
     skipped: list[str] = []
     if args.deep:
         rows, skipped = deep_rows(args)
+        rows_of = fi.rows_table(rows, "", fi.STATS_COLUMNS)
     else:
-        rows = index_rows(args)
-    result = fi.fleet_stats(rows, prices=prices, top=args.top, idle_days=args.idle_days)
+        rows_of = index_table(args, fi.STATS_COLUMNS)
+    result = fi.fleet_stats_table(rows_of, prices=prices, top=args.top, idle_days=args.idle_days)
     if args.days is not None:
         days = sorted({d["day"] for d in result["by_day"]})[-args.days :]
         result["by_day"] = [d for d in result["by_day"] if d["day"] in days]

@@ -13,7 +13,7 @@ Layout (beside the agents' files, ``root/<namespace>/.index/``)::
 
     rows/<name>.json       one small file per agent, replaced whole (tmp + rename)
     merging/<name>.json    rows a compaction has taken and not yet folded in
-    snapshot.msgpack       every row, as of the last compaction (tmp + rename)
+    snapshot.parquet       every row, as of the last compaction (tmp + rename)
     compact.lock           held (fcntl) by the one compaction running
 
 Why files and not a table: every session actor, on every node, writes rows at once,
@@ -40,12 +40,22 @@ Cost: the project has no price table. A row keeps the tokens by model and kind, 
 table is configured (``THINKRAY_PRICES`` or ``--prices``: a JSON file ``{model:
 {input, output, reasoning, cache_read, cache_write}}`` in USD per million tokens).
 
+The snapshot is columnar (Parquet, zstd; :func:`snapshot_schema`): the numbers ``ls``
+sorts and ``stats`` adds up are columns, usage by model and by day are list-of-struct
+columns (aggregated by :func:`fleet_stats_table` with ``pyarrow.compute``, no Python loop
+over agents), and ``row`` keeps each row's compact JSON, so ``ls --json`` writes the
+stored text without decoding a row. Readers take the layers as one Arrow table
+(:meth:`FleetIndex.table`: snapshot, then the row files over it, in the order a dict
+merge would give); only the row files, a few at most, are parsed in Python. A snapshot
+left in the former msgpack format (``snapshot.msgpack``) is still read, and replaced
+by the next compaction.
+
 Costs at 100,000 agents (see ``tests/bench/bench_fleet.py`` for measured figures): a
-row is ~0.4 KB, so the snapshot is ~40 MB of msgpack (one read, ~0.5 s, for ``ls`` and
-``stats``); between compactions each re-indexed agent adds one ~0.5 KB file, and a read
-opens each (~20 µs apiece), which is why the CLI compacts beyond
-:data:`COMPACT_AFTER` of them; a write is one small file and a rename (no fsync:
-a row lost to a power cut is rewritten at the agent's next hibernation, and
+row is ~0.4 KB of JSON, the snapshot a few MB compressed (one read, ~0.1 s, for ``ls`` and
+``stats``, which reads only the columns it needs); between compactions each re-indexed
+agent adds one ~0.5 KB file, and a read opens each (~20 µs apiece), which is why the CLI
+compacts beyond :data:`COMPACT_AFTER` of them; a write is one small file and a rename
+(no fsync: a row lost to a power cut is rewritten at the agent's next hibernation, and
 ``stats --deep`` rebuilds any from the files themselves).
 
 With an object-store root (``s3://bucket/prefix``, ``file:///path``; issue 13) the index
@@ -60,6 +70,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -91,6 +102,9 @@ INDEX_DIR = ".index"
 ROWS_DIR = "rows"
 MERGING_DIR = "merging"
 SNAPSHOT = "snapshot.msgpack"
+"""The row-wise (msgpack) snapshot: a local index's former format, read when no
+:data:`SNAPSHOT_PARQUET` exists."""
+SNAPSHOT_PARQUET = "snapshot.parquet"
 LOCK = "compact.lock"
 REPORTED_KEY = "fleet_index.reported"
 REFRESH_SECONDS = float(os.environ.get("THINKRAY_INDEX_REFRESH", "300"))
@@ -352,7 +366,8 @@ class FleetIndex:
         self.dir = index_dir(root, namespace)
         self.rows_dir = self.dir / ROWS_DIR
         self.merging_dir = self.dir / MERGING_DIR
-        self.snapshot = self.dir / SNAPSHOT
+        self.snapshot = self.dir / SNAPSHOT_PARQUET
+        self.legacy_snapshot = self.dir / SNAPSHOT
 
     # -- writing -----------------------------------------------------------------
 
@@ -374,49 +389,79 @@ class FleetIndex:
         with self._compaction() as locked:
             if not locked:
                 raise RuntimeError("a compaction is running")
-            merged = self._read_snapshot()
-            for row in rows:
-                merged[row["name"]] = row
-            self._write_snapshot(merged)
-            return len(merged)
+            merged = overlay(self._read_snapshot_table(), [], list(rows), self.namespace)
+            self._write_snapshot_table(merged)
+            return int(merged.num_rows)
 
     # -- reading -----------------------------------------------------------------
+    # Three layers (snapshot, merging/, rows/), each read by one method, so another
+    # backing store (an object-store root) replaces how a layer is read, not the merge.
 
-    def _read_snapshot(self) -> dict[str, Row]:
+    def _read_snapshot_table(self, columns: Sequence[str] | None = None) -> Any:
+        """The snapshot as an Arrow table (:func:`snapshot_schema`, only ``columns``
+        when given; every column :func:`overlay` needs is always read)."""
+        pq = _parquet()
         try:
             data = self.snapshot.read_bytes()
         except FileNotFoundError:
-            return {}
-        value = unpack(data)
-        return {r["name"]: r for r in value.get("rows", [])}
+            return self._read_legacy_snapshot(columns)
+        return pq.read_table(_pyarrow().BufferReader(data), columns=_columns(columns))
 
-    def _write_snapshot(self, rows: dict[str, Row]) -> None:
+    def _read_legacy_snapshot(self, columns: Sequence[str] | None) -> Any:
+        try:
+            data = self.legacy_snapshot.read_bytes()
+        except FileNotFoundError:
+            return rows_table([], self.namespace, columns)
+        value = unpack(data)
+        return rows_table(value.get("rows", []), self.namespace, columns)
+
+    def _write_snapshot_table(self, table: Any) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        live = [r for r in rows.values() if not r.get("deleted")]
-        _atomic_write(self.snapshot, pack({"v": 1, "written_at": time.time(), "rows": live}))
+        pa, pq = _pyarrow(), _parquet()
+        live = table.filter(_pc().invert(table["deleted"])).select(snapshot_schema().names)
+        sink = pa.BufferOutputStream()
+        pq.write_table(
+            live.cast(snapshot_schema()),
+            sink,
+            compression="zstd",
+            use_dictionary=["namespace", "owner", "models", "days"],
+        )
+        _atomic_write(self.snapshot, sink.getvalue().to_pybytes())
+        with contextlib.suppress(FileNotFoundError):
+            self.legacy_snapshot.unlink()  # folded into the new one
 
     def pending(self) -> int:
         """How many row files wait for a compaction."""
         return len(_row_files(self.rows_dir)) + len(_row_files(self.merging_dir))
 
+    def _read_rows(self, folder: Path) -> list[Row]:
+        """The rows of one row-file layer (``rows/`` or ``merging/``)."""
+        return [r for p in _row_files(folder) if (r := _read_json(p))]
+
+    def table(self, columns: Sequence[str] | None = None) -> Any:
+        """Every agent's current row as an Arrow table (:func:`snapshot_schema`; only
+        ``columns`` and the merge's own when given), tombstones applied, in the order
+        of a dict merge of the layers: the snapshot's rows, each in place when a row
+        file replaces it, then the agents only row files have."""
+        # Row files first: a compaction moving one from rows/ to merging/ meanwhile
+        # is then seen in one layer or the other (or the snapshot), never in none.
+        newest = self._read_rows(self.rows_dir)
+        merging = self._read_rows(self.merging_dir)
+        snapshot = self._read_snapshot_table(columns)
+        return overlay(snapshot, merging, newest, self.namespace, columns)
+
     def rows(self) -> dict[str, Row]:
         """Every agent's current row by name (tombstones applied)."""
-        newest = {r["name"]: r for p in _row_files(self.rows_dir) if (r := _read_json(p))}
-        merging = [r for p in _row_files(self.merging_dir) if (r := _read_json(p))]
-        merged = self._read_snapshot()
-        for r in merging:
-            old = merged.get(r["name"])
-            if old is None or r.get("written_at", 0) >= old.get("written_at", 0):
-                merged[r["name"]] = r
-        merged.update(newest)
-        return {n: r for n, r in merged.items() if not r.get("deleted")}
+        return {r["name"]: r for r in map(json.loads, self.table(["row"])["row"].to_pylist())}
 
     def get(self, name: str) -> Row | None:
         """The row of ``name`` (None: not indexed)."""
         validate_name(name, "agent name")
         row = _read_json(self.rows_dir / f"{name}.json")
         if row is None:
-            return self.rows().get(name)
+            table = self.table(["row"])
+            found = table.filter(_pc().equal(table["name"], name))["row"].to_pylist()
+            return json.loads(found[-1]) if found else None
         return None if row.get("deleted") else row
 
     # -- compaction --------------------------------------------------------------
@@ -447,15 +492,9 @@ class FleetIndex:
                     # rows/ is always newer than merging/: replacing is right.
                     os.replace(path, self.merging_dir / path.name)
             taken = _row_files(self.merging_dir)
-            merged = self._read_snapshot()
-            for path in taken:
-                row = _read_json(path)
-                if row is None:
-                    continue
-                old = merged.get(row["name"])
-                if old is None or row.get("written_at", 0) >= old.get("written_at", 0):
-                    merged[row["name"]] = row
-            self._write_snapshot(merged)
+            rows = [r for p in taken if (r := _read_json(p))]
+            merged = overlay(self._read_snapshot_table(), rows, [], self.namespace)
+            self._write_snapshot_table(merged)
             for path in taken:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
@@ -464,7 +503,8 @@ class FleetIndex:
     def size_bytes(self) -> int:
         """Bytes the index takes on disk (snapshot and row files)."""
         total = 0
-        for p in [self.snapshot, *_row_files(self.rows_dir), *_row_files(self.merging_dir)]:
+        files = [self.snapshot, self.legacy_snapshot]
+        for p in [*files, *_row_files(self.rows_dir), *_row_files(self.merging_dir)]:
             with contextlib.suppress(OSError):
                 total += p.stat().st_size
         return total
@@ -625,6 +665,10 @@ class ObjectStoreIndex(FleetIndex):
                 with contextlib.suppress(Exception):
                     delete_object(self.uri, key)
             return len(taken)
+
+    def table(self, columns: Sequence[str] | None = None) -> Any:
+        """Every agent's current row as an Arrow table (see :meth:`FleetIndex.table`)."""
+        return rows_table(list(self.rows().values()), self.namespace, columns)
 
     def size_bytes(self) -> int:
         """Bytes the index takes in the store (snapshot and row objects)."""
@@ -798,4 +842,242 @@ def fleet_stats(
         "biggest": [{"name": n, "bytes": b} for b, n in biggest[:top]],
         "idle": [{"name": n, "last_active": t or None} for t, n in idle[:top]],
         "idle_count": len(idle),
+    }
+
+
+# -- the columnar snapshot ----------------------------------------------------------
+# pyarrow is imported on first use: a session actor only writes row files.
+
+_MERGE_COLUMNS = ("name", "written_at", "deleted")
+"""Columns :func:`overlay` reads whatever a reader asked for."""
+
+
+def _pyarrow() -> Any:
+    import pyarrow  # type: ignore[import-untyped]
+
+    return pyarrow
+
+
+def _parquet() -> Any:
+    import pyarrow.parquet  # type: ignore[import-untyped]
+
+    return pyarrow.parquet
+
+
+def _pc() -> Any:
+    import pyarrow.compute  # type: ignore[import-untyped]
+
+    return pyarrow.compute
+
+
+@functools.cache
+def snapshot_schema() -> Any:
+    """The snapshot's columns: what ``ls`` sorts and filters on, what ``stats`` adds up
+    (usage by model and by day as lists of structs, one per model or day and model),
+    and ``row``, the row's compact JSON (what ``ls --json`` prints)."""
+    pa = _pyarrow()
+    kinds = [pa.field(k, pa.int64()) for k in KINDS] + [pa.field("cost_usd", pa.float64())]
+    model = pa.struct([pa.field("model", pa.string()), *kinds])
+    day = pa.struct([pa.field("day", pa.string()), pa.field("model", pa.string()), *kinds])
+    return pa.schema(
+        [
+            pa.field("name", pa.string()),
+            pa.field("namespace", pa.string()),
+            pa.field("owner", pa.string()),
+            pa.field("sessions", pa.int64()),
+            pa.field("messages", pa.int64()),
+            pa.field("bytes", pa.int64()),
+            pa.field("tokens", pa.int64()),
+            pa.field("last_active", pa.float64()),
+            pa.field("written_at", pa.float64()),
+            pa.field("deleted", pa.bool_()),
+            pa.field("models", pa.list_(model)),
+            pa.field("days", pa.list_(day)),
+            pa.field("row", pa.string()),
+        ]
+    )
+
+
+def _columns(columns: Sequence[str] | None) -> list[str]:
+    names = snapshot_schema().names
+    if columns is None:
+        return list(names)
+    return [c for c in names if c in {*columns, *_MERGE_COLUMNS}]
+
+
+def _kinds_of(kinds: Any) -> dict[str, Any]:
+    kinds = kinds if isinstance(kinds, dict) else {}
+    out: dict[str, Any] = {k: int(kinds.get(k) or 0) for k in KINDS}
+    cost = kinds.get("cost_usd")
+    out["cost_usd"] = None if cost is None else float(cost)
+    return out
+
+
+def rows_table(rows: Iterable[Row], namespace: str, columns: Sequence[str] | None = None) -> Any:
+    """``rows`` (dicts, as written) as an Arrow table of :func:`snapshot_schema` (only
+    ``columns`` and the merge's own when given). A row without a ``namespace`` gets
+    ``namespace`` (last, as the CLI always added it)."""
+    pa = _pyarrow()
+    wanted = _columns(columns)
+    out: dict[str, list[Any]] = {c: [] for c in wanted}
+    for r in rows:
+        if "namespace" not in r:
+            r = {**r, "namespace": namespace}
+        models = r.get("models") or {}
+        values: dict[str, Any] = {
+            "name": r["name"],
+            "namespace": r["namespace"],
+            "owner": None if r.get("owner") is None else str(r["owner"]),
+            "sessions": int(r.get("sessions") or 0),
+            "messages": int(r.get("messages") or 0),
+            "bytes": int(r.get("bytes") or 0),
+            "last_active": None if r.get("last_active") is None else float(r["last_active"]),
+            "written_at": float(r.get("written_at", 0) or 0),
+            "deleted": bool(r.get("deleted")),
+        }
+        if "models" in out or "tokens" in out:
+            values["models"] = [{"model": m, **_kinds_of(k)} for m, k in models.items()]
+            values["tokens"] = sum(_tokens(k) for k in models.values() if isinstance(k, dict))
+        if "days" in out:
+            values["days"] = [
+                {"day": d, "model": m, **_kinds_of(k)}
+                for d, by_model in (r.get("days") or {}).items()
+                for m, k in (by_model or {}).items()
+            ]
+        if "row" in out:
+            values["row"] = json.dumps(r, separators=(",", ":"))
+        for c, column in out.items():
+            column.append(values[c])
+    schema = snapshot_schema()
+    return pa.table(
+        {c: pa.array(v, type=schema.field(c).type) for c, v in out.items()},
+        schema=pa.schema([schema.field(c) for c in wanted]),
+    )
+
+
+def overlay(
+    snapshot: Any,
+    merging: Sequence[Row],
+    newest: Sequence[Row],
+    namespace: str,
+    columns: Sequence[str] | None = None,
+) -> Any:
+    """The table a dict merge of the layers gives: ``snapshot`` (a table), then each
+    row of ``merging`` unless the row it replaces has a later ``written_at``, then every
+    row of ``newest``; a replaced row keeps its place, a new agent comes after the
+    snapshot's (in the order of the row files); tombstones are dropped."""
+    pc = _pc()
+    if merging or newest:
+        n = snapshot.num_rows
+        slot = {name: i for i, name in enumerate(snapshot["name"].to_pylist())}
+        written = snapshot["written_at"]
+        replaced: dict[int, Row] = {}
+        extra: dict[str, Row] = {}
+        for r in merging:
+            i = slot.get(r["name"])
+            if i is None:
+                old = extra.get(r["name"])
+                old_written = None if old is None else old.get("written_at", 0)
+            else:
+                old = replaced.get(i)
+                old_written = written[i].as_py() if old is None else old.get("written_at", 0)
+            if old_written is None or r.get("written_at", 0) >= old_written:
+                if i is None:
+                    extra[r["name"]] = r
+                else:
+                    replaced[i] = r
+        for r in newest:
+            i = slot.get(r["name"])
+            if i is None:
+                extra[r["name"]] = r
+            else:
+                replaced[i] = r
+        order = sorted(replaced)
+        added = rows_table([*(replaced[i] for i in order), *extra.values()], namespace, columns)
+        take = list(range(n))
+        for j, i in enumerate(order):
+            take[i] = n + j
+        take.extend(range(n + len(order), n + added.num_rows))
+        snapshot = _pyarrow().concat_tables([snapshot, added.cast(snapshot.schema)]).take(take)
+    if snapshot.num_rows and pc.any(snapshot["deleted"]).as_py():
+        snapshot = snapshot.filter(pc.invert(snapshot["deleted"]))
+    return snapshot
+
+
+def _grouped(flat: Any, keys: list[str]) -> list[tuple[tuple[str, ...], dict[str, Any]]]:
+    """Sums of the kinds of ``flat`` (a struct array of usage) by ``keys``, sorted: the
+    token counts by ``group_by``, the reported costs added in row order as a Python
+    loop over the rows would (None where no row reported one)."""
+    pa, pc = _pyarrow(), _pc()
+    if len(flat) == 0:
+        return []
+    names = [*keys, *KINDS, "cost_usd"]
+    table = pa.table({name: pc.struct_field(flat, name) for name in names})
+    sums = table.group_by(keys, use_threads=False).aggregate([(k, "sum") for k in KINDS])
+    out: dict[tuple[str, ...], dict[str, Any]] = {}
+    for rec in sums.to_pylist():
+        kinds: dict[str, Any] = {k: int(rec[f"{k}_sum"] or 0) for k in KINDS}
+        kinds["cost_usd"] = None
+        out[tuple(rec[k] for k in keys)] = kinds
+    reported = pc.indices_nonzero(pc.is_valid(table["cost_usd"]))
+    if len(reported):
+        picked = table.select([*keys, "cost_usd"]).take(reported).to_pylist()
+        for rec in picked:
+            kinds = out[tuple(rec[k] for k in keys)]
+            kinds["cost_usd"] = (kinds["cost_usd"] or 0.0) + rec["cost_usd"]
+    return sorted(out.items())
+
+
+STATS_COLUMNS = ("name", "sessions", "messages", "bytes", "last_active", "models", "days")
+"""The columns :func:`fleet_stats_table` reads."""
+
+
+def fleet_stats_table(
+    table: Any,
+    *,
+    prices: dict[str, dict[str, float]] | None = None,
+    top: int = 10,
+    idle_days: float = 30.0,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """:func:`fleet_stats` of a table of rows (:meth:`FleetIndex.table`, :func:`rows_table`),
+    by columnar aggregates: the same result, without a Python loop over the agents."""
+    pa, pc = _pyarrow(), _pc()
+    now = time.time() if now is None else now
+    cutoff = now - idle_days * 86400
+
+    def total(column: str) -> int:
+        return int(pc.sum(table[column]).as_py() or 0)
+
+    def usage(model: str, kinds: dict[str, Any]) -> dict[str, Any]:
+        out = {k: kinds.get(k, 0) for k in KINDS}
+        out["tokens"] = _tokens(kinds)
+        out["cost_usd"] = cost_of(model, kinds, prices)
+        return out
+
+    by_model = _grouped(pc.list_flatten(table["models"]), ["model"])
+    by_day = _grouped(pc.list_flatten(table["days"]), ["day", "model"])
+    last = table["last_active"]
+    keys = pa.table({"name": table["name"], "bytes": table["bytes"], "last": last.fill_null(0.0)})
+    biggest = pc.sort_indices(keys, sort_keys=[("bytes", "descending"), ("name", "descending")])
+    idle_mask = pc.or_(pc.is_null(last), pc.less(last, cutoff)).fill_null(True)
+    idle_keys = keys.filter(idle_mask)
+    idle = pc.sort_indices(idle_keys, sort_keys=[("last", "ascending"), ("name", "ascending")])
+    top = max(top, 0)
+    return {
+        "agents": int(table.num_rows),
+        "sessions": total("sessions"),
+        "messages": total("messages"),
+        "bytes": total("bytes"),
+        "priced": prices is not None,
+        "by_model": [{"model": m, **usage(m, k)} for (m,), k in by_model],
+        "by_day": [{"day": d, "model": m, **usage(m, k)} for (d, m), k in by_day],
+        "biggest": [
+            {"name": r["name"], "bytes": r["bytes"]} for r in keys.take(biggest[:top]).to_pylist()
+        ],
+        "idle": [
+            {"name": r["name"], "last_active": r["last"] or None}
+            for r in idle_keys.take(idle[:top]).to_pylist()
+        ],
+        "idle_count": int(idle_keys.num_rows),
     }

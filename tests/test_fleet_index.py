@@ -262,3 +262,58 @@ def test_an_object_store_root_keeps_its_index_in_the_store(uri_root, tmp_path, m
     assert index.compact() == 2 and sorted(index.rows()) == ["other"]
     assert main(["sessions", "rm", "other", "--root", uri_root]) == 1  # refused, clearly
     assert "object store" in capsys.readouterr().err
+
+
+def _random_row(rng, name: str) -> dict:
+    def kinds() -> dict:
+        out = {k: rng.choice([0, rng.randrange(1000)]) for k in fi.KINDS}
+        out["cost_usd"] = rng.choice([None, rng.random() / 7])
+        return out
+
+    return {
+        "name": name,
+        "namespace": NS,
+        "owner": rng.choice([None, "alice", "bob"]),
+        "sessions": rng.randrange(4),
+        "messages": rng.randrange(20),
+        "bytes": rng.choice([100, 2048, rng.randrange(10**7)]),
+        "last_active": rng.choice([None, 1.7e9 + rng.randrange(100) * 86400.0]),
+        "models": {m: kinds() for m in rng.sample(["a/x", "b/y", "c/z"], rng.randrange(3))},
+        "days": {
+            d: {m: kinds() for m in rng.sample(["a/x", "b/y"], rng.randrange(3))}
+            for d in rng.sample(["2026-01-01", "2026-01-02"], rng.randrange(3))
+        },
+        "written_at": rng.random() * 100,
+    }
+
+
+def test_columnar_stats_and_merge_match_the_row_by_row_ones(tmp_path):
+    import random
+
+    from thinkray.storage.codec import pack
+
+    rng = random.Random(13)
+    rows = [_random_row(rng, f"a{i}") for i in range(300)]
+    for prices in (None, {"a/x": {"input": 3.0, "output": 15.0}}):
+        kw = {"prices": prices, "top": 5, "idle_days": 30.0, "now": 1.7e9 + 50 * 86400}
+        table = fi.rows_table(rows, NS, fi.STATS_COLUMNS)
+        assert fi.fleet_stats_table(table, **kw) == fi.fleet_stats(rows, **kw)
+    # A former (msgpack) snapshot is read; row files go over it as a dict merge would.
+    index = fi.FleetIndex(tmp_path, NS)
+    index.dir.mkdir(parents=True)
+    index.legacy_snapshot.write_bytes(pack({"v": 1, "rows": rows}))
+    expected = {r["name"]: r for r in rows}
+    for i in (5, 7, 400):
+        row = _random_row(rng, f"a{i}")
+        index.put(row)
+        expected[row["name"]] = row
+    index.delete("a9")
+    del expected["a9"]
+    index.merging_dir.mkdir()
+    older = dict(_random_row(rng, "a11"), written_at=-1.0)  # the snapshot's is newer
+    (index.merging_dir / "a11.json").write_text(json.dumps(older))
+    assert list(index.rows()) == list(expected) and index.rows() == expected
+    assert index.get("a11") == expected["a11"] and index.get("a9") is None
+    assert index.compact() == 5
+    assert not index.legacy_snapshot.exists() and index.snapshot.exists()
+    assert index.rows() == expected and index.pending() == 0

@@ -7,6 +7,13 @@ bulk into the snapshot. Prints bytes per agent, ``thinkray sessions ls --json`` 
 ``thinkray stats --json`` times (in process, output discarded), the index size, and
 the wake of random agents among them through a local Ray (``num_cpus=2``), p50/p95.
 
+The same commands, timed the same way, as the figures before the columnar snapshot
+(msgpack snapshot, rows merged and aggregated in Python, ``json.dump``): at 100,000
+agents on the 2-core CI machine ``sessions ls --json`` took 2.3-11.0 s, ``stats --json``
+0.7-4.7 s, the index 24.1 MB. Also printed: ``sessions ls`` as a table, a sorted
+``--limit 20`` listing, and how long reading the former msgpack snapshot alone takes
+(``--no-legacy`` skips it).
+
     python tests/bench/bench_fleet.py                # 100,000 agents
     python tests/bench/bench_fleet.py --agents 2000 --wakes 10
 """
@@ -94,7 +101,21 @@ def _wakes(root: Path, names: list[str], count: int) -> list[float]:
     return out
 
 
-def run(agents: int, wakes: int, messages: int, root: Path | None, keep: bool) -> dict[str, float]:
+def _legacy_read(index: object, agents: int) -> float:
+    """Seconds to read the snapshot in its former format (msgpack, decoded to dicts)."""
+    from thinkray.storage.codec import pack, unpack
+
+    rows = list(index.rows().values())  # type: ignore[attr-defined]
+    data = pack({"v": 1, "rows": rows})
+    del rows
+    started = time.perf_counter()
+    assert len(unpack(data)["rows"]) == agents
+    return time.perf_counter() - started
+
+
+def run(
+    agents: int, wakes: int, messages: int, root: Path | None, keep: bool, legacy: bool = True
+) -> dict[str, float]:
     """Build the fleet, measure, print; returns the figures."""
     from thinkray.storage import fleet_index as fi
 
@@ -133,6 +154,12 @@ def run(agents: int, wakes: int, messages: int, root: Path | None, keep: bool) -
         _timed_cli(["sessions", "ls", "--root", str(scratch), "--limit", "1"])  # imports
         ls_s = _timed_cli(["sessions", "ls", "--root", str(scratch), "--json"])
         stats_s = _timed_cli(["stats", "--root", str(scratch), "--json"])
+        ls_table_s = _timed_cli(["sessions", "ls", "--root", str(scratch)])
+        stats_table_s = _timed_cli(["stats", "--root", str(scratch)])
+        ls_top_s = _timed_cli(
+            ["sessions", "ls", "--root", str(scratch), "--sort", "bytes", "--limit", "20"]
+        )
+        legacy_s = _legacy_read(index, agents) if legacy else None
         # A few agents re-indexed since the compaction: the usual state.
         for name in names[:50]:
             index.put(dict(row, name=name, written_at=time.time()))
@@ -150,8 +177,13 @@ def run(agents: int, wakes: int, messages: int, root: Path | None, keep: bool) -
             "index_bytes_per_agent": index_bytes / agents,
             "ls_s": ls_s,
             "ls_with_50_rows_s": ls_mixed_s,
+            "ls_table_s": ls_table_s,
+            "ls_top20_s": ls_top_s,
             "stats_s": stats_s,
+            "stats_table_s": stats_table_s,
         }
+        if legacy_s is not None:
+            figures["legacy_snapshot_read_s"] = legacy_s
         if wake:
             figures["wake_p50_ms"] = _pct(wake, 0.5) * 1000
             figures["wake_p95_ms"] = _pct(wake, 0.95) * 1000
@@ -164,6 +196,11 @@ def run(agents: int, wakes: int, messages: int, root: Path | None, keep: bool) -
         print(f"  sessions ls --json           {ls_s * 1000:8.0f} ms")
         print(f"  ... with 50 fresh row files  {ls_mixed_s * 1000:8.0f} ms")
         print(f"  stats --json                 {stats_s * 1000:8.0f} ms")
+        print(f"  sessions ls (table)          {ls_table_s * 1000:8.0f} ms")
+        print(f"  ls --sort bytes --limit 20   {ls_top_s * 1000:8.0f} ms")
+        print(f"  stats (tables)               {stats_table_s * 1000:8.0f} ms")
+        if legacy_s is not None:
+            print(f"  former msgpack snapshot read {legacy_s * 1000:8.0f} ms (decode alone)")
         if wake:
             print(
                 f"  wake of a random agent       p50 {figures['wake_p50_ms']:.0f} ms, "
@@ -186,8 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=6, help="messages per agent")
     parser.add_argument("--root", type=Path, help="where to build it (default: a temp folder)")
     parser.add_argument("--keep", action="store_true", help="leave the fleet on disk")
+    parser.add_argument(
+        "--no-legacy", action="store_true", help="skip timing the former snapshot's read"
+    )
     args = parser.parse_args(argv)
-    run(args.agents, args.wakes, args.messages, args.root, args.keep)
+    run(args.agents, args.wakes, args.messages, args.root, args.keep, not args.no_legacy)
     return 0
 
 
