@@ -66,8 +66,31 @@ which also points its alarms and idle timer at the new directory); an agent stil
 live there is *adopted* (entered as live, never bound a second time), a generic actor
 rejoins the pool, and an actor that does not answer within ``ADOPT_TIMEOUT`` is killed
 (its file lock goes with it, so the agent's next call binds it cleanly). Calls wait
-for the rebuild. Lost on a crash: the pending alarms of *hibernated* agents (they live
-in the directory's memory) and the pool's statistics.
+for the rebuild. A directory calls itself (``recover``) as it starts, so a restarted
+one rebuilds and runs its alarms even if nobody calls it. Lost on a crash: the pool's
+statistics.
+
+**Alarms survive the directory.** The directory keeps every agent's next due time in
+memory (a hibernated agent's, reported by its hibernation, and a live agent's,
+reported by its scheduler through ``note_alarm`` so that it fires even if the agent's
+process dies) and mirrors that map to one small file per agent,
+``<root>/<namespace>/.alarms/<name>`` (:mod:`thinkray.storage.alarms`: written
+atomically, removed when the agent has no alarm left, which is after the wake for a
+due one). A starting directory reads the files of its own names (filtered by
+:func:`shard_of` before any is read) before it adopts the live actors, so a
+replaced directory wakes a hibernated agent whose alarm falls due, on time. The
+alternative, opening every hibernated agent's file read-only at the rebuild to ask
+its schedule, costs a file open per agent (minutes for 100,000 agents, and a download
+each under an object-store root) on the path of every call waiting for the rebuild;
+the files cost one small write per change of an agent's next due time, done off the
+event loop by one writer task (the last change wins). The files can lag the map by
+that write: a crash in between may fire an alarm that was just cancelled (a spurious
+wake: the agent finds nothing due and idles) or, for a live agent, miss the change
+its still-running scheduler handles itself. A wake repeated after a crash is
+harmless: resolving a live agent changes nothing. The files also outlive a
+namespace's shutdown, so a namespace started again on the root wakes its agents
+whose alarms fell due meanwhile. Under an object-store root the same keys live in
+the store (one PUT or DELETE per change).
 """
 
 from __future__ import annotations
@@ -88,6 +111,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from thinkray.actors.errors import InvalidStateError
 from thinkray.actors.session_actor import DEFAULT_PRELOAD, BindSpec, RemoteSessionActor
+from thinkray.storage.alarms import read_alarms, write_alarm
 from thinkray.storage.errors import DatabaseLockedError, InvalidInputError
 from thinkray.storage.layout import ensure_root, session_path, validate_name
 from thinkray.storage.types import SessionNotFoundError
@@ -266,6 +290,8 @@ class Directory:
         self.locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.alarms: dict[str, float] = {}
         self._alarm_changed: asyncio.Event | None = None
+        self._alarm_dirty: set[str] = set()  # alarms whose file lags self.alarms
+        self._alarm_writer: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self.counters: defaultdict[str, int] = defaultdict(int)
         self._closed = False
@@ -290,6 +316,16 @@ class Directory:
         self._reclaiming: set[str] = set()
         self._probing: set[str] = set()
         self._recovery: asyncio.Future[None] | None = None
+        self.recovery_secs: float | None = None  # how long the rebuild took
+        # A directory restarted by Ray (its process died) may get no call for a long
+        # time, but its alarms must fire: it calls itself once to rebuild and start.
+        with contextlib.suppress(Exception):  # not run as an actor (tests)
+            ray.get_runtime_context().current_actor.recover.remote()
+
+    async def recover(self) -> None:
+        """Rebuild the map and start the loops now (what every call does first; a
+        directory calls it on itself as it starts)."""
+        await self._ready()
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
@@ -314,7 +350,16 @@ class Directory:
             await asyncio.shield(self._recovery)
 
     async def _recover(self) -> None:
-        """Adopt the live session actors of this shard (see the module)."""
+        """Load this shard's recorded alarms, then adopt the live session actors of
+        this shard (see the module)."""
+        started = time.monotonic()
+        try:
+            await self._load_alarms()
+            await self._adopt()
+        finally:
+            self.recovery_secs = round(time.monotonic() - started, 3)
+
+    async def _adopt(self) -> None:
         prefix = session_actor_prefix(self.cfg.namespace, self.cfg.shard)
         try:
             named = ray.util.list_named_actors(all_namespaces=True)
@@ -880,7 +925,8 @@ class Directory:
             if error is None:
                 entry = Entry(actor)
                 self.entries[name] = entry
-                self.alarms.pop(name, None)  # the woken agent reports its own (note_alarm)
+                if self.alarms.pop(name, None) is not None:  # the woken agent reports
+                    self._persist_alarm(name)  # its own (note_alarm)
                 self.counters["binds"] += 1
                 self._spawn(self._watch(name, entry))
                 if self._reclaim_changed is not None and self.waiters:
@@ -953,6 +999,7 @@ class Directory:
         current = self.alarms.get(name)
         if current is None or due_at < current:
             self.alarms[name] = due_at
+            self._persist_alarm(name)
         if self._alarm_changed is not None:
             self._alarm_changed.set()
 
@@ -960,11 +1007,55 @@ class Directory:
         """A live agent's next alarm changed (None: it has none). Kept so that the
         alarm still fires if the agent's process dies before it is due."""
         if due_at is None:
-            self.alarms.pop(name, None)
-        else:
+            if self.alarms.pop(name, None) is not None:
+                self._persist_alarm(name)
+        elif self.alarms.get(name) != due_at:
             self.alarms[name] = due_at
+            self._persist_alarm(name)
         if self._alarm_changed is not None:
             self._alarm_changed.set()
+
+    def _persist_alarm(self, name: str) -> None:
+        """Bring ``name``'s alarm file in line with :attr:`alarms` (soon, off the
+        event loop: one writer task writes whatever the map holds when it gets there,
+        so the last change wins)."""
+        self._alarm_dirty.add(name)
+        if self._alarm_writer is None or self._alarm_writer.done():
+            self._alarm_writer = self._spawn(self._write_alarms())
+
+    async def _write_alarms(self) -> None:
+        while self._alarm_dirty:
+            batch = {n: self.alarms.get(n) for n in self._alarm_dirty}
+            self._alarm_dirty.clear()
+            try:
+                await asyncio.to_thread(self._write_alarm_files, batch)
+            except Exception as exc:  # kept in memory; written again on its next change
+                log.warning("could not record alarms of %s: %s", sorted(batch), exc)
+
+    def _write_alarm_files(self, batch: dict[str, float | None]) -> None:
+        for name, due in batch.items():
+            write_alarm(self.cfg.storage_root, self.cfg.namespace, name, due)
+
+    async def _load_alarms(self) -> None:
+        """Take over the recorded alarms of this shard's names (a replaced directory's
+        included); an alarm noted since this directory started is newer and kept."""
+        shard, shards = self.cfg.shard, self.cfg.shards
+        try:
+            loaded = await asyncio.to_thread(
+                read_alarms,
+                self.cfg.storage_root,
+                self.cfg.namespace,
+                lambda n: shard_of(n, shards) == shard,
+            )
+        except Exception as exc:  # the directory works without them
+            log.warning("could not read the recorded alarms: %s", exc)
+            return
+        for name, due in loaded.items():
+            self.alarms.setdefault(name, due)
+        if loaded:
+            self.counters["alarms_loaded"] += len(loaded)
+            if self._alarm_changed is not None:
+                self._alarm_changed.set()
 
     async def _watch(self, name: str, entry: Entry) -> None:
         """Learn of the death of ``name``'s actor as it happens: its ``watch`` call
@@ -1003,11 +1094,15 @@ class Directory:
                         self._spawn(self._wake_for_alarm(name))
 
     async def _wake_for_alarm(self, name: str) -> None:
+        # The alarm's file stays until the wake is over: a directory that dies meanwhile
+        # is replaced and wakes the agent again (a wake of a live agent changes nothing).
         try:
             await self.resolve(name, create=False)
             self.counters["alarm_wakes"] += 1
         except Exception as exc:
             log.warning("alarm wake of %s failed: %s", name, exc)
+        finally:
+            self._persist_alarm(name)
 
     # -- introspection ---------------------------------------------------------------
 
@@ -1020,6 +1115,7 @@ class Directory:
         return {
             "namespace": self.cfg.namespace,
             "shard": self.cfg.shard,
+            "pid": os.getpid(),
             "shards": self.cfg.shards,
             "max_live": self.cfg.max_live,
             "storage_root": self.cfg.storage_root,
@@ -1029,6 +1125,7 @@ class Directory:
             "waiting": sum(1 for w in self.waiters if not w.future.done()),
             "alarms": dict(self.alarms),
             "counters": dict(self.counters),
+            "recovery_secs": self.recovery_secs,
             "pool": {
                 "target": self.target(),
                 "max_starting": self._max_starting,
@@ -1055,6 +1152,8 @@ class Directory:
         """Hibernate everything (forcing), then stop every actor this directory made
         (waiting a little for the starts in flight: a detached actor would outlive it)."""
         await self.hibernate_all(force=True)
+        if self._alarm_writer is not None:  # the hibernated agents' alarms are on disk
+            await asyncio.gather(self._alarm_writer, return_exceptions=True)
         self._closed = True
         deadline = time.monotonic() + 10.0
         while self.starting and time.monotonic() < deadline:
