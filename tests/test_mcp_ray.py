@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from tests.helpers import wait_until
+
 pytest.importorskip("mcp")
 
 from tests.test_mcp import SERVER, free_port, start_http_server  # noqa: E402
@@ -109,7 +111,13 @@ def test_server_config_survives_hibernation_and_a_killed_server_is_reconnected(o
     assert servers[0]["config"]["args"] == [SERVER]
     assert boss.list_subagents.remote().result()[0].config["mcp_grants"] == {"calc": None}
     os.kill(pid, signal.SIGKILL)
-    time.sleep(0.5)
+    # The client notices the death when the server's stream closes (a call sent in the
+    # instant before that fails: it may have reached the server); then the next call
+    # reconnects.
+    wait_until(
+        lambda: not boss.list_mcp_servers.remote().result()[0]["status"]["connected"],
+        timeout=30,
+    )
     again = tool_parts(boss.delegate.remote("pidder", "pid", wait=True).result().message)[0]
     assert again["state"] == "output-available", again
     assert int(again["output"]) != pid
