@@ -16,13 +16,27 @@ the parent's workspace and MCP tools via RPC bridges"): a grant names the MCP se
 access. MCP methods run in their own concurrency group (threads feeding one asyncio
 loop that owns the connections), so a slow MCP server never holds up workspace calls,
 which stay one at a time in arrival order.
+
+Under an object-store storage root (``s3://``, ``file://``; see
+:mod:`thinkray.storage.objectstore`) the bridge's file follows the sessions' mechanism:
+it is the object-store session ``<namespace>/.shared/<owner>`` (a dot folder, so never
+listed as an agent). The bridge takes its lease and downloads its newest generation
+into the node-local cache at start, renews the lease while it lives, uploads the file
+as the next generation when it changed (:meth:`WorkspaceBridge.sync`, called at the
+orchestrator's hibernation; after a change once ``THINKRAY_BRIDGE_SYNC_SECONDS``, 60 by
+default, have passed since the last upload; and at :meth:`WorkspaceBridge.close`), and
+releases the lease when it closes. With a local root the file is
+``<root>/<namespace>/_shared/<owner>.duckdb`` as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import secrets
 import threading
+import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +58,7 @@ from thinkray.runtime.tools.mcp import (
 )
 from thinkray.runtime.tools.workspace import LocalWorkspace
 from thinkray.storage.layout import validate_name
+from thinkray.storage.objectstore import LeaseHeldError, RemoteSession, is_uri
 from thinkray.storage.protocols import KeyValueStore, Stores
 from thinkray.storage.stores import open_stores
 
@@ -57,26 +72,114 @@ _GRANT = "grant:"
 MCP_GROUP = "mcp"
 """The bridge's concurrency group for MCP calls (``MCP_THREADS`` at once)."""
 MCP_THREADS = 32
+SHARED_FOLDER = "_shared"
+"""The folder of the bridges' files in a namespace, under a local root."""
+REMOTE_SHARED_FOLDER = ".shared"
+"""The prefix of the bridges' files in a namespace, under an object-store root."""
+DEFAULT_SYNC_SECONDS = 60.0
+log = logging.getLogger("thinkray.bridge")
 
 
 class WorkspaceBridge:
     """Owns the shared workspace file and the grants. Run as a named Ray actor."""
 
-    def __init__(self, path: str) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._stores: Stores = open_stores(path)  # its own file: grants and the workspace
+    def __init__(
+        self, path: str, *, root: str | None = None, namespace: str = "", owner: str = ""
+    ) -> None:
+        """Open the workspace file ``path`` (a local root), or, given an object-store
+        ``root``, the newest generation of ``namespace``'s ``owner`` bridge file (its
+        lease taken first; ``path`` is then unused)."""
+        self._remote: RemoteSession | None = None
+        self._remote_lock = threading.Lock()
+        self._stop_renewing = threading.Event()
+        self._dirty = False
+        self._synced_at = time.monotonic()
+        self._sync_seconds = float(
+            os.environ.get("THINKRAY_BRIDGE_SYNC_SECONDS") or DEFAULT_SYNC_SECONDS
+        )
+        if root is not None:
+            remote = RemoteSession(root, f"{namespace}/{REMOTE_SHARED_FOLDER}", owner)
+            _acquire(remote)
+            try:
+                remote.fetch()
+            except BaseException:
+                remote.release()
+                raise
+            self._remote = remote
+            path = str(remote.local_path)
+            threading.Thread(
+                target=self._renew_lease, name="thinkray-bridge-lease", daemon=True
+            ).start()
+        self._path = path
+        self._open()
+        self.calls = 0
+        self.mcp_calls = 0
+        self._mcp: McpClient | None = None
+        self._mcp_loop: asyncio.AbstractEventLoop | None = None
+        self._mcp_start = threading.Lock()
+
+    def _open(self) -> None:
+        Path(self._path).parent.mkdir(parents=True, exist_ok=True)
+        self._stores: Stores = open_stores(self._path)  # its own file: grants and workspace
         self.kv: KeyValueStore = self._stores.kv()
         self.ops = LocalWorkspace(self._stores.workspace())
-        self.calls = 0
         # Token -> grant, as stored: this actor is the only writer of its grants, so
         # a call checks its token without a read of the file.
         self._grants: dict[str, dict[str, Any]] = {
             key[len(_GRANT) :]: grant for key, grant in self.kv.items(_GRANT).items()
         }
-        self.mcp_calls = 0
-        self._mcp: McpClient | None = None
-        self._mcp_loop: asyncio.AbstractEventLoop | None = None
-        self._mcp_start = threading.Lock()
+
+    # -- object-store roots ------------------------------------------------------------
+
+    def _renew_lease(self) -> None:
+        remote = self._remote
+        assert remote is not None
+        while not self._stop_renewing.wait(remote.lease_ttl / 3):
+            try:
+                with self._remote_lock:
+                    if not remote.held:
+                        return
+                    remote.renew()
+            except Exception as exc:  # lost (logged, its uploads are refused) or transient
+                log.warning("renewing the lease of bridge %s failed: %s", remote.prefix, exc)
+
+    def _changed(self) -> None:
+        """Note a write; under an object-store root, upload once the sync interval has
+        passed since the last upload (so a long-lived bridge is never far behind)."""
+        self._dirty = True
+        if self._remote is not None and time.monotonic() - self._synced_at >= self._sync_seconds:
+            try:
+                self.sync()
+            except Exception as exc:  # the write itself succeeded; the next sync retries
+                log.warning("periodic upload of bridge %s failed: %s", self._remote.prefix, exc)
+
+    def sync(self) -> int | None:
+        """Under an object-store root, upload the workspace file as its next generation
+        if it changed since the last upload (closed, checkpointed, then reopened);
+        returns the committed generation (None: a local root or nothing changed).
+
+        Raises:
+            StaleOwnerError: the lease was lost; UploadError: the upload failed (the
+                bridge goes on with its local file; a later sync retries).
+        """
+        remote = self._remote
+        if remote is None or not self._dirty:
+            return None
+        self._stores.close()
+        try:
+            with self._remote_lock:
+                manifest = remote.commit()
+        finally:
+            self._open()
+        self._dirty = False
+        self._synced_at = time.monotonic()
+        return manifest.generation
+
+    def generation(self) -> int | None:
+        """The generation the bridge's file was last fetched or committed as (None: a
+        local root, or nothing committed yet)."""
+        remote = self._remote
+        return remote.base.generation if remote is not None and remote.base else None
 
     def ready(self) -> bool:
         """True once the actor is constructed (callers ``ray.get`` it to wait)."""
@@ -92,6 +195,7 @@ class WorkspaceBridge:
         grant = {"agent": agent, "access": access, "mcp": _check_mcp_grant(mcp)}
         self.kv.set(_GRANT + token, grant)
         self._grants[token] = grant
+        self._changed()
         return token
 
     def set_mcp_grant(self, agent: str, mcp: McpGrant | None) -> int:
@@ -105,6 +209,8 @@ class WorkspaceBridge:
                 self.kv.set(key, updated)
                 self._grants[key[len(_GRANT) :]] = updated
                 changed += 1
+        if changed:
+            self._changed()
         return changed
 
     def revoke(self, agent: str) -> int:
@@ -116,6 +222,8 @@ class WorkspaceBridge:
                 self.kv.delete(key)
                 self._grants.pop(key[len(_GRANT) :], None)
                 revoked += 1
+        if revoked:
+            self._changed()
         return revoked
 
     def grants(self) -> dict[str, str]:
@@ -150,7 +258,12 @@ class WorkspaceBridge:
                 f"{method} needs {'read' if method in READ_METHODS else 'read-write'}"
             )
         self.calls += 1
-        return getattr(self.ops, method)(**kwargs)
+        if method in READ_METHODS:
+            return getattr(self.ops, method)(**kwargs)
+        try:
+            return getattr(self.ops, method)(**kwargs)
+        finally:
+            self._changed()
 
     # -- MCP ---------------------------------------------------------------------------
 
@@ -255,13 +368,25 @@ class WorkspaceBridge:
 
     def close(self) -> None:
         """Close the MCP connections (stdio servers stop), then checkpoint and close
-        the bridge's database file."""
-        if self._mcp_loop is not None:
-            try:
-                self._run(self._client().close())
-            finally:
-                self._mcp_loop.call_soon_threadsafe(self._mcp_loop.stop)
-        self._stores.close()
+        the bridge's database file; under an object-store root, upload it if it changed
+        and release the lease (kept, to expire, if the upload fails: its error is
+        raised)."""
+        try:
+            if self._mcp_loop is not None:
+                try:
+                    self._run(self._client().close())
+                finally:
+                    self._mcp_loop.call_soon_threadsafe(self._mcp_loop.stop)
+        finally:
+            self._stores.close()
+            remote = self._remote
+            if remote is not None and remote.held:
+                self._stop_renewing.set()
+                with self._remote_lock:
+                    if self._dirty:
+                        remote.commit()
+                        self._dirty = False
+                    remote.release()
 
 
 def _check_mcp_grant(mcp: McpGrant | None) -> McpGrant:
@@ -298,16 +423,41 @@ def bridge_name(namespace: str, owner: str) -> str:
     return f"thinkray-bridge:{namespace}:{owner}"
 
 
+def _acquire(remote: RemoteSession) -> None:
+    """Take ``remote``'s lease, waiting out one held by a bridge that died without
+    releasing it (the Ray name is unique: a new bridge of that name means the previous
+    one is gone); raise LeaseHeldError if it is still held after that."""
+    deadline = time.monotonic() + remote.lease_ttl + 5
+    while True:
+        try:
+            remote.acquire()
+            return
+        except LeaseHeldError as exc:
+            if time.monotonic() >= deadline:
+                raise
+            log.warning("bridge %s: %s; waiting for it to expire", remote.prefix, exc)
+            time.sleep(min(max(exc.expires_in, 0.2), 1.0))
+
+
+def bridge_path(storage_root: str, namespace: str, owner: str) -> str:
+    """Where ``owner``'s bridge file lives under a local root."""
+    return str(Path(storage_root) / namespace / SHARED_FOLDER / f"{owner}.duckdb")
+
+
 def open_bridge(storage_root: str, namespace: str, owner: str) -> Any:
-    """Get or create the named bridge actor of ``owner`` (idempotent across processes)."""
-    path = Path(storage_root) / namespace / "_shared" / f"{owner}.duckdb"
-    return RemoteBridge.options(
+    """Get or create the named bridge actor of ``owner`` (idempotent across processes).
+    Under an object-store root its file is fenced and kept in the store (see the module
+    docstring)."""
+    options = RemoteBridge.options(
         name=bridge_name(namespace, owner),
         namespace="thinkray",
         get_if_exists=True,
         num_cpus=0,
         max_concurrency=1,  # one writer, calls in arrival order
-    ).remote(str(path))
+    )
+    if is_uri(storage_root):
+        return options.remote("", root=storage_root, namespace=namespace, owner=owner)
+    return options.remote(bridge_path(storage_root, namespace, owner))
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+import ray
 from thinkray.actors.bridge import BridgeClient, bridge_name, open_bridge
 from thinkray.actors.errors import InvalidStateError, ModelNotConfiguredError, UnknownModelError
 from thinkray.actors.namespace import AgentNamespace, Handle
@@ -42,6 +43,7 @@ from thinkray.runtime.tools.workspace import LocalWorkspace, workspace_tools
 from thinkray.runtime.turn.stream import RunStream
 from thinkray.storage.errors import SubAgentNotFoundError
 from thinkray.storage.layout import validate_name
+from thinkray.storage.objectstore import is_uri
 from thinkray.storage.protocols import RegistryStore, SubAgentRecord
 from thinkray.storage.types import InvalidInputError
 
@@ -854,9 +856,23 @@ class Orchestrator(Agent):
 
     async def on_hibernate(self) -> None:
         """Drop the sub-agents' namespace object; its directory actor lives on (as does
-        the bridge with its MCP connections; the next wake syncs its server list)."""
+        the bridge with its MCP connections; the next wake syncs its server list).
+        Under an object-store root the bridge uploads its workspace file if it changed
+        (its sub-agents may have written with this agent idle)."""
         if self._subs is not None:
             self._subs = None  # the directory actor lives on; handles re-resolve
+        root = self.storage_root
+        if root is not None and is_uri(root):
+            try:
+                bridge = ray.get_actor(
+                    bridge_name(self.namespace, self.agent_name), namespace="thinkray"
+                )
+            except ValueError:
+                return  # no bridge: nothing to upload
+            try:
+                await bridge.sync.remote()
+            except Exception as exc:  # the bridge keeps its file; its next sync retries
+                log.error("the shared workspace of %s was not uploaded: %s", self.agent_name, exc)
 
 
 def _grant_dict(mcp: dict[str, list[str] | None] | list[str] | None) -> dict[str, list[str] | None]:
