@@ -371,18 +371,6 @@ class AgentResponseStream(Generic[T]):
                 yield list(batch)
 
     async def __aiter__(self) -> AsyncIterator[T]:
-        if self._refs is None:
-            await self._open_async()
-        while self._buffer:
-            yield self._buffer.popleft()
-        while True:
-            try:
-                ref = await self._refs.__anext__()
-                batch = await ref
-            except StopAsyncIteration:
-                return
-            except ray.exceptions.RayActorError:
-                raise self._died() from None
-            self.batches += 1
+        async for batch in self.item_batches():
             for item in batch:
                 yield item
