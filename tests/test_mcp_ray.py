@@ -16,6 +16,7 @@ from tests.helpers import wait_until
 pytest.importorskip("mcp")
 
 from tests.test_mcp import SERVER, free_port, start_http_server  # noqa: E402
+from tests.test_orchestrator import orchestrator, tool_parts  # noqa: E402, F401  (a fixture)
 
 pytestmark = pytest.mark.ray
 
@@ -30,24 +31,13 @@ def call(tool, **input):
     return [{"tool": tool, "input": input}]
 
 
-def tool_parts(message):
-    return [p for p in message["parts"] if p["type"] == "dynamic-tool"]
-
-
 @pytest.fixture
-def orchestrator(namespace_factory):
-    from thinkray.actors.orchestrator import Orchestrator
-
-    ns = namespace_factory(Orchestrator, pool_size=1, idle_timeout=None)
-    handle = ns.get("boss")
-    yield ns, handle
+def mcp_orchestrator(orchestrator):  # noqa: F811  (the imported fixture)
+    """The orchestrator of tests/test_orchestrator.py, whose bridge (holding the MCP
+    connections) is closed after the test, so the stdio servers stop."""
+    ns, _ = orchestrator
+    yield orchestrator
     try:
-        from thinkray.actors.namespace import AgentNamespace
-
-        AgentNamespace.connect(f"{ns.name}.boss.subs").shutdown()
-    except Exception:
-        pass
-    try:  # the bridge holds the MCP connections: close them (stdio servers stop)
         import ray
         from thinkray.actors.bridge import bridge_name
 
@@ -58,8 +48,8 @@ def orchestrator(namespace_factory):
         pass
 
 
-def test_granted_sub_agent_calls_mcp_tools_over_stdio_and_http(orchestrator):
-    _, boss = orchestrator
+def test_granted_sub_agent_calls_mcp_tools_over_stdio_and_http(mcp_orchestrator):
+    _, boss = mcp_orchestrator
     port = free_port()
     web = start_http_server(port)
     try:
@@ -98,8 +88,8 @@ def test_granted_sub_agent_calls_mcp_tools_over_stdio_and_http(orchestrator):
         web.wait()
 
 
-def test_server_config_survives_hibernation_and_a_killed_server_is_reconnected(orchestrator):
-    ns, boss = orchestrator
+def test_server_config_survives_hibernation_and_a_killed_server_is_reconnected(mcp_orchestrator):
+    ns, boss = mcp_orchestrator
     boss.add_mcp_server.remote("calc", STDIO).result()
     asks_pid = script(call("mcp__calc__pid"), [{"text": "ok"}])
     boss.create_subagent.remote("pidder", {"model": asks_pid}, mcp=["calc"]).result()
@@ -131,8 +121,8 @@ def test_server_config_survives_hibernation_and_a_killed_server_is_reconnected(o
     assert status["connects"] >= 2 and status["connected"]
 
 
-def test_mcp_failures_are_output_errors_and_the_turn_goes_on(orchestrator):
-    _, boss = orchestrator
+def test_mcp_failures_are_output_errors_and_the_turn_goes_on(mcp_orchestrator):
+    _, boss = mcp_orchestrator
     boss.add_mcp_server.remote("calc", {**STDIO, "timeout": 1.0}).result()
     broken = script(
         call("mcp__calc__fail", reason="server says no"),
@@ -155,10 +145,10 @@ def test_mcp_failures_are_output_errors_and_the_turn_goes_on(orchestrator):
     assert done.status == "completed" and done.text == "survived"
 
 
-def test_bad_configs_and_grants_are_refused(orchestrator):
+def test_bad_configs_and_grants_are_refused(mcp_orchestrator):
     from thinkray.runtime.tools.mcp import McpConfigError
 
-    _, boss = orchestrator
+    _, boss = mcp_orchestrator
     with pytest.raises(McpConfigError, match="needs a 'command'"):
         boss.add_mcp_server.remote("x", {"transport": "stdio"}).result()
     with pytest.raises(McpConfigError, match="unknown MCP server"):
