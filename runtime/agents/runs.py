@@ -21,6 +21,7 @@ from thinkray.runtime.errors import (  # re-exported: the errors live in thinkra
 )
 from thinkray.runtime.turn.loop import LoopHooks, LoopResult
 from thinkray.runtime.turn.stream import RunStream
+from thinkray.runtime.usage import Usage
 
 if TYPE_CHECKING:
     from thinkray.runtime.tools.base import Tool
@@ -131,6 +132,8 @@ class RunState:
     model: Any = None  # resolved before the turn runs (per-turn model switch)
     model_selection: dict[str, Any] | None = None
     options: ChatOptions | None = None
+    # Tokens of the steps finished so far (the live view's "tokens this turn").
+    usage: Usage = field(default_factory=Usage)
     # True once the turn's history is fixed (its recorder exists): until then the turn
     # itself (on_user_message, prepare_turn, the model switch) may still rewrite it.
     prepared: bool = False

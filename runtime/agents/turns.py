@@ -273,6 +273,7 @@ class TurnRunner:
             def on_step_finish(step: int, usage: Usage, reason: str) -> None:
                 nonlocal step_usage
                 step_usage = step_usage + usage
+                run.usage = step_usage
                 if not stale():
                     if recorder is not None:  # into the rollup with its next batch
                         recorder.add_usage(usage.to_dict())
