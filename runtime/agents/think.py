@@ -248,6 +248,12 @@ class Think(metaclass=_StartsAfterInit):
         prompt: str = await _maybe_await(self.get_system_prompt())
         return prompt
 
+    def span_attributes(self, session_id: str, run_id: str) -> dict[str, Any]:
+        """Hook: extra attributes for the turn's ``invoke_agent`` span (called only
+        while tracing is on). Values OpenTelemetry cannot carry (dicts, objects) are
+        dropped, never raised."""
+        return {}
+
     def message_metadata(self, options: ChatOptions) -> dict[str, Any]:
         """Hook: extra ``metadata`` for the turn's assistant message, merged when the
         turn ends (``usage``, ``status``, ``finishReason`` and ``model`` win)."""

@@ -40,6 +40,9 @@ from thinkray.runtime.errors import (  # re-exported: the errors live in thinkra
 )
 from thinkray.runtime.messages import Role, new_id, parse_message
 from thinkray.runtime.models.base import ModelError
+from thinkray.runtime.observability import logs, tracing
+from thinkray.runtime.observability.metrics import metrics
+from thinkray.runtime.observability.tracing import TurnTrace
 from thinkray.runtime.status import SessionBusyError, SessionStatus, StatusBoard
 from thinkray.runtime.tools.base import Tool
 from thinkray.runtime.turn.loop import LoopHooks, LoopResult
@@ -239,6 +242,16 @@ class TurnRunner:
         result = LoopResult()
         step_usage = Usage()
         user_id = None
+        started = time.perf_counter()
+        first_chunk: float | None = None
+        namespace = agent.namespace or "-"
+        agent_name = agent.agent_name or type(agent).__name__
+        # This task's records carry the turn's ids; its spans hang under invoke_agent.
+        logs.enter_turn(agent_name, namespace, sid, run.run_id)
+        turn_trace = self._start_trace(run, agent_name, namespace) if tracing.enabled() else None
+
+        def model_id() -> str:
+            return str(getattr(run.model, "model_id", None) or "unknown")
 
         async def open_stream() -> None:
             # Chunks emitted before the stream started (prepare_turn's, say) wait in
@@ -274,6 +287,7 @@ class TurnRunner:
                 nonlocal step_usage
                 step_usage = step_usage + usage
                 run.usage = step_usage
+                _count_tokens(namespace, model_id(), usage)
                 if not stale():
                     if recorder is not None:  # into the rollup with its next batch
                         recorder.add_usage(usage.to_dict())
@@ -299,6 +313,14 @@ class TurnRunner:
                 persist_step()
                 return await agent.tool_calls.execute(t, value, ctx, raw)
 
+            def on_model_call(outcome: str) -> None:
+                tags = {"namespace": namespace, "model": model_id(), "outcome": outcome}
+                metrics().count("thinkray_model_calls_total", 1, tags)
+
+            def on_tool_outcome(tool_name: str, outcome: str) -> None:
+                tags = {"namespace": namespace, "tool": tool_name, "outcome": outcome}
+                metrics().count("thinkray_tool_calls_total", 1, tags)
+
             options = ChatOptions(
                 session_id=sid,
                 run_id=run.run_id,
@@ -310,6 +332,9 @@ class TurnRunner:
                     on_retry=on_retry,
                     check_permission=check_permission,
                     execute_tool=execute_tool,
+                    on_model_call=on_model_call,
+                    on_tool_outcome=on_tool_outcome,
+                    trace=turn_trace,
                 ),
                 result=result,
                 request_options=agent.get_request_options(),
@@ -334,6 +359,8 @@ class TurnRunner:
             )
             run.prepared = True
             async for chunk in abortable(agent.on_chat_message(options), signal):
+                if first_chunk is None and chunk["type"] in CONTENT_CHUNKS:
+                    first_chunk = time.perf_counter()
                 if self.status.get(sid).state == "retrying":
                     self.status.busy(sid, run.run_id)
                 if not is_data_chunk(chunk) and chunk["type"] == "finish":
@@ -379,6 +406,9 @@ class TurnRunner:
                 self._finish_recorder(recorder, run, metadata, stale)
                 recorder = None
             self._end_run(run, "aborted")
+            self._observe(run, "aborted", None, step_usage, result, None, started, first_chunk)
+            if turn_trace is not None:
+                turn_trace.end("aborted", None, step_usage, result.steps, None)
             raise
         except Exception as exc:
             status = "error"
@@ -410,6 +440,11 @@ class TurnRunner:
             await run.stream.delivered()
             message = self._finish_recorder(recorder, run, final_metadata, stale)
         self._end_run(run, status, error_text)
+        self._observe(
+            run, status, error_text, step_usage, result, finish_reason, started, first_chunk
+        )
+        if turn_trace is not None:
+            turn_trace.end(status, error_text, step_usage, result.steps, finish_reason)
         if callback is not None:
             if status == "error":
                 await _call(callback, "on_error", error_text)
@@ -431,6 +466,51 @@ class TurnRunner:
         while len(self.results) > max(self.agent.recent_results, 0):
             self.results.popitem(last=False)
         return outcome
+
+    def _start_trace(self, run: RunState, agent_name: str, namespace: str) -> TurnTrace | None:
+        """The turn's ``invoke_agent`` span (a child of whoever started the turn: the
+        task copied the caller's context), made current for the rest of the task."""
+        agent = self.agent
+        try:
+            extra = agent.span_attributes(run.session_id, run.run_id)
+        except Exception:  # a hook's failure loses its attributes, not the turn
+            log.exception("span_attributes of run %s failed", run.run_id)
+            extra = None
+        turn_trace = TurnTrace.start(
+            agent_name=agent_name,
+            agent_class=type(agent).__name__,
+            session_id=run.session_id,
+            run_id=run.run_id,
+            namespace=namespace,
+            extra=extra,
+        )
+        if turn_trace is not None:
+            tracing.make_current(turn_trace.context)
+        return turn_trace
+
+    def _observe(
+        self,
+        run: RunState,
+        status: RunStatus,
+        error: str | None,
+        usage: Usage,
+        result: LoopResult,
+        finish_reason: str | None,
+        started: float,
+        first_chunk: float | None,
+    ) -> None:
+        """The turn's metrics, once it ended (turn count and latency by status, time to
+        first chunk, aborts)."""
+        sink = metrics()
+        tags = {"namespace": self.agent.namespace or "-", "agent": type(self.agent).__name__}
+        sink.count("thinkray_turns_total", 1, {**tags, "status": status})
+        sink.observe(
+            "thinkray_turn_seconds", time.perf_counter() - started, {**tags, "status": status}
+        )
+        if first_chunk is not None:
+            sink.observe("thinkray_ttfc_seconds", first_chunk - started, tags)
+        if status == "aborted":
+            sink.count("thinkray_aborts_total", 1, tags)
 
     def _final_metadata(
         self,
@@ -575,6 +655,24 @@ class TurnRunner:
             store.delete_messages(session_id, doomed)
             for mid in doomed:
                 self.persist_cache.forget(mid)
+
+
+CONTENT_CHUNKS = frozenset(
+    {"text-delta", "reasoning-delta", "tool-input-start", "tool-input-available"}
+)
+"""Chunks that count as the turn's first content (time to first chunk)."""
+
+TOKEN_KINDS = ("input", "output", "reasoning", "cache_read", "cache_write")
+
+
+def _count_tokens(namespace: str, model: str, usage: Usage) -> None:
+    sink = metrics()
+    for kind in TOKEN_KINDS:
+        n = getattr(usage, kind)
+        if n:
+            sink.count(
+                "thinkray_tokens_total", n, {"namespace": namespace, "model": model, "kind": kind}
+            )
 
 
 def _finish_chunk(chunk: FinishChunk, metadata: dict[str, Any]) -> FinishChunk:

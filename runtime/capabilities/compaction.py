@@ -123,6 +123,8 @@ from thinkray.runtime.errors import (
 )
 from thinkray.runtime.messages import new_id
 from thinkray.runtime.models.base import ModelError, ModelMessage, TextContent
+from thinkray.runtime.observability import tracing
+from thinkray.runtime.observability.metrics import metrics
 from thinkray.runtime.remote import idempotent, remote
 from thinkray.runtime.turn.context import render_output
 from thinkray.runtime.turn.loop import LoopResult, RetryPolicy, run_loop
@@ -668,6 +670,27 @@ class Compaction:
         return min(config.max_output_tokens, max_output) if max_output else config.max_output_tokens
 
     async def _compact(
+        self,
+        sid: str,
+        *,
+        auto: bool,
+        signal: AbortSignal | None,
+        config: CompactionConfig | None = None,
+        model: Any = None,
+        fit_below: int | None = None,
+    ) -> CompactionResult:
+        host = self.host
+        attributes = {"gen_ai.conversation.id": sid, "thinkray.compaction.auto": auto}
+        with tracing.span("thinkray.compaction", attributes) as span:
+            result = await self._compact_now(
+                sid, auto=auto, signal=signal, config=config, model=model, fit_below=fit_below
+            )
+            tracing.set_attributes(span, {"thinkray.compaction.strategy": result.strategy})
+        tags = {"namespace": getattr(host, "namespace", None) or "-", "agent": type(host).__name__}
+        metrics().count("thinkray_compactions_total", 1, tags)
+        return result
+
+    async def _compact_now(
         self,
         sid: str,
         *,

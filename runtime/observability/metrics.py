@@ -232,8 +232,8 @@ class RecordingMetrics:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.counters: defaultdict[tuple[str, tuple[tuple[str, str], ...]], float] = (
-            defaultdict(float)
+        self.counters: defaultdict[tuple[str, tuple[tuple[str, str], ...]], float] = defaultdict(
+            float
         )
         self.samples: defaultdict[tuple[str, tuple[tuple[str, str], ...]], list[float]] = (
             defaultdict(list)

@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import random
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,7 @@ from thinkray.runtime.models.base import (
     ToolCallContent,
     ToolResultContent,
 )
+from thinkray.runtime.observability.tracing import TurnTrace
 from thinkray.runtime.tools.base import Tool, ToolContext, ToolInputError, run_tool, tool_spec
 from thinkray.runtime.usage import Usage
 
@@ -102,12 +104,19 @@ class LoopHooks:
     """Callbacks of :func:`run_loop`: ``on_step_finish(step, usage, finish_reason)``
     after every step (``"error"`` for a failed step that was billed),
     ``on_retry(attempt, error, delay)`` before a retry wait,
-    ``check_permission`` before each tool call and ``execute_tool`` to run one."""
+    ``check_permission`` before each tool call and ``execute_tool`` to run one;
+    ``on_model_call(outcome)`` after each model call (``ok`` or ``error``: retries are
+    calls) and ``on_tool_outcome(tool_name, outcome)`` as each tool call ends (``ok``,
+    ``error`` or ``denied``). ``trace``: the turn's spans, while tracing is on (a
+    ``chat`` span per model call and an ``execute_tool`` span per tool call)."""
 
     on_step_finish: Callable[[int, Usage, str], Any] | None = None
     on_retry: Callable[[int, ModelError, float], Any] | None = None
     check_permission: PermissionCheck | None = None
     execute_tool: ToolExecutor | None = None
+    on_model_call: Callable[[str], Any] | None = None
+    on_tool_outcome: Callable[[str, str], Any] | None = None
+    trace: TurnTrace | None = None
 
 
 @dataclass
@@ -155,10 +164,16 @@ async def run_loop(
         text_buf: dict[str, list[str]] = {}
         reasoning_buf: dict[str, list[str]] = {}
         attempt = 0
+        trace = hooks.trace
         while True:
             emitted = False
+            chat_span = trace.chat_start(model, step, attempt, request) if trace else None
+            chat_error: BaseException | None = None
+            call_started = time.perf_counter()
             try:
                 async for ev in abortable(model.stream(request), signal):
+                    if not emitted and chat_span is not None:
+                        trace.chat_first_chunk(chat_span, call_started)  # type: ignore[union-attr]
                     emitted = True
                     # A tagged union: ``ev.type ==`` narrows ``ev`` (most frequent first).
                     if ev.type == "text-delta":
@@ -216,7 +231,10 @@ async def run_loop(
                         finish_reason = ev.finish_reason
                         step_usage = ev.usage
                 break
-            except ModelError as exc:
+            except BaseException as exc:
+                chat_error = exc
+                if not isinstance(exc, ModelError):
+                    raise
                 if not exc.transient or emitted or attempt >= retry.max_retries:
                     if exc.usage is not None:
                         # The broken step was billed for what it read: record that
@@ -229,7 +247,20 @@ async def run_loop(
                 delay = retry.delay(attempt, exc)
                 if hooks.on_retry:
                     hooks.on_retry(attempt, exc, delay)
-                await _sleep_or_abort(delay, signal)
+            finally:
+                outcome = _call_outcome(chat_error)
+                if hooks.on_model_call is not None:
+                    hooks.on_model_call(outcome)
+                if chat_span is not None:
+                    trace.chat_end(  # type: ignore[union-attr]
+                        chat_span,
+                        outcome=outcome,
+                        finish_reason=finish_reason,
+                        usage=getattr(chat_error, "usage", None) if chat_error else step_usage,
+                        error=chat_error,
+                        output=assistant_content,
+                    )
+            await _sleep_or_abort(delay, signal)
 
         result.steps = step + 1
         result.usage = result.usage + step_usage
@@ -278,6 +309,16 @@ async def run_loop(
         if not calls or finish_reason not in ("tool-calls", "stop", "other"):
             break
     yield {"type": "finish", "finishReason": result.finish_reason}
+
+
+def _call_outcome(error: BaseException | None) -> str:
+    """A model call's outcome for metrics and spans: ok, aborted (the turn was aborted
+    or its consumer went away) or error."""
+    if error is None:
+        return "ok"
+    if isinstance(error, AbortError | GeneratorExit | asyncio.CancelledError):
+        return "aborted"
+    return "error"
 
 
 def _reasoning_end(ev: ReasoningEnd) -> ReasoningEndChunk:
@@ -353,32 +394,26 @@ async def _execute_calls(
 
     execute = hooks.execute_tool or _run_tool
 
-    async def one(
+    async def outcome_of(
         call_id: str, name: str, value: Any, input_error: str | None, raw_input: Any
-    ) -> None:
+    ) -> _ResultChunk:
         if input_error is not None:
             # The model sees the validation error as this call's result; the tool never ran.
-            await queue.put(tool_output_error(call_id, input_error))
-            return
+            return tool_output_error(call_id, input_error)
         if hooks.check_permission is not None:
             try:
                 denied = await hooks.check_permission(name, value, call_id)
             except AbortError:
-                await queue.put(
-                    tool_output_error(call_id, f"aborted: {signal.reason or 'aborted'}")
-                )
-                return
+                return tool_output_error(call_id, f"aborted: {signal.reason or 'aborted'}")
             except Exception as exc:  # a broken hook must not hang the turn: refuse the call
                 log.exception("permission check for %s failed", name)
                 denied = f"permission check failed: {type(exc).__name__}: {exc}"
             if isinstance(denied, ToolDenial) and denied.by_user:
                 denials[call_id] = denied.reason
-                await queue.put({"type": "tool-output-denied", "toolCallId": call_id})
-                return
+                return {"type": "tool-output-denied", "toolCallId": call_id}
             if denied:
                 reason = denied.reason if isinstance(denied, ToolDenial) else denied
-                await queue.put(tool_output_error(call_id, reason))
-                return
+                return tool_output_error(call_id, reason)
         ctx = ToolContext(
             tool_call_id=call_id,
             tool_name=name,
@@ -391,12 +426,39 @@ async def _execute_calls(
         try:
             output = await execute(tools[name], value, ctx, raw_input)
         except AbortError:
-            await queue.put(tool_output_error(call_id, f"aborted: {signal.reason or 'aborted'}"))
-            return
+            return tool_output_error(call_id, f"aborted: {signal.reason or 'aborted'}")
         except Exception as exc:  # any tool failure is a result for the model
-            await queue.put(tool_output_error(call_id, f"{type(exc).__name__}: {exc}"))
-            return
-        await queue.put(tool_output_available(call_id, output))
+            return tool_output_error(call_id, f"{type(exc).__name__}: {exc}")
+        return tool_output_available(call_id, output)
+
+    async def one(
+        call_id: str, name: str, value: Any, input_error: str | None, raw_input: Any
+    ) -> None:
+        # Each call runs in its own task: its execute_tool span is current there, so a
+        # tool that calls a sub-agent or the bridge carries it across the actor boundary.
+        trace = hooks.trace
+        if trace is None:
+            chunk = await outcome_of(call_id, name, value, input_error, raw_input)
+        else:
+            with trace.tool(name, call_id, raw_input) as tool_span:
+                chunk = await outcome_of(call_id, name, value, input_error, raw_input)
+                if chunk["type"] == "tool-output-available":
+                    tool_span.outcome("ok", chunk["output"])
+                elif chunk["type"] == "tool-output-error":
+                    tool_span.outcome("error", error=chunk["errorText"])
+                else:
+                    tool_span.outcome("denied", error=denials.get(call_id))
+        if hooks.on_tool_outcome is not None:
+            kind = chunk["type"]
+            hooks.on_tool_outcome(
+                name,
+                "ok"
+                if kind == "tool-output-available"
+                else "error"
+                if kind == "tool-output-error"
+                else "denied",
+            )
+        await queue.put(chunk)
 
     tasks = [asyncio.ensure_future(one(*c)) for c in calls]
     try:

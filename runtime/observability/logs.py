@@ -1,0 +1,170 @@
+"""Logs: one logger hierarchy, ``thinkray.*``, and the turn's ids on every record.
+
+Every module logs through ``logging.getLogger("thinkray.<part>")``. While a turn runs,
+a context variable holds who is speaking — the agent's name, its namespace, the
+session, the run, and the run that started the whole exchange (an orchestrator's run,
+for a sub-agent's turn) — and a log record factory (``logging.setLogRecordFactory``, installed when this module
+is imported) copies them onto each record as
+``record.agent``, ``record.namespace``, ``record.session_id``, ``record.run_id``,
+``record.root_run_id`` and, while tracing, ``record.trace_id``. Records from outside a
+turn carry ``"-"``, so a format string using them never fails.
+
+The turn runner sets the context inside the turn's own task (:func:`turn_context`):
+everything the turn awaits — tools, model calls, hooks — inherits it, and nothing
+leaks into the caller. ``root_run_id`` crosses actors with the trace context
+(:mod:`.tracing` baggage), so ``grep root_run_id=run_…`` follows one exchange across
+the orchestrator and its sub-agents' actor logs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import baggage
+from opentelemetry import context as otel_context
+from thinkray.runtime.observability import tracing
+
+__all__ = [
+    "LOG_FORMAT",
+    "ROOT_RUN_KEY",
+    "TurnLogContext",
+    "current",
+    "enter_turn",
+    "install",
+    "turn_context",
+]
+
+ROOT_LOGGER = "thinkray"
+ROOT_RUN_KEY = "thinkray.root_run_id"
+"""The baggage entry carrying the exchange's first run id across actors."""
+
+LOG_FORMAT = (
+    "%(asctime)s %(levelname)s %(name)s "
+    "[agent=%(agent)s session=%(session_id)s run=%(run_id)s root=%(root_run_id)s "
+    "trace=%(trace_id)s] %(message)s"
+)
+"""The format :func:`install` gives a handler it creates (``thinkray serve`` and the
+CLI use it)."""
+
+
+@dataclass(frozen=True)
+class TurnLogContext:
+    """Who is speaking: the ids a turn's records carry."""
+
+    agent: str
+    namespace: str
+    session_id: str
+    run_id: str
+    root_run_id: str
+
+
+_current: contextvars.ContextVar[TurnLogContext | None] = contextvars.ContextVar(
+    "thinkray_log_context", default=None
+)
+
+
+def current() -> TurnLogContext | None:
+    """The turn context of the running task, or None outside a turn."""
+    return _current.get()
+
+
+def _inherited_root() -> str | None:
+    """The root run id the caller sent with the trace context (baggage), or the
+    enclosing turn's (a sub-agent run in the same process)."""
+    outer = _current.get()
+    if outer is not None:
+        return outer.root_run_id
+    if not tracing.enabled():
+        return None
+    value = baggage.get_baggage(ROOT_RUN_KEY)
+    return str(value) if value else None
+
+
+@contextlib.contextmanager
+def turn_context(
+    agent: str, namespace: str | None, session_id: str, run_id: str
+) -> Iterator[TurnLogContext]:
+    """Set the turn's ids for the block (use inside the turn's task). While tracing, the
+    root run id also goes into the baggage, so calls the turn makes through handles
+    carry it to the sub-agents' actors."""
+    root = _inherited_root() or run_id
+    ctx = TurnLogContext(agent, namespace or "-", session_id, run_id, root)
+    token = _current.set(ctx)
+    otel_token = None
+    if tracing.enabled():
+        otel_token = otel_context.attach(baggage.set_baggage(ROOT_RUN_KEY, root))
+    try:
+        yield ctx
+    finally:
+        if otel_token is not None:
+            otel_context.detach(otel_token)
+        _current.reset(token)
+
+
+def enter_turn(agent: str, namespace: str | None, session_id: str, run_id: str) -> TurnLogContext:
+    """:func:`turn_context` for the rest of the running task, with no reset: for a turn's
+    own task (its context is a copy, gone with the task)."""
+    root = _inherited_root() or run_id
+    ctx = TurnLogContext(agent, namespace or "-", session_id, run_id, root)
+    _current.set(ctx)
+    if tracing.enabled():
+        otel_context.attach(baggage.set_baggage(ROOT_RUN_KEY, root))
+    return ctx
+
+
+def _annotate(record: logging.LogRecord) -> None:
+    ctx = _current.get()
+    if ctx is None:
+        record.agent = record.namespace = record.session_id = "-"
+        record.run_id = record.root_run_id = "-"
+    else:
+        record.agent = ctx.agent
+        record.namespace = ctx.namespace
+        record.session_id = ctx.session_id
+        record.run_id = ctx.run_id
+        record.root_run_id = ctx.root_run_id
+    ids = tracing.current_ids()
+    record.trace_id = ids[0] if ids else "-"
+
+
+_previous_factory = logging.getLogRecordFactory()
+
+
+def _record_factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+    # The logging module's documented hook for contextual fields: every record made in
+    # this process carries the turn's ids, whatever logger or handler it goes through
+    # (a library's record logged inside a turn too), so a user's own format string
+    # can name %(run_id)s without installing anything.
+    record = _previous_factory(*args, **kwargs)
+    _annotate(record)
+    return record
+
+
+if not getattr(logging.getLogRecordFactory(), "_thinkray", False):
+    _record_factory._thinkray = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(_record_factory)
+
+
+def install(level: int | str | None = None) -> logging.Handler:
+    """Give the ``thinkray`` logger a stderr handler with :data:`LOG_FORMAT` (once;
+    later calls return it) and, with ``level``, set its level. Not needed for the ids:
+    every record carries them as soon as this module is imported (the turn runner
+    imports it)."""
+    root = logging.getLogger(ROOT_LOGGER)
+    for existing in root.handlers:
+        if getattr(existing, "_thinkray_default", False):
+            handler = existing
+            break
+    else:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        handler._thinkray_default = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
+    if level is not None:
+        root.setLevel(level)
+    return handler
