@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from thinkray.actors.progress import Progress
 from thinkray.runtime.models.workloads import (
     W1_AFTER_TOOL,
     W1_CHUNKS,
@@ -239,6 +240,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--skip-w2", action="store_true", help="skip W2")
     parser.add_argument("--root", help="storage folder (default: a temp folder, removed after)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars on stderr")
 
 
 @dataclass
@@ -254,6 +256,7 @@ class _Settings:
     peer: bool
     actors: bool
     w2: bool
+    bars: bool = True  # progress bars on stderr (not --quiet)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> _Settings:
@@ -270,6 +273,7 @@ class _Settings:
             peer=not args.no_peer,
             actors=not args.skip_actors,
             w2=not (args.skip_actors or args.skip_w2),
+            bars=not getattr(args, "quiet", False),
         )
 
     @property
@@ -403,10 +407,18 @@ async def _turn_async(handle: Any, turn: int, expected: int) -> tuple[float, flo
 
 
 async def _concurrent(
-    ns: Any, names: list[str], turns: int, expected: Callable[[int], int]
+    ns: Any,
+    names: list[str],
+    turns: int,
+    expected: Callable[[int], int],
+    bars: bool = True,
+    label: str = "turns",
 ) -> _Turns:
-    """Every session of ``names`` takes ``turns`` turns in order, all sessions at once."""
+    """Every session of ``names`` takes ``turns`` turns in order, all sessions at once
+    (a wake storm: each session's first turn wakes its agent). A progress bar of the
+    turns ends on stderr unless ``bars`` is False."""
     out = _Turns()
+    progress = Progress(len(names) * turns, label, enabled=bars)
 
     async def session(name: str) -> None:
         handle = ns.get(name)
@@ -415,11 +427,14 @@ async def _concurrent(
                 ttfc, latency = await _turn_async(handle, turn, expected(turn))
             except Exception as exc:  # a failed turn is counted and shown, not fatal
                 out.errors.append(f"{name} turn {turn}: {type(exc).__name__}: {exc}"[:300])
+                progress.step(failed=True)
                 continue
             out.add(turn, ttfc, latency)
+            progress.step()
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(session(n) for n in names))
+    with progress:
+        await asyncio.gather(*(session(n) for n in names))
     out.wall = time.perf_counter() - t0
     return out
 
@@ -475,15 +490,19 @@ def _run_actors(root: Path, s: _Settings) -> _ActorFigures:
     _progress(f"through session actors: {s.seq_sessions} sessions x {s.seq_turns} turns")
     ns: Any = AgentNamespace(f"w1seq{tag}", WorkloadAgent, storage_root=str(root), detached=False)
     names = [f"s{i:03d}" for i in range(s.seq_sessions)]
-    for name in names:
-        ns.wake(name)
+    with Progress(len(names), "waking", enabled=s.bars) as progress:
+        for name in names:
+            ns.wake(name)
+            progress.step()
     pids = _pids(ns, names)
     sequential = _Turns()
     cpu0 = _cpu_of(pids) + time.process_time()
     t0 = time.perf_counter()
-    for turn in range(1, s.seq_turns + 1):
-        for name in names:
-            sequential.add(turn, *_turn_sync(ns.get(name), turn))
+    with Progress(s.seq_turns * len(names), "turns", enabled=s.bars) as progress:
+        for turn in range(1, s.seq_turns + 1):
+            for name in names:
+                sequential.add(turn, *_turn_sync(ns.get(name), turn))
+                progress.step()
     sequential.wall = time.perf_counter() - t0
     seq_cpu = (_cpu_of(pids) + time.process_time() - cpu0) / max(1, len(sequential.latency))
     ns.shutdown()
@@ -495,7 +514,9 @@ def _run_actors(root: Path, s: _Settings) -> _ActorFigures:
     )
     before = _counters(cold_ns)
     names = [f"c{i:03d}" for i in range(s.sessions)]
-    cold = asyncio.run(_concurrent(cold_ns, names, s.concurrent_turns, w1_text_chunks))
+    cold = asyncio.run(
+        _concurrent(cold_ns, names, s.concurrent_turns, w1_text_chunks, s.bars, "cold turns")
+    )
     cold_counters = _delta(before, _counters(cold_ns))
     cold_ns.shutdown()
 
@@ -511,7 +532,9 @@ def _run_actors(root: Path, s: _Settings) -> _ActorFigures:
     )
     names = [f"h{i:03d}" for i in range(s.sessions)]
     before = _counters(warm_ns)
-    warm = asyncio.run(_concurrent(warm_ns, names, s.concurrent_turns, w1_text_chunks))
+    warm = asyncio.run(
+        _concurrent(warm_ns, names, s.concurrent_turns, w1_text_chunks, s.bars, "warm turns")
+    )
     warm_counters = _delta(before, _counters(warm_ns))
     pids = _pids(warm_ns, names)
     uss = [uss_mib(p) for p in pids]
@@ -548,7 +571,9 @@ def _run_w2(root: Path, s: _Settings, tag: str, figures: _ActorFigures) -> None:
     names = [f"r{i:03d}" for i in range(s.w2_sessions)]
     busy0, total0 = _machine_cpu()
     wall0 = time.perf_counter()
-    turns = asyncio.run(_concurrent(ns, names, s.w2_turns, lambda turn: W2_CHUNKS))
+    turns = asyncio.run(
+        _concurrent(ns, names, s.w2_turns, lambda turn: W2_CHUNKS, s.bars, "W2 turns")
+    )
     busy1, total1 = _machine_cpu()
     wall = time.perf_counter() - wall0
     figures.w2_actor_cpu = _cpu_of(_pids(ns, names))

@@ -7,7 +7,8 @@ the W1/W2 benchmark (issue 10) with LangGraph beside thinkray (:mod:`thinkray.ac
 ``thinkray serve`` runs the HTTP ingress (:mod:`thinkray.actors.ingress`) on Ray Serve:
 the AI SDK chat stream, resume, sessions and the web chat page, behind bearer tokens.
 ``thinkray sessions ls|show|export|rm`` and ``thinkray stats`` read the fleet index
-(:mod:`thinkray.actors.fleet_cli`) without waking any agent.
+(:mod:`thinkray.actors.fleet_cli`) without waking any agent. ``thinkray top`` shows the
+live agents of a running cluster, refreshed (:mod:`thinkray.actors.top`).
 """
 
 from __future__ import annotations
@@ -379,6 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     from thinkray.actors import fleet_cli
 
     fleet_cli.add_commands(sub)  # sessions ls|show|export|rm|compact, stats
+    from thinkray.actors import top
+
+    top.add_command(sub)  # top: the live view
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from thinkray.actors.progress import Progress
 from thinkray.storage import fleet_index as fi
 from thinkray.storage.layout import list_names, session_path
 from thinkray.storage.objectstore import is_uri
@@ -117,33 +118,6 @@ def _emit_json_rows(texts: Iterable[str]) -> None:
     if chunk:
         out.write(("" if first else ",") + ",".join(chunk))
     out.write("]\n")
-
-
-class Progress:
-    """A one-line progress bar on stderr (redrawn at most ~10 times a second)."""
-
-    def __init__(self, total: int, label: str, stream: Any = None) -> None:
-        self.total, self.label, self.done = total, label, 0
-        self.stream = stream or sys.stderr
-        self._last = 0.0
-
-    def step(self, n: int = 1) -> None:
-        """Count ``n`` more done; redraw if due."""
-        self.done += n
-        now = time.monotonic()
-        if now - self._last >= 0.1 or self.done >= self.total:
-            self._last = now
-            width = 30
-            filled = int(width * self.done / max(1, self.total))
-            self.stream.write(
-                f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total}"
-            )
-            self.stream.flush()
-
-    def close(self) -> None:
-        """End the line."""
-        self.stream.write("\n")
-        self.stream.flush()
 
 
 # -- shared --------------------------------------------------------------------------
@@ -423,19 +397,16 @@ def deep_rows(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str]
     files = [(ns, n) for ns in _namespaces(args, root) for n in list_names(root, ns)]
     rows: list[dict[str, Any]] = []
     skipped: list[str] = []
-    progress = Progress(len(files), "scanning") if not args.quiet else None
-    for ns, name in files:
-        try:
-            rows.append(fi.scan_file(session_path(root, ns, name)))
-        except fi.AgentLiveError:
-            skipped.append(f"{ns}/{name}")
-        except Exception as exc:  # a damaged or foreign file: say so, go on
-            print(f"\nskipped {ns}/{name}: {exc}", file=sys.stderr)
-            skipped.append(f"{ns}/{name}")
-        if progress is not None:
+    with Progress(len(files), "scanning", enabled=not args.quiet) as progress:
+        for ns, name in files:
+            try:
+                rows.append(fi.scan_file(session_path(root, ns, name)))
+            except fi.AgentLiveError:
+                skipped.append(f"{ns}/{name}")
+            except Exception as exc:  # a damaged or foreign file: say so, go on
+                print(f"\nskipped {ns}/{name}: {exc}", file=sys.stderr)
+                skipped.append(f"{ns}/{name}")
             progress.step()
-    if progress is not None:
-        progress.close()
     if args.reindex:
         by_ns: dict[str, list[dict[str, Any]]] = {}
         for row in rows:

@@ -83,6 +83,10 @@ class StatusBoard:
         """The session's run failed with ``message``."""
         self.set(session_id, SessionStatus(state="error", message=message))
 
+    def items(self) -> list[tuple[str, SessionStatus]]:
+        """Every session with a recorded status (idle ones included), and its status."""
+        return list(self._status.items())
+
     def subscribe(self, listener: StatusListener) -> Callable[[], None]:
         """Call ``listener(session_id, status)`` on every change; returns the remover."""
         self._listeners.append(listener)
