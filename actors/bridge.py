@@ -47,6 +47,9 @@ from thinkray.actors.errors import (  # re-exported: the errors live in thinkray
     BridgeAccessError as BridgeAccessError,
 )
 from thinkray.actors.errors import InvalidArgumentError
+from thinkray.actors.metrics import install_ray_metrics
+from thinkray.runtime.observability import tracing
+from thinkray.runtime.observability.setup import configure_from_env
 from thinkray.runtime.tools.mcp import (
     McpClient,
     McpConfigError,
@@ -89,6 +92,8 @@ class WorkspaceBridge:
         """Open the workspace file ``path`` (a local root), or, given an object-store
         ``root``, the newest generation of ``namespace``'s ``owner`` bridge file (its
         lease taken first; ``path`` is then unused)."""
+        install_ray_metrics()  # what this process measures goes to Ray's endpoint
+        configure_from_env()  # and its spans where the environment says
         self._remote: RemoteSession | None = None
         self._remote_lock = threading.Lock()
         self._stop_renewing = threading.Event()
@@ -234,14 +239,29 @@ class WorkspaceBridge:
         """Each granted agent's MCP servers (see :data:`McpGrant`), by agent name."""
         return {g["agent"]: dict(g.get("mcp") or {}) for g in self.kv.items(_GRANT).values()}
 
-    def call(self, token: str, method: str, kwargs: dict[str, Any]) -> Any:
+    def call(
+        self,
+        token: str,
+        method: str,
+        kwargs: dict[str, Any],
+        trace: dict[str, str] | None = None,
+    ) -> Any:
         """Run workspace operation ``method(**kwargs)`` for the holder of ``token`` and
-        return its result (its errors propagate).
+        return its result (its errors propagate). Traced as ``thinkray.bridge``, a
+        child of the caller's span (``trace``: the caller's context).
 
         Raises:
             BridgeAccessError: the token is unknown or revoked, ``method`` is not a
                 workspace operation, or the grant's access does not cover it.
         """
+        if not tracing.enabled():
+            return self._call_now(token, method, kwargs)
+        grant = self._grants.get(token) or {}
+        attributes = {"thinkray.bridge.operation": method, "gen_ai.agent.name": grant.get("agent")}
+        with tracing.attached(trace), tracing.span("thinkray.bridge", attributes):
+            return self._call_now(token, method, kwargs)
+
+    def _call_now(self, token: str, method: str, kwargs: dict[str, Any]) -> Any:
         grant = self._grants.get(token)
         if grant is None:
             raise BridgeAccessError("unknown or revoked bridge grant")
@@ -347,11 +367,33 @@ class WorkspaceBridge:
 
     @ray.method(concurrency_group=MCP_GROUP)
     def mcp_call(
-        self, token: str, server: str, tool: str, arguments: dict[str, Any]
+        self,
+        token: str,
+        server: str,
+        tool: str,
+        arguments: dict[str, Any],
+        trace: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         """Call MCP ``server``'s ``tool`` for the holder of ``token``; the outcome as an
         envelope (``runtime.tools.mcp.call_envelope``): a refused grant, an unknown
-        server and every MCP failure are ``{"ok": False, ...}``, never an exception."""
+        server and every MCP failure are ``{"ok": False, ...}``, never an exception.
+        Traced as ``thinkray.bridge`` (operation ``mcp_call``)."""
+        if not tracing.enabled():
+            return self._mcp_call_now(token, server, tool, arguments)
+        attributes = {
+            "thinkray.bridge.operation": "mcp_call",
+            "thinkray.mcp.server": server,
+            "gen_ai.tool.name": tool,
+        }
+        with tracing.attached(trace), tracing.span("thinkray.bridge", attributes) as span:
+            envelope = self._mcp_call_now(token, server, tool, arguments)
+            if not envelope.get("ok", True):
+                tracing.record_error(span, str(envelope.get("error") or "mcp error"))
+            return envelope
+
+    def _mcp_call_now(
+        self, token: str, server: str, tool: str, arguments: dict[str, Any]
+    ) -> dict[str, Any]:
         grant = self._grants.get(token)
         if grant is None:
             return {"ok": False, "kind": "tool", "error": "unknown or revoked bridge grant"}
@@ -452,6 +494,10 @@ def open_bridge(storage_root: str, namespace: str, owner: str) -> Any:
         name=bridge_name(namespace, owner),
         namespace="thinkray",
         get_if_exists=True,
+        # Detached: it serves the sub-agents while its orchestrator hibernates (a bridge
+        # owned by the orchestrator's actor was stopped by Ray as soon as the agent
+        # hibernated and dropped its handle). The namespace's shutdown stops it.
+        lifetime="detached",
         num_cpus=0,
         max_concurrency=1,  # one writer, calls in arrival order
     )
@@ -476,7 +522,7 @@ class BridgeClient:
         return ray.get_actor(self.name, namespace="thinkray")
 
     def _call(self, method: str, **kwargs: Any) -> Any:
-        return self._actor().call.remote(self.token, method, kwargs)
+        return self._actor().call.remote(self.token, method, kwargs, tracing.inject())
 
     def read_file(self, path: str) -> Any:
         """An ObjectRef of the file's text (``ReadOperations.read_file``; read access)."""
@@ -541,7 +587,7 @@ class BridgeClient:
     def call_mcp(self, server: str, tool: str, arguments: dict[str, Any]) -> Any:
         """An ObjectRef of the envelope of MCP ``server``'s ``tool`` called with
         ``arguments`` (the grant must name the server; see ``WorkspaceBridge.mcp_call``)."""
-        return self._actor().mcp_call.remote(self.token, server, tool, arguments)
+        return self._actor().mcp_call.remote(self.token, server, tool, arguments, tracing.inject())
 
     def mcp_caller(self, deadline: float = 120.0) -> Any:
         """An ``McpCall`` for MCP tools (``runtime.tools.mcp.McpTool``): calls

@@ -110,10 +110,18 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from thinkray.actors.errors import InvalidStateError
+from thinkray.actors.metrics import install_ray_metrics
 from thinkray.actors.session_actor import DEFAULT_PRELOAD, BindSpec, RemoteSessionActor
+from thinkray.runtime.observability.metrics import metrics
 from thinkray.storage.alarms import read_alarms, write_alarm
 from thinkray.storage.errors import DatabaseLockedError, InvalidInputError
-from thinkray.storage.layout import ensure_root, session_path, validate_name
+from thinkray.storage.layout import (
+    ensure_root,
+    is_remote_root,
+    list_names,
+    session_path,
+    validate_name,
+)
 from thinkray.storage.types import SessionNotFoundError
 
 log = logging.getLogger("thinkray.directory")
@@ -141,6 +149,14 @@ hosts the agent before it replaces it."""
 _DEFICIT_CHECK = 0.25  # how often the pool re-checks a deficit it could not fill yet
 ADOPT_TIMEOUT = 10.0
 """How long a rebuilding directory waits for a session actor to say what it hosts."""
+RECENT_ERRORS = 20
+"""How many recent errors (failed binds and actor starts, actors that died) a directory
+keeps for ``thinkray top``."""
+SNAPSHOT_TIMEOUT = 2.0
+"""How long ``top`` waits for a live actor's snapshot before showing it unreachable."""
+GAUGE_INTERVAL = 2.0
+"""How often a directory sets its gauges (live, hibernated, pool, storage bytes); Ray
+exports metrics every few seconds anyway."""
 RAY_NAMESPACE = "thinkray"
 """The Ray namespace of the directories' and session actors' names."""
 
@@ -294,6 +310,14 @@ class Directory:
         self._alarm_writer: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self.counters: defaultdict[str, int] = defaultdict(int)
+        # metrics: this shard's agents with a file → its size (see _count_files)
+        install_ray_metrics()
+        self._ns_tags = {"namespace": config.namespace}
+        self._shard_tags = {"namespace": config.namespace, "shard": str(config.shard)}
+        self._sizes: dict[str, int] = {}
+        self._size_total = 0
+        self._counted = False
+        self.recent_errors: deque[dict[str, Any]] = deque(maxlen=RECENT_ERRORS)  # top
         self._closed = False
         # pool policy state (see the module)
         self._max_starting = max(1, config.max_starting or 1)
@@ -345,6 +369,8 @@ class Directory:
             self._reclaim_changed = asyncio.Event()
             self._spawn(self._alarm_loop())
             self._spawn(self._pool_loop())
+            self._spawn(self._count_files())
+            self._spawn(self._gauge_loop())
             self._recovery = asyncio.ensure_future(self._recover())
         if not self._recovery.done():
             await asyncio.shield(self._recovery)
@@ -508,11 +534,13 @@ class Directory:
             actor = self._pop_free(node_id)
             if actor is not None:
                 self.counters["pool_hits"] += 1
+                metrics().count("thinkray_pool_hits_total", 1, self._ns_tags)
                 self.binding += 1
                 self._kick()
                 return actor
         if not any(node_id is None or a.node_id == node_id for a in self.free):
             self.counters["pool_misses"] += 1
+            metrics().count("thinkray_pool_misses_total", 1, self._ns_tags)
             self._boost = self._boost_now(now) + 1
             self._boost_at = now
         loop = asyncio.get_running_loop()
@@ -659,6 +687,7 @@ class Directory:
         except Exception as exc:
             self.starting -= 1
             log.warning("could not start a pooled actor: %s", exc)
+            self._note_error("actor_start", None, exc)
             self._failures += 1
             self._backoff_until = time.monotonic() + min(5.0, 0.05 * 2**self._failures)
             self._fail_waiter(waiter, exc)
@@ -862,9 +891,11 @@ class Directory:
         create: bool = True,
         stale_actor_id: str | None = None,
         node_id: str | None = None,
+        trace: dict[str, str] | None = None,
     ) -> tuple[Any, str]:
         """The live actor for ``name``, binding one if needed. ``stale_actor_id`` says
-        the caller found that actor dead or no longer hosting ``name``."""
+        the caller found that actor dead or no longer hosting ``name``; ``trace``: the
+        caller's trace context (a wake is a span of the caller's trace)."""
         self._owns(name)
         await self._ready()
         async with self.locks[name]:
@@ -874,14 +905,14 @@ class Directory:
                 and stale_actor_id == entry.actor.actor_id
                 and not await self._still_hosts(entry, name)
             ):
-                del self.entries[name]
+                self.entries.pop(name, None)  # _watch may have removed it meanwhile
                 self.counters["stale_rebinds"] += 1
                 with contextlib.suppress(Exception):
                     ray.kill(entry.actor.handle, no_restart=True)
                 entry = None
             if entry is not None:
                 return entry.actor.handle, entry.actor.actor_id
-            return await self._bind(name, create, node_id)
+            return await self._bind(name, create, node_id, trace)
 
     async def _still_hosts(self, entry: Entry, name: str) -> bool:
         """Whether ``entry``'s actor is alive and hosts ``name``. A caller that reports
@@ -897,7 +928,9 @@ class Directory:
             return False
         return bool(isinstance(report, dict) and report.get("bound"))
 
-    async def _bind(self, name: str, create: bool, node_id: str | None) -> tuple[Any, str]:
+    async def _bind(
+        self, name: str, create: bool, node_id: str | None, trace: dict[str, str] | None = None
+    ) -> tuple[Any, str]:
         path = session_path(self.cfg.storage_root, self.cfg.namespace, name)
         if not create and not path.exists():
             raise SessionNotFoundError(
@@ -917,14 +950,16 @@ class Directory:
         for attempt in range(4):
             actor = await self._acquire(name, node_id, retry=attempt > 0)
             error: BaseException | None = None
+            info: Any = None
             try:
-                await actor.handle.bind.remote(spec)
+                info = await actor.handle.bind.remote(spec, trace)
             except BaseException as exc:
                 error = exc
             self.binding -= 1
             if error is None:
                 entry = Entry(actor)
                 self.entries[name] = entry
+                self._note_size(name, info)
                 if self.alarms.pop(name, None) is not None:  # the woken agent reports
                     self._persist_alarm(name)  # its own (note_alarm)
                 self.counters["binds"] += 1
@@ -933,6 +968,7 @@ class Directory:
                     self._reclaim_changed.set()  # one more agent to watch for idleness
                 return actor.handle, actor.actor_id
             if isinstance(error, ray.exceptions.RayActorError):
+                self._note_error("bind", name, f"the pooled actor died: {error}")
                 last_error = error  # the pooled actor died: take another
                 self._kick()
                 continue
@@ -949,7 +985,9 @@ class Directory:
                 last_error = error
                 await asyncio.sleep(0.1)
                 continue
+            self._note_error("bind", name, error)
             raise error
+        self._note_error("bind", name, f"could not bind: {last_error}")
         raise InvalidStateError(f"could not bind {name!r}: {last_error}")
 
     # -- hibernate -------------------------------------------------------------------
@@ -965,13 +1003,14 @@ class Directory:
             try:
                 report = await entry.actor.handle.hibernate.remote(name, force)
             except ray.exceptions.RayActorError:
-                del self.entries[name]
+                self.entries.pop(name, None)  # _watch may have removed it meanwhile
                 self._kick()
                 return True
             if not report.get("ok"):
                 return False
             del self.entries[name]
             self.counters["hibernations"] += 1
+            self._note_size(name, report)
             due = report.get("next_due_at")
             if due is not None:
                 self.set_alarm(name, due)
@@ -1065,9 +1104,10 @@ class Directory:
             await entry.actor.handle.watch.remote(name)
         except ray.exceptions.RayActorError:
             if self.entries.get(name) is entry:
-                del self.entries[name]
+                self.entries.pop(name, None)  # _watch may have removed it meanwhile
                 self.counters["crashes"] += 1
                 log.warning("the actor of %s died; it wakes on its next call or alarm", name)
+                self._note_error("actor_died", name, "its actor died")
                 if self._alarm_changed is not None:
                     self._alarm_changed.set()
                 self._kick()
@@ -1101,10 +1141,69 @@ class Directory:
             self.counters["alarm_wakes"] += 1
         except Exception as exc:
             log.warning("alarm wake of %s failed: %s", name, exc)
+            self._note_error("alarm_wake", name, exc)
         finally:
             self._persist_alarm(name)
 
     # -- introspection ---------------------------------------------------------------
+
+    # -- metrics -----------------------------------------------------------------------
+
+    def _note_size(self, name: str, report: Any) -> None:
+        """A bind or hibernation of ``name`` reported its file's ``bytes``."""
+        size = report.get("bytes") if isinstance(report, dict) else None
+        if isinstance(size, int):
+            self._size_total += size - self._sizes.get(name, 0)
+            self._sizes[name] = size
+        elif name not in self._sizes:
+            self._sizes[name] = 0
+
+    async def _count_files(self) -> None:
+        """Learn this shard's agents with a file, once, as the directory starts: their
+        names and (local roots) sizes. Binds keep it current from then on; a file
+        deleted behind the directory's back counts until it restarts. Under an
+        object-store root only the names are listed: sizes count from each agent's
+        next wake."""
+        root, namespace = self.cfg.storage_root, self.cfg.namespace
+        shard, shards = self.cfg.shard, self.cfg.shards
+
+        def scan() -> dict[str, int]:
+            found: dict[str, int] = {}
+            remote = is_remote_root(root)
+            for name in list_names(root, namespace):
+                if shard_of(name, shards) != shard:
+                    continue
+                size = 0
+                if not remote:
+                    with contextlib.suppress(OSError):
+                        size = os.stat(session_path(root, namespace, name)).st_size
+                found[name] = size
+            return found
+
+        try:
+            found = await asyncio.to_thread(scan)
+        except Exception as exc:  # the gauges go without hibernated agents and bytes
+            log.warning("could not count the agents' files: %s", exc)
+            return
+        for name, size in found.items():
+            if name not in self._sizes:  # a bind's report since is newer
+                self._sizes[name] = size
+                self._size_total += size
+        self._counted = True
+
+    def _set_gauges(self) -> None:
+        sink, tags = metrics(), self._shard_tags
+        sink.set("thinkray_agents_live", len(self.entries), tags)
+        sink.set("thinkray_pool_free", len(self.free), tags)
+        if self._counted:
+            hibernated = max(0, len(self._sizes) - len(self.entries))
+            sink.set("thinkray_agents_hibernated", hibernated, tags)
+            sink.set("thinkray_storage_bytes", self._size_total, tags)
+
+    async def _gauge_loop(self) -> None:
+        while not self._closed:
+            self._set_gauges()
+            await asyncio.sleep(GAUGE_INTERVAL)
 
     async def stats(self) -> dict[str, Any]:
         """The namespace, its storage root, live agents (name → actor id), the free
@@ -1167,10 +1266,113 @@ class Directory:
             with contextlib.suppress(Exception):
                 ray.kill(actor.handle, no_restart=True)
         self.free.clear()
+        await self._stop_bridges()
+        self._set_gauges()
+
+    async def _stop_bridges(self) -> None:
+        """Close and stop the workspace bridges of this shard's orchestrators: they are
+        detached (an orchestrator hibernates; its sub-agents still need the bridge), so
+        they last as long as the namespace does."""
+        from thinkray.actors.bridge import bridge_name
+
+        prefix = bridge_name(self.cfg.namespace, "x")[:-1]  # "thinkray-bridge:<ns>:"
+        try:
+            named = ray.util.list_named_actors(all_namespaces=True)
+        except Exception as exc:
+            log.warning("listing the bridges of %s failed: %s", self.cfg.namespace, exc)
+            return
+        for entry in named:
+            name = entry.get("name", "") if isinstance(entry, dict) else str(entry)
+            if not name.startswith(prefix) or entry.get("namespace") != "thinkray":
+                continue
+            if shard_of(name[len(prefix) :], self.cfg.shards) != self.cfg.shard:
+                continue
+            try:
+                bridge = ray.get_actor(name, namespace="thinkray")
+                await asyncio.wait_for(bridge.close.remote(), 10.0)
+            except Exception as exc:  # gone already, or stuck: it is killed anyway
+                log.info("closing bridge %s: %s", name, exc)
+                bridge = None
+            if bridge is not None:
+                with contextlib.suppress(Exception):
+                    ray.kill(bridge, no_restart=True)
 
     async def config(self) -> NamespaceConfig:
         """This shard's configuration (a namespace object recreates lost shards from it)."""
         return self.cfg
+
+    # -- live view (thinkray top) --
+
+    def _note_error(self, kind: str, name: str | None, error: Any) -> None:
+        """Keep an error for ``thinkray top`` (the last ``RECENT_ERRORS``): ``kind``
+        (``bind``, ``actor_start``, ``actor_died``, ``alarm_wake``), the agent (None:
+        the pool's) and the message."""
+        message = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        self.recent_errors.append(
+            {"at": time.time(), "kind": kind, "agent": name, "message": message[:500]}
+        )
+
+    async def top(self, timeout: float = SNAPSHOT_TIMEOUT) -> dict[str, Any]:
+        """The live view of this shard (``thinkray top``): the namespace and shard, the
+        pool (``free`` spares, actors ``starting``, binds ``waiting``, the ``target``
+        and ``max_live``), how many agents are ``live``, each live agent's
+        :meth:`SessionActor.snapshot` (asked of all at once; an actor that does not
+        answer within ``timeout`` seconds is ``unreachable``, never waited on longer),
+        and ``recent_errors``: this directory's (failed binds and actor starts, actors
+        that died) followed by the sessions whose status is error, newest first."""
+        await self._ready()
+        live = list(self.entries.items())
+
+        async def ask(name: str, entry: Entry) -> dict[str, Any]:
+            base = {
+                "agent": name,
+                "actor_id": entry.actor.actor_id,
+                "node_id": entry.actor.node_id,
+                "pid": entry.actor.pid,
+                "bound_at": entry.bound_at,
+            }
+            try:
+                snap = await asyncio.wait_for(entry.actor.handle.snapshot.remote(), timeout)
+            except Exception as exc:  # dead, wedged or slow: shown, never waited on
+                reason = "timeout" if isinstance(exc, TimeoutError) else type(exc).__name__
+                return {**base, "unreachable": True, "reason": reason, "sessions": []}
+            if not isinstance(snap, dict) or snap.get("agent") != name:
+                # Hibernated (or rebound) between the listing and the answer.
+                return {**base, "unreachable": False, "gone": True, "sessions": []}
+            return {**snap, **base, "unreachable": False}
+
+        agents = list(await asyncio.gather(*(ask(n, e) for n, e in live)))
+        agents.sort(key=lambda a: a["agent"])
+        errors = sorted(self.recent_errors, key=lambda e: e["at"], reverse=True)
+        for snap in agents:
+            for row in snap.get("sessions", ()):
+                if row.get("state") == "error":
+                    errors.append(
+                        {
+                            "at": None,
+                            "kind": "session",
+                            "agent": snap["agent"],
+                            "session_id": row.get("session_id"),
+                            "message": row.get("message"),
+                        }
+                    )
+        return {
+            "namespace": self.cfg.namespace,
+            "shard": self.cfg.shard,
+            "shards": self.cfg.shards,
+            "storage_root": self.cfg.storage_root,
+            "at": time.time(),
+            "pool": {
+                "free": len(self.free),
+                "starting": self.starting,
+                "waiting": sum(1 for w in self.waiters if not w.future.done()),
+                "target": self.target(),
+                "max_live": self.cfg.max_live,
+            },
+            "live": len(self.entries),
+            "agents": agents,
+            "recent_errors": errors,
+        }
 
 
 RemoteDirectory = ray.remote(Directory)

@@ -60,6 +60,7 @@ from thinkray.actors.response import AgentResponse, AgentResponseStream, CrashPo
 from thinkray.actors.session_actor import DEFAULT_PRELOAD
 from thinkray.runtime.agents.think import Think
 from thinkray.runtime.messages import new_id, parse_message
+from thinkray.runtime.observability import tracing
 from thinkray.runtime.remote import RemoteMethod, check_arguments, remote_methods
 from thinkray.storage.layout import ensure_root, list_names, validate_name
 
@@ -537,8 +538,10 @@ class AgentHandle(Generic[A]):
         return self._actor
 
     def _resolve(self, stale: bool) -> Any:
+        # Resolving runs in the caller's thread or task: a wake it causes is traced as
+        # part of the caller's trace.
         return self.directory.resolve.remote(
-            self.name, self.create, self._actor_id if stale else None, None
+            self.name, self.create, self._actor_id if stale else None, None, tracing.inject()
         )
 
     def _directory_lost(self, started: float, error: BaseException) -> float:
@@ -622,14 +625,19 @@ class HandleMethod:
                 turn = None  # actor checks the arguments; the turn goes unkeyed
         policy = CrashPolicy(self.method, bool(marker and marker.idempotent), turn)
         name, method = self.handle.name, self.method
+        # The caller's trace context (None while tracing is off) travels with the call:
+        # the turn it starts is a child of the caller's span.
+        carrier = tracing.inject()
         if marker is not None and marker.kind == "stream":
             return AgentResponseStream(
                 self.handle,
-                lambda actor: actor.invoke_stream.remote(name, method, args, kwargs),
+                lambda actor: actor.invoke_stream.remote(name, method, args, kwargs, carrier),
                 policy,
             )
         return AgentResponse(
-            self.handle, lambda actor: actor.invoke.remote(name, method, args, kwargs), policy
+            self.handle,
+            lambda actor: actor.invoke.remote(name, method, args, kwargs, carrier),
+            policy,
         )
 
     if TYPE_CHECKING:

@@ -36,6 +36,7 @@ from thinkray.runtime.agents.think import Think
 from thinkray.runtime.chunks import UIChunk
 from thinkray.runtime.messages import new_id
 from thinkray.runtime.models.base import Model
+from thinkray.runtime.observability import tracing
 from thinkray.runtime.remote import Batch, idempotent, remote
 from thinkray.runtime.tools.base import Tool, ToolContext, tool
 from thinkray.runtime.tools.mcp import McpConfigError, McpServerConfig, McpToolInfo, mcp_tools
@@ -648,11 +649,36 @@ class Orchestrator(Agent):
         """Give ``task`` to sub-agent ``name``. Blocking returns its final message;
         ``wait=False`` returns at once with a task id whose chunks are relayed live and
         buffered (see :meth:`view_task`). ``signal``: the parent run's abort signal —
-        aborting it aborts this task."""
+        aborting it aborts this task. Traced as ``thinkray.delegate`` (the sub-agent's
+        turn, in its own actor, is that span's child)."""
         if not self.registry.has(name):
             raise SubAgentNotFoundError(
                 f"unknown sub-agent {name!r}; known: {[r.name for r in self.registry.list()]}"
             )
+        if not tracing.enabled():
+            return await self._delegate(name, task, wait, signal)
+        attributes = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": name,
+            "thinkray.delegate.wait": wait,
+        }
+        with tracing.span("thinkray.delegate", attributes) as span:
+            info = await self._delegate(name, task, wait, signal)
+            tracing.set_attributes(
+                span, {"thinkray.task.id": info.task_id, "thinkray.task.status": info.status}
+            )
+            if info.status == "error":
+                tracing.record_error(span, info.error or "sub-agent error")
+            return info
+
+    async def _delegate(
+        self, name: str, task: str, wait: bool, signal: AbortSignal | None
+    ) -> TaskInfo:
+        if self.registry.get(name).access != "none":
+            # The bridge is not detached: once this agent hibernated, nothing referred
+            # to it and Ray stopped it. The sub-agent's workspace tools look it up by
+            # name, so it must be running (opened again from its file) before the task.
+            await self.shared_bridge()
         handle = await self._handle(name)
         stream = await handle.stream_chat.remote(task).start()
         delegation = Delegation(

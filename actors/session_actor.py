@@ -28,9 +28,13 @@ from typing import Any
 
 import ray
 from thinkray.actors.errors import InvalidStateError, RemoteCallError
+from thinkray.actors.metrics import install_ray_metrics
 from thinkray.actors.relay import AbortReceiver, NotBoundError, as_callback
 from thinkray.runtime.agents.context import AgentContext, constructing
 from thinkray.runtime.agents.think import Think
+from thinkray.runtime.observability import tracing
+from thinkray.runtime.observability.metrics import metrics
+from thinkray.runtime.observability.setup import configure_from_env
 from thinkray.runtime.remote import Batch, RemoteMethod, check_arguments, remote_methods
 from thinkray.runtime.turn.stream import Pacing
 from thinkray.storage.fleet_index import refresh_if_due, write_index_row
@@ -92,6 +96,7 @@ class SessionActor:
             # The first BindSpec would import it. Not found: the class travels by value.
             with contextlib.suppress(ImportError):
                 importlib.import_module(agent_module)
+        configure_from_env()  # tracing in this process, as the environment says
         self._warm_up_pending = warm_up
         ctx = ray.get_runtime_context()
         self.actor_id = ctx.get_actor_id()
@@ -106,6 +111,7 @@ class SessionActor:
         self._remote: RemoteSession | None = None  # under an object-store root
         self._renewer: asyncio.Future[None] | None = None
         self._unbound = asyncio.Event()
+        install_ray_metrics()  # the runtime's metrics go to Ray's Prometheus endpoint
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -152,15 +158,31 @@ class SessionActor:
             "bound": self.name,
         }
 
-    async def bind(self, spec: BindSpec) -> dict[str, Any]:
+    async def bind(self, spec: BindSpec, trace: dict[str, str] | None = None) -> dict[str, Any]:
         """Open the agent's file, construct the agent and wake it (``on_wake``);
-        returns :meth:`ready`'s info plus ``bind_ms``.
+        returns :meth:`ready`'s info plus ``bind_ms`` and the file's ``bytes`` (None if
+        unknown). Traced as ``thinkray.wake``, in the trace of the call that caused it
+        (``trace``: that caller's context).
 
         Raises:
             InvalidStateError: this actor already hosts an agent.
             SessionNotFoundError: the file does not exist and ``spec.create`` is False.
             DatabaseLockedError: another process holds the file.
         """
+        if not tracing.enabled() or spec.namespace == "warm-up":
+            return await self._bind_now(spec)
+        attributes = {
+            "gen_ai.agent.name": spec.name,
+            "thinkray.namespace": spec.namespace,
+            "thinkray.actor.id": self.actor_id,
+            "thinkray.actor.bindings": self.bindings,
+        }
+        with tracing.attached(trace), tracing.span("thinkray.wake", attributes) as span:
+            info = await self._bind_now(spec)
+            tracing.set_attributes(span, {"thinkray.file.bytes": info.get("bytes")})
+            return info
+
+    async def _bind_now(self, spec: BindSpec) -> dict[str, Any]:
         if self.agent is not None:
             raise InvalidStateError(f"actor already hosts {self.name!r}")
         started = time.perf_counter()
@@ -204,7 +226,13 @@ class SessionActor:
         if spec.idle_timeout and spec.directory is not None:
             self._watcher = asyncio.ensure_future(self._watch_idle(spec.idle_timeout))
         info = self._info()
-        info["bind_ms"] = (time.perf_counter() - started) * 1000
+        seconds = time.perf_counter() - started
+        info["bind_ms"] = seconds * 1000
+        info["bytes"] = _file_bytes(path)
+        if spec.namespace != "warm-up":
+            tags = {"namespace": spec.namespace}
+            metrics().count("thinkray_wakes_total", 1, tags)
+            metrics().observe("thinkray_wake_seconds", seconds, tags)
         return info
 
     def busy(self) -> bool:
@@ -216,12 +244,26 @@ class SessionActor:
         return self.inflight > 0 or bool(agent.turns.runs) or _has_pending_work(agent)
 
     async def hibernate(self, name: str, force: bool = False) -> dict[str, Any]:
-        """Close the agent and become generic. Refused (``ok: False``) while busy."""
+        """Close the agent and become generic. Refused (``ok: False``) while busy.
+        Returns ``ok``, ``was_bound``, the agent's ``next_due_at`` and its file's
+        ``bytes`` (None if unknown). Traced as ``thinkray.hibernate``."""
         if self.agent is None or self.name != name:
             return {"ok": True, "was_bound": False}
         if self.busy() and not force:
             return {"ok": False, "reason": "busy"}
+        if not tracing.enabled() or name == "warm-up":
+            return await self._hibernate_now()
+        attributes = {"gen_ai.agent.name": name, "thinkray.actor.id": self.actor_id}
+        if self.spec is not None:
+            attributes["thinkray.namespace"] = self.spec.namespace
+        with tracing.span("thinkray.hibernate", attributes) as span:
+            done = await self._hibernate_now()
+            tracing.set_attributes(span, {"thinkray.file.bytes": done.get("bytes")})
+            return done
+
+    async def _hibernate_now(self) -> dict[str, Any]:
         agent, spec = self.agent, self.spec
+        assert agent is not None  # hibernate checked it
         next_due = None
         try:
             next_due = await _maybe_await(getattr(agent, "next_alarm_at", None))
@@ -235,9 +277,13 @@ class SessionActor:
                 self._watcher = None
             await _maybe_await(getattr(agent, "aclose", None))
             agent.close()
+        local = self._remote.local_path if self._remote is not None else None
+        size = _file_bytes(local or Path(spec.path)) if spec is not None else None
         if self._remote is not None and spec is not None:
             await self._commit_remote(spec)
-        return {"ok": True, "was_bound": True, "next_due_at": next_due}
+        if spec is not None and spec.namespace != "warm-up":
+            metrics().count("thinkray_hibernations_total", 1, {"namespace": spec.namespace})
+        return {"ok": True, "was_bound": True, "next_due_at": next_due, "bytes": size}
 
     # -- object-store roots (thinkray.storage.objectstore) -------------------------------
 
@@ -462,11 +508,14 @@ class SessionActor:
         method: str,
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
+        trace: dict[str, str] | None = None,
     ) -> Any:
         """Call an ``@remote`` method of the hosted agent (awaited if it is a coroutine).
-        An actor handle passed as ``callback`` is relayed to (chunks in batches)."""
+        An actor handle passed as ``callback`` is relayed to (chunks in batches).
+        ``trace``: the caller's trace context, current during the call (a turn the call
+        starts is a child of the caller's span)."""
         kwargs = dict(kwargs or {})
-        with self._call(name) as agent:
+        with self._call(name) as agent, tracing.attached(trace):
             marker = self._remote_method(agent, method, "call")
             check_arguments(marker, args, kwargs)
             if "callback" in marker.signature.parameters:
@@ -482,6 +531,7 @@ class SessionActor:
         method: str,
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
+        trace: dict[str, str] | None = None,
     ) -> AsyncIterator[Any]:
         """Streaming generator for an ``@remote`` async-generator method: a header dict,
         then lists of items (batched: the more the consumer lags, the more per item).
@@ -494,7 +544,9 @@ class SessionActor:
             marker = self._remote_method(agent, method, "stream")
             check_arguments(marker, args, kwargs)
             if method == "stream_chat":
-                run = agent.start_chat(*args, **kwargs)
+                # The turn's task copies the context current here: the caller's trace.
+                with tracing.attached(trace):
+                    run = agent.start_chat(*args, **kwargs)
                 header = self._run_header(name, run)
                 batches = run.stream.follow(coalesce=Pacing(RELAY_COALESCE, RELAY_MAX_WINDOW))
                 # The header travels with the first batch (one Ray item fewer, and the
@@ -546,6 +598,66 @@ class SessionActor:
         if self.name is not None:
             await self.hibernate(self.name, force=True)
 
+    # -- live view (thinkray top) --
+
+    async def snapshot(self) -> dict[str, Any]:
+        """What ``thinkray top`` shows of this actor, read from memory only (no file
+        access, never waits on a turn): the hosted agent (``agent``, None when generic),
+        its ``namespace``, ``actor_id``, ``node_id``, ``pid``, calls in flight and, for
+        each session with a run in flight or a status other than idle, a row of
+        ``session_id``, ``state`` (idle/busy/retrying/error), ``message`` (the retry's
+        reason or the error), ``attempt``, ``run_id``, ``started_at`` (epoch seconds),
+        ``duration_s`` (of the run in flight), ``tokens`` (of the run's finished steps,
+        all kinds) and ``usage`` (by kind)."""
+        now = time.time()
+        agent, spec = self.agent, self.spec
+        out: dict[str, Any] = {
+            "agent": self.name,
+            "namespace": spec.namespace if spec is not None else None,
+            "actor_id": self.actor_id,
+            "node_id": self.node_id,
+            "pid": os.getpid(),
+            "inflight": self.inflight,
+            "bound_for_s": round(time.monotonic() - self.bound_at, 3) if agent else None,
+            "idle_for_s": round(time.monotonic() - self.last_activity, 3) if agent else None,
+            "sessions": [],
+        }
+        if agent is None:
+            return out
+        runs = {run.session_id: run for run in list(agent.turns.runs.values())}
+        statuses = dict(agent.status.items())
+        rows = []
+        for sid in sorted(set(statuses) | set(runs)):
+            status = statuses.get(sid)
+            run = runs.get(sid)
+            state = status.state if status is not None else "idle"
+            if run is None and state == "idle":
+                continue
+            if run is not None and state == "idle":
+                state = "busy"  # registered, its status not written yet
+            row: dict[str, Any] = {
+                "session_id": sid,
+                "state": state,
+                "message": status.message if status is not None else None,
+                "attempt": status.attempt if status is not None else None,
+                "run_id": run.run_id if run is not None else None,
+                "started_at": None,
+                "duration_s": None,
+                "tokens": None,
+                "usage": None,
+            }
+            if run is not None:
+                usage = run.usage
+                row.update(
+                    started_at=run.started_at,
+                    duration_s=round(max(0.0, now - run.started_at), 3),
+                    tokens=usage.total,
+                    usage=usage.to_dict(),
+                )
+            rows.append(row)
+        out["sessions"] = rows
+        return out
+
 
 class _WarmUpAgent(Think):
     """The throwaway agent of :meth:`SessionActor._warm_up`: a test model, no tools."""
@@ -555,6 +667,14 @@ class _WarmUpAgent(Think):
         from thinkray.runtime.models.testing import FunctionModel, reply
 
         return FunctionModel(lambda request, step: reply("warm ", "up"), model_id="warm-up")
+
+
+def _file_bytes(path: Path) -> int | None:
+    """The size of an agent's database file (None: it cannot be read)."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return None
 
 
 def _has_pending_work(agent: Think) -> bool:

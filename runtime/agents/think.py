@@ -128,6 +128,7 @@ class Think(metaclass=_StartsAfterInit):
     recent_results: int = 64  # finished runs whose ChatResult wait_run still returns
     recover_fibers: bool = True  # restart interrupted fibers from their checkpoint on wake
     models: dict[str, Model] | None = None  # model_id -> Model, for per-turn selection
+    observe_turns: bool = True  # turns are traced and measured (a host's warm-up is not)
     late_tool_results: LatePolicy = "discard"  # a result for a cancelled call: or "store"
     # A generation cut off by a crash: "fail" closes it (interrupted); "resume" also
     # answers on from its durable tool calls once none is open (see on_wake).

@@ -248,7 +248,12 @@ class TurnRunner:
         agent_name = agent.agent_name or type(agent).__name__
         # This task's records carry the turn's ids; its spans hang under invoke_agent.
         logs.enter_turn(agent_name, namespace, sid, run.run_id)
-        turn_trace = self._start_trace(run, agent_name, namespace) if tracing.enabled() else None
+        observed = agent.observe_turns
+        turn_trace = (
+            self._start_trace(run, agent_name, namespace)
+            if observed and tracing.enabled()
+            else None
+        )
 
         def model_id() -> str:
             return str(getattr(run.model, "model_id", None) or "unknown")
@@ -406,7 +411,8 @@ class TurnRunner:
                 self._finish_recorder(recorder, run, metadata, stale)
                 recorder = None
             self._end_run(run, "aborted")
-            self._observe(run, "aborted", None, step_usage, result, None, started, first_chunk)
+            if observed:
+                self._observe(run, "aborted", None, step_usage, result, None, started, first_chunk)
             if turn_trace is not None:
                 turn_trace.end("aborted", None, step_usage, result.steps, None)
             raise
@@ -440,9 +446,10 @@ class TurnRunner:
             await run.stream.delivered()
             message = self._finish_recorder(recorder, run, final_metadata, stale)
         self._end_run(run, status, error_text)
-        self._observe(
-            run, status, error_text, step_usage, result, finish_reason, started, first_chunk
-        )
+        if observed:
+            self._observe(
+                run, status, error_text, step_usage, result, finish_reason, started, first_chunk
+            )
         if turn_trace is not None:
             turn_trace.end(status, error_text, step_usage, result.steps, finish_reason)
         if callback is not None:

@@ -6,10 +6,12 @@ registry; thinkray's own under ``thinkray.*``)::
     invoke_agent {agent}          one per turn (gen_ai.conversation.id = session id)
       chat {model}                one per model call, retries included (kind CLIENT)
       execute_tool {tool}         one per tool call, errors recorded
-        delegate {sub-agent}      the orchestrator hands a task to a sub-agent
+        thinkray.delegate         the orchestrator hands a task to a sub-agent
           invoke_agent {sub}      ... whose turn continues the trace in its own actor
+        thinkray.bridge           a call into the shared workspace's bridge actor
       thinkray.compaction         a history compaction inside the turn
-    thinkray.wake / thinkray.hibernate / thinkray.bridge {op}
+    thinkray.wake                 an agent woken for a call (in the caller's trace)
+    thinkray.hibernate            an agent put to sleep
 
 Only the OpenTelemetry *API* is imported (a light dependency). Nothing is recorded
 until a tracer provider is installed — by the application, by
@@ -84,14 +86,17 @@ must not turn one span into megabytes)."""
 dropped_attributes = 0
 """Attribute values dropped because OpenTelemetry cannot carry them (this process)."""
 
-_enabled = False  # sticky: a provider, once installed, stays (the API sets it once)
+_enabled = False  # sticky: a global provider, once installed, stays (set once)
 _forced_off = os.environ.get("THINKRAY_TRACING", "").lower() in ("0", "false", "off")
 _capture: bool | None = None
+_provider: trace.TracerProvider | None = None  # set_tracer_provider's, over the global
+_tracer_cache: trace.Tracer | None = None
 
 
 def enabled() -> bool:
-    """Whether spans are recorded: a real tracer provider is installed and tracing was
-    not turned off (``THINKRAY_TRACING=0``)."""
+    """Whether spans are recorded: a real tracer provider is installed (thinkray's own,
+    :func:`set_tracer_provider`, or OpenTelemetry's global one) and tracing was not
+    turned off (``THINKRAY_TRACING=0``)."""
     global _enabled
     if _enabled:
         return True
@@ -104,8 +109,21 @@ def enabled() -> bool:
     return True
 
 
+def set_tracer_provider(provider: trace.TracerProvider | None) -> None:
+    """Send thinkray's spans to ``provider`` instead of OpenTelemetry's global one
+    (which the API lets a process set only once); None goes back to the global one.
+    For tests and for embedding thinkray beside an application with its own."""
+    global _provider, _enabled, _tracer_cache
+    _provider = provider
+    _tracer_cache = None
+    _enabled = provider is not None and not _forced_off
+
+
 def _tracer() -> trace.Tracer:
-    return trace.get_tracer(TRACER_NAME)
+    global _tracer_cache
+    if _tracer_cache is None:
+        _tracer_cache = (_provider or trace.get_tracer_provider()).get_tracer(TRACER_NAME)
+    return _tracer_cache
 
 
 def capture_content(on: bool | None = None) -> bool:
@@ -213,6 +231,17 @@ def end_span(
         target.end()
     except Exception:
         log.debug("ending a span failed", exc_info=True)
+
+
+def record_error(target: Span | None, error: BaseException | str) -> None:
+    """Mark ``target`` failed with ``error`` (status ERROR, ``error.type``, the exception
+    recorded). None: nothing. Never raises."""
+    if target is None:
+        return
+    try:
+        _record_error(target, error)
+    except Exception:
+        log.debug("recording an error on a span failed", exc_info=True)
 
 
 def _record_error(target: Span, error: BaseException | str) -> None:
