@@ -98,11 +98,13 @@ class BoundedSpanProcessor(SpanProcessor):
         return self._idle.wait(timeout_millis / 1000)
 
     def shutdown(self) -> None:
-        """Flush for at most 5 s, stop the thread and shut the exporter down."""
-        self.force_flush(5_000)
+        """Flush for at most 2 s, stop the thread and shut the exporter down. Runs at
+        the process's exit: a collector that is down delays the exit by seconds at
+        most, never hangs it (the daemon thread is left to the interpreter)."""
+        self.force_flush(2_000)
         self._stopped = True
         self._wake.set()
-        self._thread.join(timeout=5.0)
+        self._thread.join(timeout=1.0)
         try:
             self.exporter.shutdown()
         except Exception:

@@ -39,6 +39,9 @@ __all__ = ["SETUP_ENV", "configure_from_env", "configure_otlp"]
 log = logging.getLogger("thinkray.tracing")
 
 SETUP_ENV = "THINKRAY_OTEL_SETUP"
+processor_in_use: Any = None
+"""The BoundedSpanProcessor :func:`configure_otlp` installed in this process (its
+``dropped`` and ``exported`` counts), or None."""
 _lock = threading.Lock()
 _done = False
 
@@ -80,16 +83,27 @@ def configure_from_env() -> str | None:
         return None
 
 
+def _number(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name) or default)
+    except ValueError:
+        log.warning("%s=%r is not a number; using %s", name, os.environ.get(name), default)
+        return default
+
+
 def configure_otlp(
     endpoint: str | None = None,
     *,
     service_name: str | None = None,
-    max_queue: int = 2048,
-    timeout: float = 5.0,
+    max_queue: int | None = None,
+    timeout: float | None = None,
 ) -> Any:
     """Install a tracer provider exporting over OTLP/HTTP to ``endpoint`` (default: the
     ``OTEL_EXPORTER_OTLP_*`` variables; ``.../v1/traces`` is the traces path) through a
-    :class:`BoundedSpanProcessor`. Returns the processor (its ``dropped`` count).
+    :class:`BoundedSpanProcessor` (sized by the standard ``OTEL_BSP_MAX_QUEUE_SIZE``,
+    ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` and ``OTEL_BSP_SCHEDULE_DELAY`` variables; each
+    export waits at most ``OTEL_EXPORTER_OTLP_TIMEOUT`` seconds, default 5). Returns
+    the processor (its ``dropped`` count).
 
     Raises:
         ImportError: the OpenTelemetry SDK or its OTLP exporter is not installed
@@ -104,8 +118,18 @@ def configure_otlp(
         {SERVICE_NAME: service_name or os.environ.get("OTEL_SERVICE_NAME") or "thinkray"}
     )
     provider = TracerProvider(resource=resource)
-    exporter = OTLPSpanExporter(endpoint=endpoint, timeout=timeout)
-    processor = BoundedSpanProcessor(exporter, max_queue=max_queue)
+    exporter = OTLPSpanExporter(
+        endpoint=endpoint,
+        timeout=timeout if timeout is not None else _number("OTEL_EXPORTER_OTLP_TIMEOUT", 5.0),
+    )
+    processor = BoundedSpanProcessor(
+        exporter,
+        max_queue=max_queue or int(_number("OTEL_BSP_MAX_QUEUE_SIZE", 2048)),
+        max_batch=int(_number("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)),
+        interval=_number("OTEL_BSP_SCHEDULE_DELAY", 1000) / 1000,
+    )
     provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
+    global processor_in_use
+    processor_in_use = processor
     return processor
