@@ -349,3 +349,65 @@ async def test_log_records_of_a_turn_carry_its_ids(store, spans, caplog):
     formatter = logging.Formatter(logs.LOG_FORMAT)
     assert f"run={result.run_id}" in formatter.format(record)
     assert "run=-" in formatter.format(outside)
+
+
+async def test_the_root_run_id_crosses_to_a_sub_agent_with_tracing_off(tmp_path, caplog):
+    """What a handle and a session actor do with the carrier (inject on the caller's
+    side, attached around starting the turn on the other), tracing off: the sub-agent's
+    records name the run that started the exchange."""
+    from thinkray.storage import DuckDBSessionStore
+
+    assert not tracing.enabled()
+    inner_store = DuckDBSessionStore(tmp_path / "inner.duckdb")
+    outer_store = DuckDBSessionStore(tmp_path / "outer.duckdb")
+
+    @tool
+    def work() -> str:
+        """Log from inside the sub-agent's turn."""
+        logging.getLogger("thinkray.test.inner").warning("inner work")
+        return "done"
+
+    class Inner(Think):
+        def get_tools(self):
+            return {"work": work}
+
+    inner = Inner(
+        inner_store,
+        model=ScriptedModel(
+            [reply(tool_call("work", {}), finish_reason="tool-calls"), reply("ok")]
+        ),
+    )
+    carriers = []
+
+    @tool
+    async def delegate() -> str:
+        """Hand work to the sub-agent, as a handle would."""
+        carrier = tracing.inject()
+        carriers.append(carrier)
+        with tracing.attached(carrier):
+            run = inner.start_chat("do it")
+        return (await run.task).status
+
+    class Outer(Think):
+        def get_tools(self):
+            return {"delegate": delegate}
+
+    outer = Outer(
+        outer_store,
+        model=ScriptedModel(
+            [reply(tool_call("delegate", {}), finish_reason="tool-calls"), reply("all done")]
+        ),
+    )
+    try:
+        with caplog.at_level(logging.WARNING, logger="thinkray"):
+            result = await outer.chat("go")
+    finally:
+        inner.close()
+        outer.close()
+    assert result.status == "completed"
+    (carrier,) = carriers
+    assert carrier == {"x-thinkray-root-run": result.run_id}  # no trace headers: off
+    (record,) = [r for r in caplog.records if r.name == "thinkray.test.inner"]
+    assert record.root_run_id == result.run_id
+    assert record.run_id != result.run_id  # the sub-agent's own run
+    assert record.trace_id == "-"

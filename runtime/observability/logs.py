@@ -11,27 +11,23 @@ turn carry ``"-"``, so a format string using them never fails.
 
 The turn runner sets the context inside the turn's own task (:func:`turn_context`):
 everything the turn awaits — tools, model calls, hooks — inherits it, and nothing
-leaks into the caller. ``root_run_id`` crosses actors with the trace context
-(:mod:`.tracing` baggage), so ``grep root_run_id=run_…`` follows one exchange across
-the orchestrator and its sub-agents' actor logs.
+leaks into the caller. ``root_run_id`` crosses actors in the carrier a handle sends
+with each call (:func:`.tracing.inject`, tracing on or off), so ``grep root=run_…``
+follows one exchange across the orchestrator's and its sub-agents' actor logs.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
-from opentelemetry import baggage
-from opentelemetry import context as otel_context
 from thinkray.runtime.observability import tracing
+from thinkray.runtime.observability.context import TurnLogContext, current_turn, root_run
 
 __all__ = [
     "LOG_FORMAT",
-    "ROOT_RUN_KEY",
     "TurnLogContext",
     "current",
     "enter_turn",
@@ -40,32 +36,15 @@ __all__ = [
 ]
 
 ROOT_LOGGER = "thinkray"
-ROOT_RUN_KEY = "thinkray.root_run_id"
-"""The baggage entry carrying the exchange's first run id across actors."""
 
 LOG_FORMAT = (
     "%(asctime)s %(levelname)s %(name)s "
     "[agent=%(agent)s session=%(session_id)s run=%(run_id)s root=%(root_run_id)s "
     "trace=%(trace_id)s] %(message)s"
 )
-"""The format :func:`install` gives a handler it creates (``thinkray serve`` and the
-CLI use it)."""
+"""The format :func:`install` gives the handler it creates."""
 
-
-@dataclass(frozen=True)
-class TurnLogContext:
-    """Who is speaking: the ids a turn's records carry."""
-
-    agent: str
-    namespace: str
-    session_id: str
-    run_id: str
-    root_run_id: str
-
-
-_current: contextvars.ContextVar[TurnLogContext | None] = contextvars.ContextVar(
-    "thinkray_log_context", default=None
-)
+_current = current_turn
 
 
 def current() -> TurnLogContext | None:
@@ -73,47 +52,31 @@ def current() -> TurnLogContext | None:
     return _current.get()
 
 
-def _inherited_root() -> str | None:
-    """The root run id the caller sent with the trace context (baggage), or the
-    enclosing turn's (a sub-agent run in the same process)."""
-    outer = _current.get()
-    if outer is not None:
-        return outer.root_run_id
-    if not tracing.enabled():
-        return None
-    value = baggage.get_baggage(ROOT_RUN_KEY)
-    return str(value) if value else None
+def _context(agent: str, namespace: str | None, session_id: str, run_id: str) -> TurnLogContext:
+    # The root: the enclosing turn's (a sub-agent run in this process) or the one a
+    # caller in another actor sent with the call; a turn nobody started is its own.
+    root = root_run() or run_id
+    return TurnLogContext(agent, namespace or "-", session_id, run_id, root)
 
 
 @contextlib.contextmanager
 def turn_context(
     agent: str, namespace: str | None, session_id: str, run_id: str
 ) -> Iterator[TurnLogContext]:
-    """Set the turn's ids for the block (use inside the turn's task). While tracing, the
-    root run id also goes into the baggage, so calls the turn makes through handles
-    carry it to the sub-agents' actors."""
-    root = _inherited_root() or run_id
-    ctx = TurnLogContext(agent, namespace or "-", session_id, run_id, root)
+    """Set the turn's ids for the block (use inside the turn's task)."""
+    ctx = _context(agent, namespace, session_id, run_id)
     token = _current.set(ctx)
-    otel_token = None
-    if tracing.enabled():
-        otel_token = otel_context.attach(baggage.set_baggage(ROOT_RUN_KEY, root))
     try:
         yield ctx
     finally:
-        if otel_token is not None:
-            otel_context.detach(otel_token)
         _current.reset(token)
 
 
 def enter_turn(agent: str, namespace: str | None, session_id: str, run_id: str) -> TurnLogContext:
     """:func:`turn_context` for the rest of the running task, with no reset: for a turn's
     own task (its context is a copy, gone with the task)."""
-    root = _inherited_root() or run_id
-    ctx = TurnLogContext(agent, namespace or "-", session_id, run_id, root)
+    ctx = _context(agent, namespace, session_id, run_id)
     _current.set(ctx)
-    if tracing.enabled():
-        otel_context.attach(baggage.set_baggage(ROOT_RUN_KEY, root))
     return ctx
 
 

@@ -56,6 +56,7 @@ from opentelemetry.trace import (
     Status,
     StatusCode,
 )
+from thinkray.runtime.observability.context import ROOT_RUN_HEADER, inherited_root, root_run
 
 if TYPE_CHECKING:
     from thinkray.runtime.usage import Usage
@@ -296,22 +297,25 @@ def context_of(target: Span | None) -> otel_context.Context | None:
 
 
 def inject() -> dict[str, str] | None:
-    """The current trace context as W3C headers (``traceparent``, maybe ``tracestate``
-    and ``baggage``) to send along with a call; None while tracing is off or no span
-    is current."""
-    if not enabled():
-        return None
+    """What travels with a call to another actor: the current trace context as W3C
+    headers (``traceparent``, maybe ``tracestate``/``baggage``; only while tracing) and
+    the exchange's root run id (``x-thinkray-root-run``; whenever a turn is running, so
+    logs correlate across actors with tracing off too). None when there is neither."""
     carrier: dict[str, str] = {}
-    try:
-        propagate.inject(carrier)
-    except Exception:
-        log.debug("injecting the trace context failed", exc_info=True)
+    if enabled():
+        try:
+            propagate.inject(carrier)
+        except Exception:
+            log.debug("injecting the trace context failed", exc_info=True)
+    root = root_run()
+    if root is not None:
+        carrier[ROOT_RUN_HEADER] = root
     return carrier or None
 
 
 def extract(carrier: Mapping[str, str] | None) -> otel_context.Context | None:
-    """The context :func:`inject` sent (None for None or garbage: a bad header starts a
-    new trace, it never fails the call)."""
+    """The OpenTelemetry context :func:`inject` sent (None for None, tracing off, or
+    garbage: a bad header starts a new trace, it never fails the call)."""
     if not carrier or not enabled():
         return None
     try:
@@ -324,16 +328,21 @@ def extract(carrier: Mapping[str, str] | None) -> otel_context.Context | None:
 @contextlib.contextmanager
 def attached(carrier: Mapping[str, str] | None) -> Iterator[None]:
     """Make the caller's context (from :func:`inject`) current for the block: spans
-    started inside — a turn's task created there too — are its children."""
-    ctx = extract(carrier)
-    if ctx is None:
+    started inside — a turn's task created there too — are its children, and a turn
+    started inside names the caller's root run id."""
+    if not carrier:
         yield
         return
-    token = otel_context.attach(ctx)
+    root = carrier.get(ROOT_RUN_HEADER)
+    root_token = inherited_root.set(root if isinstance(root, str) else None)
+    ctx = extract(carrier)
+    token = otel_context.attach(ctx) if ctx is not None else None
     try:
         yield
     finally:
-        otel_context.detach(token)
+        if token is not None:
+            otel_context.detach(token)
+        inherited_root.reset(root_token)
 
 
 def current_ids() -> tuple[str, str] | None:
