@@ -411,3 +411,36 @@ async def test_the_root_run_id_crosses_to_a_sub_agent_with_tracing_off(tmp_path,
     assert record.root_run_id == result.run_id
     assert record.run_id != result.run_id  # the sub-agent's own run
     assert record.trace_id == "-"
+
+
+async def test_the_ingress_continues_a_clients_trace(spans):
+    """An HTTP request's traceparent becomes the parent of the request's SERVER span,
+    and what the app sends on (through a handle) carries that span."""
+    import httpx
+    from thinkray.actors.ingress.app import TraceContext
+
+    seen = []
+
+    async def app(scope, receive, send):
+        seen.append(tracing.inject())
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    client_trace, client_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    transport = httpx.ASGITransport(app=TraceContext(app))
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        response = await client.post(
+            "/api/chat", headers={"traceparent": f"00-{client_trace}-{client_span}-01"}
+        )
+        plain = await client.get("/api/chat")
+    assert response.status_code == 201 and plain.status_code == 201
+    post, get = sorted(spans.get_finished_spans(), key=lambda s: s.start_time)
+    assert post.kind == trace.SpanKind.SERVER and post.name == "POST"
+    assert format(post.context.trace_id, "032x") == client_trace
+    assert format(post.parent.span_id, "016x") == client_span
+    assert post.attributes["http.response.status_code"] == 201
+    assert post.attributes["url.path"] == "/api/chat"
+    assert get.parent is None  # no traceparent: the request starts a trace
+    # what the app sent on names the request's span as its parent
+    sent = seen[0]["traceparent"].split("-")
+    assert sent[1] == client_trace and sent[2] == format(post.context.span_id, "016x")

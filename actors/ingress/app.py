@@ -43,6 +43,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from opentelemetry.trace import SpanKind
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from thinkray.actors.ingress.agents import Agents, NotVisibleError
@@ -51,6 +52,8 @@ from thinkray.actors.ingress.config import IngressConfig, load_object
 from thinkray.actors.response import AgentResponseStream
 from thinkray.runtime.chunks import SSE_DONE, SSE_HEADERS, to_sse
 from thinkray.runtime.errors import AccessDeniedError, ApprovalNotFoundError, SessionBusyError
+from thinkray.runtime.observability import tracing
+from thinkray.runtime.observability.setup import configure_from_env
 from thinkray.storage.errors import NotFoundError, ThinkrayError, UserError
 from thinkray.storage.types import InvalidInputError
 
@@ -162,6 +165,52 @@ class ReplicaHeader:
         await self.app(scope, receive, tagged)
 
 
+class TraceContext:
+    """Continues the client's trace: a request's W3C ``traceparent``/``tracestate``
+    (and ``baggage``) headers become the parent of a ``SERVER`` span for the request,
+    which is current while the app handles it, so the turn the request starts (in its
+    session actor) is part of the client's trace. Without those headers the request's
+    span starts a trace. Only while tracing is on; otherwise it passes straight through."""
+
+    HEADERS = (b"traceparent", b"tracestate", b"baggage")
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Handle the request inside its span (HTTP and WebSocket)."""
+        if scope["type"] not in ("http", "websocket") or not tracing.enabled():
+            await self.app(scope, receive, send)
+            return
+        carrier = {
+            k.decode("latin-1"): v.decode("latin-1")
+            for k, v in scope.get("headers", ())
+            if k in self.HEADERS
+        }
+        method = scope.get("method", "GET") if scope["type"] == "http" else "WEBSOCKET"
+        attributes = {
+            "http.request.method": method,
+            "url.path": scope.get("path", ""),
+            "thinkray.ingress": True,
+        }
+        status: dict[str, int] = {}
+
+        async def noted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = int(message.get("status", 0))
+            await send(message)
+
+        with (
+            tracing.attached(carrier),
+            tracing.span(method, attributes, kind=SpanKind.SERVER) as span,
+        ):
+            await self.app(scope, receive, noted)
+            if "code" in status:
+                tracing.set_attributes(span, {"http.response.status_code": status["code"]})
+                if status["code"] >= 500:
+                    tracing.record_error(span, f"HTTP {status['code']}")
+
+
 async def read_json(request: Request, limit: int) -> Any:
     """The request body as JSON, at most ``limit`` bytes (413 beyond, 400 if not
     JSON)."""
@@ -234,6 +283,8 @@ def build_app(config: IngressConfig) -> FastAPI:
         )
     app.state.replica = uuid.uuid4().hex[:12]
     app.add_middleware(ReplicaHeader, replica=app.state.replica)
+    configure_from_env()  # this replica's tracing, as the environment says
+    app.add_middleware(TraceContext)
 
     async def principal_of(request: Request) -> Principal:
         principal = await authenticator.authenticate(request)
