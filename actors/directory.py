@@ -368,7 +368,6 @@ class Directory:
             self._pool_changed = asyncio.Event()
             self._reclaim_changed = asyncio.Event()
             self._spawn(self._alarm_loop())
-            self._spawn(self._pool_loop())
             self._spawn(self._count_files())
             self._spawn(self._gauge_loop())
             self._recovery = asyncio.ensure_future(self._recover())
@@ -384,6 +383,10 @@ class Directory:
             await self._adopt()
         finally:
             self.recovery_secs = round(time.monotonic() - started, 3)
+            # The pool starts after the adoption: a spare it started meanwhile would be
+            # listed among the named session actors, still warming up, and be taken
+            # for a mute one and killed (one wasted actor start per directory start).
+            self._spawn(self._pool_loop())
 
     async def _adopt(self) -> None:
         prefix = session_actor_prefix(self.cfg.namespace, self.cfg.shard)

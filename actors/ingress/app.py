@@ -170,7 +170,9 @@ class TraceContext:
     (and ``baggage``) headers become the parent of a ``SERVER`` span for the request,
     which is current while the app handles it, so the turn the request starts (in its
     session actor) is part of the client's trace. Without those headers the request's
-    span starts a trace. Only while tracing is on; otherwise it passes straight through."""
+    span starts a trace. A WebSocket gets no span (it may stay open for hours): the
+    turns it starts continue the handshake's trace. Only while tracing is on; otherwise
+    it passes straight through."""
 
     HEADERS = (b"traceparent", b"tracestate", b"baggage")
 
@@ -178,7 +180,7 @@ class TraceContext:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Handle the request inside its span (HTTP and WebSocket)."""
+        """Handle the request inside its span."""
         if scope["type"] not in ("http", "websocket") or not tracing.enabled():
             await self.app(scope, receive, send)
             return
@@ -187,7 +189,13 @@ class TraceContext:
             for k, v in scope.get("headers", ())
             if k in self.HEADERS
         }
-        method = scope.get("method", "GET") if scope["type"] == "http" else "WEBSOCKET"
+        if scope["type"] == "websocket":
+            # A socket may stay open for hours: no span for it; the turns it starts
+            # continue the client's trace if the handshake carried one.
+            with tracing.attached(carrier):
+                await self.app(scope, receive, send)
+            return
+        method = scope.get("method", "GET")
         attributes = {
             "http.request.method": method,
             "url.path": scope.get("path", ""),
