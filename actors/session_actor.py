@@ -660,7 +660,10 @@ class SessionActor:
 
 
 class _WarmUpAgent(Think):
-    """The throwaway agent of :meth:`SessionActor._warm_up`: a test model, no tools."""
+    """The throwaway agent of :meth:`SessionActor._warm_up`: a test model, no tools; its
+    turn is neither traced nor measured."""
+
+    observe_turns = False
 
     def get_model(self) -> Any:
         """A model that streams a short reply."""

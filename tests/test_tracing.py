@@ -19,6 +19,7 @@ from thinkray.runtime.models.testing import ScriptedModel, fail, reply, tool_cal
 from thinkray.runtime.observability import logs, tracing
 from thinkray.runtime.observability.exporter import BoundedSpanProcessor
 from thinkray.runtime.observability.metrics import RecordingMetrics, set_metrics_sink
+from thinkray.runtime.turn.loop import RetryPolicy
 
 
 @pytest.fixture
@@ -166,7 +167,7 @@ async def test_a_failed_model_call_and_retries_are_spans_with_errors(store, span
         [reply(fail("overloaded", transient=True)), reply("ok"), reply(fail("bad request"))]
     )
     agent = Think(store, model=model)
-    agent.retry_policy.base_delay = 0.0
+    agent.retry_policy = RetryPolicy(base_delay=0.0)
     ok = await agent.chat("hi")
     assert ok.status == "completed"
     bad = await agent.chat("again")

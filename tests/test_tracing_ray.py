@@ -149,6 +149,8 @@ def test_an_orchestrator_turn_is_one_trace_across_its_sub_agents(
     # nothing dangles: every span's parent is in the trace, or is the driver's span
     for span in spans:
         assert span["parent_id"] in by_id or span["parent_id"] == request_id, span["name"]
+    # a pooled actor's warm-up turn is neither traced nor counted
+    assert not [s for s in read_spans(folder) if "warm-up" in s["name"]]
     # the wake the request caused is in its trace, in the actor that woke
     wake = one("thinkray.wake", **{"gen_ai.agent.name": "boss"})
     assert wake["parent_id"] == request_id and wake["pid"] == boss_turn["pid"]
