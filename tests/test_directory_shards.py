@@ -84,6 +84,18 @@ def _shard_stats(ns, shard):
     return ray.get(ns._router.handles[shard].stats.remote())
 
 
+def _restarted_pid(ns, shard, old_pid):
+    """The shard's new process id once Ray restarted it (None while the old one answers
+    or the restart is under way)."""
+    import ray
+
+    try:
+        pid = ray.get(ns._router.handles[shard].stats.remote(), timeout=10)["pid"]
+    except Exception:  # dying, or restarting
+        return None
+    return pid if pid != old_pid else None
+
+
 def test_a_crashed_shard_is_rebuilt_and_adopts_its_live_agents(namespace_factory):
     import ray
 
@@ -97,8 +109,11 @@ def test_a_crashed_shard_is_rebuilt_and_adopts_its_live_agents(namespace_factory
     victims = [n for n in names if shard_of(n, 2) == 1]
 
     # 1. the shard's process dies: Ray restarts it (same name and actor id)
+    old_pid = _shard_stats(ns, 1)["pid"]
     ray.kill(ns._router.handles[1], no_restart=False)
-    after = {n: ns.where(n) for n in names}  # waits for the restart and the rebuild
+    # ray.kill is asynchronous: a call sent at once may still reach the old process
+    wait_until(lambda: _restarted_pid(ns, 1, old_pid), timeout=60)
+    after = {n: ns.where(n) for n in names}  # the rebuilt directory's map
     assert after == before  # same actors, same processes
     stats = _shard_stats(ns, 1)
     assert stats["counters"].get("adopted") == len(victims)
