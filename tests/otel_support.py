@@ -8,8 +8,10 @@ reads the files of all processes back and rebuilds the trace tree across actors.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +19,27 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 SPANS_ENV = "THINKRAY_TEST_SPANS"
+
+
+@contextlib.contextmanager
+def in_memory_spans() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
+    """thinkray's spans in this process go to the SDK's in-memory exporter for the
+    block (``tracing.set_tracer_provider``); tracing is off again after it."""
+    from thinkray.runtime.observability import tracing
+
+    provider = TracerProvider()
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.set_tracer_provider(provider)
+    try:
+        yield provider, exporter
+    finally:
+        tracing.set_tracer_provider(None)
+        tracing.capture_content(False)
+        provider.shutdown()
 
 
 def install() -> None:

@@ -11,8 +11,7 @@ import threading
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import StatusCode
 from thinkray.runtime import Think, tool
 from thinkray.runtime.models.testing import ScriptedModel, fail, reply, tool_call
@@ -21,17 +20,13 @@ from thinkray.runtime.observability.exporter import BoundedSpanProcessor
 from thinkray.runtime.observability.metrics import RecordingMetrics, set_metrics_sink
 from thinkray.runtime.turn.loop import RetryPolicy
 
+from tests.otel_support import in_memory_spans
+
 
 @pytest.fixture
 def spans():
-    provider = TracerProvider()
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.set_tracer_provider(provider)
-    yield exporter
-    tracing.set_tracer_provider(None)
-    tracing.capture_content(False)
-    provider.shutdown()
+    with in_memory_spans() as (_, exporter):
+        yield exporter
 
 
 @pytest.fixture

@@ -8,13 +8,9 @@ to the SDK's in-memory exporter."""
 from __future__ import annotations
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from thinkray.runtime.observability import tracing
 
 from tests.helpers import wait_until
-from tests.otel_support import SPANS_ENV, read_spans
+from tests.otel_support import SPANS_ENV, in_memory_spans, read_spans
 
 pytestmark = pytest.mark.ray
 
@@ -33,13 +29,8 @@ def writes(path: str, text: str):
 
 @pytest.fixture
 def driver_spans():
-    provider = TracerProvider()
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.set_tracer_provider(provider)
-    yield provider, exporter
-    tracing.set_tracer_provider(None)
-    provider.shutdown()
+    with in_memory_spans() as spans:
+        yield spans
 
 
 def test_an_orchestrator_turn_is_one_trace_across_its_sub_agents(
