@@ -299,3 +299,32 @@ async def test_usage_of_a_step_cut_by_a_stream_error_is_recorded(fake, store):
     session = agent.get_session()
     assert session.usage["prompt_tokens"] == 200 and session.usage["cache_read"] == 1_000
     assert session.context_window_used == 1_241
+
+
+async def test_chat_spans_carry_the_real_sdks_response(fake, store):
+    """Through the real anthropic SDK: the chat span names the provider, the model asked
+    for and the one that answered, the response id, the usage with cache tokens."""
+    from tests.otel_support import in_memory_spans
+
+    fake.enqueue(
+        message(
+            text("Hi."),
+            input_tokens=20,
+            output_tokens=3,
+            cache_read_input_tokens=100,
+            cache_creation_input_tokens=30,
+        )
+    )
+    agent = agent_for(fake, store)
+    with in_memory_spans() as (_, spans):
+        assert (await agent.chat("hello")).status == "completed"
+    (chat,) = [s for s in spans.get_finished_spans() if s.name.startswith("chat ")]
+    a = chat.attributes
+    assert a["gen_ai.provider.name"] == "anthropic"
+    assert chat.name == f"chat {a['gen_ai.request.model']}"
+    assert a["gen_ai.response.id"].startswith("msg_")
+    assert a["gen_ai.response.model"]
+    assert a["gen_ai.usage.input_tokens"] == 150
+    assert a["gen_ai.usage.cache_read.input_tokens"] == 100
+    assert a["gen_ai.usage.cache_creation.input_tokens"] == 30
+    assert a["gen_ai.response.finish_reasons"] == ("stop",)

@@ -449,6 +449,20 @@ class TurnTrace:
             target, {"gen_ai.response.time_to_first_chunk": time.perf_counter() - started}
         )
 
+    def chat_response(self, target: Span | None, provider_metadata: Mapping[str, Any]) -> None:
+        """The provider's response id and model, from a step's ``provider_metadata``
+        (``{"anthropic": {"message_id": ..., "model": ...}}``)."""
+        for meta in provider_metadata.values():
+            if isinstance(meta, Mapping):
+                set_attributes(
+                    target,
+                    {
+                        "gen_ai.response.id": meta.get("message_id") or meta.get("id"),
+                        "gen_ai.response.model": meta.get("model"),
+                    },
+                )
+                return
+
     def chat_end(
         self,
         target: Span | None,

@@ -230,6 +230,8 @@ async def run_loop(
                     elif ev.type == "step-finish":
                         finish_reason = ev.finish_reason
                         step_usage = ev.usage
+                        if chat_span is not None:
+                            trace.chat_response(chat_span, ev.provider_metadata)  # type: ignore[union-attr]
                 break
             except BaseException as exc:
                 chat_error = exc
