@@ -292,7 +292,8 @@ class TurnRunner:
                 nonlocal step_usage
                 step_usage = step_usage + usage
                 run.usage = step_usage
-                _count_tokens(namespace, model_id(), usage)
+                if observed:
+                    _count_tokens(namespace, model_id(), usage)
                 if not stale():
                     if recorder is not None:  # into the rollup with its next batch
                         recorder.add_usage(usage.to_dict())
@@ -337,8 +338,8 @@ class TurnRunner:
                     on_retry=on_retry,
                     check_permission=check_permission,
                     execute_tool=execute_tool,
-                    on_model_call=on_model_call,
-                    on_tool_outcome=on_tool_outcome,
+                    on_model_call=on_model_call if observed else None,
+                    on_tool_outcome=on_tool_outcome if observed else None,
                     trace=turn_trace,
                 ),
                 result=result,
@@ -412,7 +413,7 @@ class TurnRunner:
                 recorder = None
             self._end_run(run, "aborted")
             if observed:
-                self._observe(run, "aborted", None, step_usage, result, None, started, first_chunk)
+                self._observe("aborted", started, first_chunk)
             if turn_trace is not None:
                 turn_trace.end("aborted", None, step_usage, result.steps, None)
             raise
@@ -447,9 +448,7 @@ class TurnRunner:
             message = self._finish_recorder(recorder, run, final_metadata, stale)
         self._end_run(run, status, error_text)
         if observed:
-            self._observe(
-                run, status, error_text, step_usage, result, finish_reason, started, first_chunk
-            )
+            self._observe(status, started, first_chunk)
         if turn_trace is not None:
             turn_trace.end(status, error_text, step_usage, result.steps, finish_reason)
         if callback is not None:
@@ -495,17 +494,7 @@ class TurnRunner:
             tracing.make_current(turn_trace.context)
         return turn_trace
 
-    def _observe(
-        self,
-        run: RunState,
-        status: RunStatus,
-        error: str | None,
-        usage: Usage,
-        result: LoopResult,
-        finish_reason: str | None,
-        started: float,
-        first_chunk: float | None,
-    ) -> None:
+    def _observe(self, status: RunStatus, started: float, first_chunk: float | None) -> None:
         """The turn's metrics, once it ended (turn count and latency by status, time to
         first chunk, aborts)."""
         sink = metrics()

@@ -55,6 +55,13 @@ _Call = tuple[str, str, Any, str | None, Any]
 
 _ResultChunk = ToolOutputAvailableChunk | ToolOutputErrorChunk | ToolOutputDeniedChunk
 
+TOOL_OUTCOMES = {
+    "tool-output-available": "ok",
+    "tool-output-error": "error",
+    "tool-output-denied": "denied",
+}
+"""A tool call's outcome (metrics and spans) by its result chunk's type."""
+
 
 @dataclass
 class RetryPolicy:
@@ -105,8 +112,8 @@ class LoopHooks:
     after every step (``"error"`` for a failed step that was billed),
     ``on_retry(attempt, error, delay)`` before a retry wait,
     ``check_permission`` before each tool call and ``execute_tool`` to run one;
-    ``on_model_call(outcome)`` after each model call (``ok`` or ``error``: retries are
-    calls) and ``on_tool_outcome(tool_name, outcome)`` as each tool call ends (``ok``,
+    ``on_model_call(outcome)`` after each model call (``ok``, ``aborted`` or ``error``:
+    retries are calls) and ``on_tool_outcome(tool_name, outcome)`` as each tool call ends (``ok``,
     ``error`` or ``denied``). ``trace``: the turn's spans, while tracing is on (a
     ``chat`` span per model call and an ``execute_tool`` span per tool call)."""
 
@@ -172,8 +179,8 @@ async def run_loop(
             call_started = time.perf_counter()
             try:
                 async for ev in abortable(model.stream(request), signal):
-                    if not emitted and chat_span is not None:
-                        trace.chat_first_chunk(chat_span, call_started)  # type: ignore[union-attr]
+                    if not emitted and trace is not None:
+                        trace.chat_first_chunk(chat_span, call_started)
                     emitted = True
                     # A tagged union: ``ev.type ==`` narrows ``ev`` (most frequent first).
                     if ev.type == "text-delta":
@@ -230,8 +237,8 @@ async def run_loop(
                     elif ev.type == "step-finish":
                         finish_reason = ev.finish_reason
                         step_usage = ev.usage
-                        if chat_span is not None:
-                            trace.chat_response(chat_span, ev.provider_metadata)  # type: ignore[union-attr]
+                        if trace is not None:
+                            trace.chat_response(chat_span, ev.provider_metadata)
                 break
             except BaseException as exc:
                 chat_error = exc
@@ -253,8 +260,8 @@ async def run_loop(
                 outcome = _call_outcome(chat_error)
                 if hooks.on_model_call is not None:
                     hooks.on_model_call(outcome)
-                if chat_span is not None:
-                    trace.chat_end(  # type: ignore[union-attr]
+                if trace is not None:
+                    trace.chat_end(
                         chat_span,
                         outcome=outcome,
                         finish_reason=finish_reason,
@@ -444,22 +451,12 @@ async def _execute_calls(
         else:
             with trace.tool(name, call_id, raw_input) as tool_span:
                 chunk = await outcome_of(call_id, name, value, input_error, raw_input)
-                if chunk["type"] == "tool-output-available":
-                    tool_span.outcome("ok", chunk["output"])
-                elif chunk["type"] == "tool-output-error":
-                    tool_span.outcome("error", error=chunk["errorText"])
-                else:
-                    tool_span.outcome("denied", error=denials.get(call_id))
+                error = chunk.get("errorText") or denials.get(call_id)
+                tool_span.outcome(
+                    TOOL_OUTCOMES[chunk["type"]], chunk.get("output"), str(error) if error else None
+                )
         if hooks.on_tool_outcome is not None:
-            kind = chunk["type"]
-            hooks.on_tool_outcome(
-                name,
-                "ok"
-                if kind == "tool-output-available"
-                else "error"
-                if kind == "tool-output-error"
-                else "denied",
-            )
+            hooks.on_tool_outcome(name, TOOL_OUTCOMES[chunk["type"]])
         await queue.put(chunk)
 
     tasks = [asyncio.ensure_future(one(*c)) for c in calls]
