@@ -669,22 +669,12 @@ class Compaction:
         max_output = getattr(model, "max_output_tokens", None)
         return min(config.max_output_tokens, max_output) if max_output else config.max_output_tokens
 
-    async def _compact(
-        self,
-        sid: str,
-        *,
-        auto: bool,
-        signal: AbortSignal | None,
-        config: CompactionConfig | None = None,
-        model: Any = None,
-        fit_below: int | None = None,
-    ) -> CompactionResult:
+    async def _compact(self, sid: str, *, auto: bool, **options: Any) -> CompactionResult:
+        """:meth:`_compact_now` (same arguments), traced and counted."""
         host = self.host
         attributes = {"gen_ai.conversation.id": sid, "thinkray.compaction.auto": auto}
         with tracing.span("thinkray.compaction", attributes) as span:
-            result = await self._compact_now(
-                sid, auto=auto, signal=signal, config=config, model=model, fit_below=fit_below
-            )
+            result = await self._compact_now(sid, auto=auto, **options)
             tracing.set_attributes(span, {"thinkray.compaction.strategy": result.strategy})
         tags = {"namespace": getattr(host, "namespace", None) or "-", "agent": type(host).__name__}
         metrics().count("thinkray_compactions_total", 1, tags)

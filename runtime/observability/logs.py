@@ -3,13 +3,12 @@
 Every module logs through ``logging.getLogger("thinkray.<part>")``. While a turn runs,
 a context variable holds who is speaking — the agent's name, its namespace, the
 session, the run, and the run that started the whole exchange (an orchestrator's run,
-for a sub-agent's turn) — and a log record factory (``logging.setLogRecordFactory``, installed when this module
-is imported) copies them onto each record as
-``record.agent``, ``record.namespace``, ``record.session_id``, ``record.run_id``,
+for a sub-agent's turn) — and a log record factory (``logging.setLogRecordFactory``,
+installed when this module is imported) copies them onto each record as ``record.agent``, ``record.namespace``, ``record.session_id``, ``record.run_id``,
 ``record.root_run_id`` and, while tracing, ``record.trace_id``. Records from outside a
 turn carry ``"-"``, so a format string using them never fails.
 
-The turn runner sets the context inside the turn's own task (:func:`turn_context`):
+The turn runner sets the context inside the turn's own task (:func:`enter_turn`):
 everything the turn awaits — tools, model calls, hooks — inherits it, and nothing
 leaks into the caller. ``root_run_id`` crosses actors in the carrier a handle sends
 with each call (:func:`.tracing.inject`, tracing on or off), so ``grep root=run_…``
@@ -18,9 +17,7 @@ follows one exchange across the orchestrator's and its sub-agents' actor logs.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 from thinkray.runtime.observability import tracing
@@ -29,59 +26,29 @@ from thinkray.runtime.observability.context import TurnLogContext, current_turn,
 __all__ = [
     "LOG_FORMAT",
     "TurnLogContext",
-    "current",
     "enter_turn",
-    "install",
-    "turn_context",
 ]
-
-ROOT_LOGGER = "thinkray"
 
 LOG_FORMAT = (
     "%(asctime)s %(levelname)s %(name)s "
     "[agent=%(agent)s session=%(session_id)s run=%(run_id)s root=%(root_run_id)s "
     "trace=%(trace_id)s] %(message)s"
 )
-"""The format :func:`install` gives the handler it creates."""
-
-_current = current_turn
-
-
-def current() -> TurnLogContext | None:
-    """The turn context of the running task, or None outside a turn."""
-    return _current.get()
-
-
-def _context(agent: str, namespace: str | None, session_id: str, run_id: str) -> TurnLogContext:
-    # The root: the enclosing turn's (a sub-agent run in this process) or the one a
-    # caller in another actor sent with the call; a turn nobody started is its own.
-    root = root_run() or run_id
-    return TurnLogContext(agent, namespace or "-", session_id, run_id, root)
-
-
-@contextlib.contextmanager
-def turn_context(
-    agent: str, namespace: str | None, session_id: str, run_id: str
-) -> Iterator[TurnLogContext]:
-    """Set the turn's ids for the block (use inside the turn's task)."""
-    ctx = _context(agent, namespace, session_id, run_id)
-    token = _current.set(ctx)
-    try:
-        yield ctx
-    finally:
-        _current.reset(token)
+"""A format naming every id (README, "Logs")."""
 
 
 def enter_turn(agent: str, namespace: str | None, session_id: str, run_id: str) -> TurnLogContext:
-    """:func:`turn_context` for the rest of the running task, with no reset: for a turn's
-    own task (its context is a copy, gone with the task)."""
-    ctx = _context(agent, namespace, session_id, run_id)
-    _current.set(ctx)
+    """Set the turn's ids for the rest of the running task, with no reset: for a turn's
+    own task (its context is a copy, gone with the task, so nothing leaks)."""
+    # The root: the enclosing turn's (a sub-agent run in this process) or the one a
+    # caller in another actor sent with the call; a turn nobody started is its own.
+    ctx = TurnLogContext(agent, namespace or "-", session_id, run_id, root_run() or run_id)
+    current_turn.set(ctx)
     return ctx
 
 
 def _annotate(record: logging.LogRecord) -> None:
-    ctx = _current.get()
+    ctx = current_turn.get()
     if ctx is None:
         record.agent = record.namespace = record.session_id = "-"
         record.run_id = record.root_run_id = "-"
@@ -111,23 +78,3 @@ def _record_factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
 if not getattr(logging.getLogRecordFactory(), "_thinkray", False):
     _record_factory._thinkray = True  # type: ignore[attr-defined]
     logging.setLogRecordFactory(_record_factory)
-
-
-def install(level: int | str | None = None) -> logging.Handler:
-    """Give the ``thinkray`` logger a stderr handler with :data:`LOG_FORMAT` (once;
-    later calls return it) and, with ``level``, set its level. Not needed for the ids:
-    every record carries them as soon as this module is imported (the turn runner
-    imports it)."""
-    root = logging.getLogger(ROOT_LOGGER)
-    for existing in root.handlers:
-        if getattr(existing, "_thinkray_default", False):
-            handler = existing
-            break
-    else:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter(LOG_FORMAT))
-        handler._thinkray_default = True  # type: ignore[attr-defined]
-        root.addHandler(handler)
-    if level is not None:
-        root.setLevel(level)
-    return handler

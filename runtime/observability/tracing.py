@@ -288,11 +288,6 @@ def make_current(ctx: otel_context.Context) -> None:
     otel_context.attach(ctx)
 
 
-def context_of(target: Span | None) -> otel_context.Context | None:
-    """A context whose current span is ``target`` (the parent for its children)."""
-    return trace.set_span_in_context(target) if target is not None else None
-
-
 # -- crossing actors ------------------------------------------------------------------
 
 
