@@ -2,9 +2,7 @@
 
 ``thinkray demo`` starts a local Ray (or joins ``RAY_ADDRESS``), streams a two-turn
 chat with a tool call from a session actor to the terminal, hibernates the actor,
-wakes it and shows the history rebuilt from its DuckDB file. ``thinkray bench`` runs
-the W1/W2 benchmark (issue 10) with LangGraph beside thinkray (:mod:`thinkray.actors.bench`).
-``thinkray serve`` runs the HTTP ingress (:mod:`thinkray.actors.ingress`) on Ray Serve:
+wakes it and shows the history rebuilt from its DuckDB file. ``thinkray serve`` runs the HTTP ingress (:mod:`thinkray.actors.ingress`) on Ray Serve:
 the AI SDK chat stream, resume, sessions and the web chat page, behind bearer tokens.
 ``thinkray sessions ls|show|export|rm`` and ``thinkray stats`` read the fleet index
 (:mod:`thinkray.actors.fleet_cli`) without waking any agent. ``thinkray top`` shows the
@@ -343,11 +341,6 @@ def main(argv: list[str] | None = None) -> int:
         "--root", help="storage root (default: $THINKRAY_STORAGE_ROOT, else a temp folder)"
     )
     p_demo.set_defaults(func=demo)
-    from thinkray.actors import bench
-
-    p_bench = sub.add_parser("bench", help="W1/W2 benchmark, LangGraph beside thinkray")
-    bench.add_arguments(p_bench)
-    p_bench.set_defaults(func=bench.run)
     p_serve = sub.add_parser(
         "serve", help="the HTTP ingress (AI SDK chat stream, sessions, web page) on Ray Serve"
     )

@@ -1,4 +1,4 @@
-"""The W1 benchmark (``thinkray bench``, tests/bench/bench_w1.py) keeps running: its
+"""The W1 benchmark (tests/bench/bench_w1.py) keeps running: its
 in-process part, for a few turns, prints every figure with sane values, beside
 LangGraph's when the bench extra is installed. No timing assertions: targets live in
 the benchmark, never in unit tests. No Ray (``--skip-actors``)."""
@@ -9,7 +9,8 @@ import importlib.util
 import re
 
 import pytest
-from thinkray.actors.cli import main as cli_main
+
+from tests.bench.w1 import main as bench_main
 
 SMALL = ["--skip-actors", "--seq-sessions", "2", "--seq-turns", "2", "--turns", "6"]
 
@@ -58,7 +59,7 @@ def _check_thinkray(out: str, *, peer: bool) -> None:
 
 
 def test_thinkray_bench_in_process(tmp_path, capsys):
-    assert cli_main(["bench", *SMALL, "--no-peer", "--root", str(tmp_path)]) == 0
+    assert bench_main([*SMALL, "--no-peer", "--root", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "W1 in process, 2 sessions x 2 turns" in out
     assert "one session of 6 turns" in out
@@ -69,9 +70,7 @@ def test_thinkray_bench_in_process(tmp_path, capsys):
 
 @pytest.mark.skipif(not _has_langgraph(), reason="the bench extra (LangGraph) is not installed")
 def test_bench_beside_langgraph(tmp_path, capsys):
-    from thinkray.actors.bench import main
-
-    assert main([*SMALL, "--root", str(tmp_path)]) == 0
+    assert bench_main([*SMALL, "--root", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "skipped" not in out
     _check_thinkray(out, peer=True)

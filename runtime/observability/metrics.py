@@ -223,7 +223,7 @@ class NullMetrics:
 
 
 class RecordingMetrics:
-    """A sink that keeps everything in memory (tests, and ``thinkray bench``): counter
+    """A sink that keeps everything in memory (tests, and the benchmarks): counter
     sums, histogram samples and gauge values per ``(name, sorted tags)``. Checks names
     and tag keys against :data:`METRICS` and raises on a mismatch, so a test catches
     what a real backend would silently split into a new series."""

@@ -22,7 +22,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import line, pct  # noqa: E402
-from thinkray.actors.bench import uss_mib  # noqa: E402
+
+from tests.bench.w1 import uss_mib  # noqa: E402
 
 
 def main() -> int:

@@ -3,7 +3,7 @@
     python tests/bench/bench_tracing.py [--rounds 5] [--sessions 4] [--turns 25]
         [--baseline-ref REF] [--no-baseline]
 
-Three variants of the same in-process W1 workload (``thinkray.runtime.models.workloads``:
+Three variants of the same in-process W1 workload (``tests.bench.workloads``:
 streamed replies, a tool call every 5th turn, each session its own DuckDB file):
 
 - ``baseline``: the code before observability existed (``--baseline-ref``, default the
@@ -59,7 +59,7 @@ if variant == "on":
     provider.add_span_processor(processor)
     tracing.set_tracer_provider(provider)
 import thinkray.runtime
-from thinkray.runtime.models.workloads import in_process_w1
+from tests.bench.workloads import in_process_w1
 with tempfile.TemporaryDirectory() as root:
     asyncio.run(in_process_w1(root + "/warm", 1, 3))  # code paths and caches warm
     figures = asyncio.run(in_process_w1(root + "/run", sessions, turns))

@@ -3,16 +3,20 @@ Prints both systems side by side with ratios, each figure next to its target.
 
     python tests/bench/bench_w1.py [--quick] [--sessions N] [--no-peer] [--skip-actors]
 
-The same as ``thinkray bench`` (the workload lives in the package:
-``thinkray.actors.bench``); ``pip install ".[bench]"`` brings the peer. This machine has
+The workload lives beside this script (``tests/bench/w1.py``, ``workloads.py``,
+``langgraph_peer.py``), not in the package; ``pip install ".[bench]"`` brings the peer. This machine has
 2 cores and is noisy: read medians and p95, compare ratios.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
-from thinkray.actors.bench import main
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo, for tests.bench
+
+from tests.bench.w1 import main  # noqa: E402
 
 if __name__ == "__main__":
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")

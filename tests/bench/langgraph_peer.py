@@ -4,7 +4,7 @@ The program a LangGraph user would write for the workload: a ``StateGraph`` over
 ``MessagesState`` with a model node and the prebuilt ``ToolNode`` routed by
 ``tools_condition``, compiled with a checkpointer on a SQLite file; tokens are read
 with ``stream_mode="messages"``. The fake chat model follows W1 exactly as
-:mod:`thinkray.runtime.models.workloads` does for thinkray: 200 text chunks a turn,
+:mod:`tests.bench.workloads` does for thinkray: 200 text chunks a turn,
 on every 5th turn a ``lookup`` tool call first (then the 200 chunks), and 50 chunks
 after the tool result, with no delay between chunks.
 
@@ -20,8 +20,8 @@ Every session of a run shares one SQLite file (the idiomatic setup: one checkpoi
 a ``thread_id`` per conversation); the storage figures come from a run with a single
 session in a file of its own.
 
-This module imports nothing from thinkray: ``thinkray bench`` runs it in a child
-process loaded from its file (``thinkray.actors.bench.PEER_LOADER``), so the peer's CPU
+This module imports nothing from thinkray: ``tests/bench/w1.py`` runs it in a child
+process loaded from its file (``tests.bench.w1.PEER_LOADER``), so the peer's CPU
 and memory figures are its own. ``main`` takes a JSON spec and prints a JSON result on
 its last line.
 """

@@ -1,10 +1,10 @@
-"""``thinkray bench`` (and ``tests/bench/bench_w1.py``): workloads W1 and W2 of issue 10
+"""``tests/bench/bench_w1.py``: workloads W1 and W2 of issue 10
 on thinkray, with LangGraph beside it, printed side by side with the issue's targets.
 
-W1 (:mod:`thinkray.runtime.models.workloads`): 200 text chunks a turn with no delay,
+W1 (:mod:`tests.bench.workloads`): 200 text chunks a turn with no delay,
 a tool call every 5th turn (then 50 more chunks after its result), persistence on.
 
-- in process: :class:`~thinkray.runtime.models.workloads.WorkloadAgent` (a ``Think``)
+- in process: :class:`~tests.bench.workloads.WorkloadAgent` (a ``Think``)
   on a DuckDB file per session: 10 sessions × 5 turns one at a time, and one session
   of 50 turns (its bytes on disk after 5 and 50 turns);
 - through session actors: the same 10 × 5 with the actors already bound;
@@ -12,7 +12,7 @@ a tool call every 5th turn (then 50 more chunks after its result), persistence o
   namespace configuration (cold), then a namespace whose pool was pre-warmed to N;
   then USS and idle CPU of the N live actors;
 - the peer, LangGraph + its SQLite checkpointer
-  (:mod:`thinkray.runtime.models.langgraph_peer`), in child processes of its own: the
+  (:mod:`tests.bench.langgraph_peer`), in child processes of its own: the
   sequential runs, then N concurrent sessions on asyncio.
 
 W2: a model with real latency (first chunk after 500 ms, 200 chunks over 4 s) at 100
@@ -43,7 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from thinkray.actors.progress import Progress
-from thinkray.runtime.models.workloads import (
+
+from tests.bench.workloads import (
     W1_AFTER_TOOL,
     W1_CHUNKS,
     W1_TOOL_EVERY,
@@ -211,7 +212,7 @@ def _progress(text: str) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the benchmark's options to ``parser`` (``thinkray bench`` and bench_w1.py)."""
+    """Add the benchmark's options to ``parser`` (bench_w1.py)."""
     parser.add_argument(
         "--quick", action="store_true", help="fewer concurrent sessions (about 2 minutes)"
     )
@@ -305,7 +306,7 @@ def _peer_available() -> str | None:
 def _run_peer(root: Path, phases: list[dict[str, Any]]) -> tuple[list[_PeerRun], dict[str, int]]:
     """Run the LangGraph phases in a child process of their own; their figures and the
     child's memory (KiB) at the end."""
-    spec = importlib.util.find_spec("thinkray.runtime.models.langgraph_peer")
+    spec = importlib.util.find_spec("tests.bench.langgraph_peer")
     assert spec is not None and spec.origin is not None
     payload = {
         "root": str(root),
@@ -593,7 +594,17 @@ def _init_ray() -> bool:
 
     if ray.is_initialized():
         return False
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # The workload's agent lives in tests.bench (not in the package): actors import it
+    # from the repository, as the suite's do.
+    repo = str(Path(__file__).resolve().parents[2])
+    path = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH", "")) if p)
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": path}},
+    )
     return True
 
 
@@ -623,7 +634,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(root: Path, s: _Settings) -> None:
-    print(f"thinkray bench: W1 and W2 (issue 10), storage in {root}")
+    print(f"bench_w1: W1 and W2 (issue 10), storage in {root}")
     _progress(f"in process: {s.seq_sessions} sessions x {s.seq_turns} turns, then 1 x {s.turns}")
     seq = asyncio.run(in_process_w1(root / "inproc-seq", s.seq_sessions, s.seq_turns))
     long = asyncio.run(in_process_w1(root / "inproc-long", 1, s.turns, sizes_at=s.size_turns))

@@ -1,5 +1,5 @@
 """The benchmark workloads of issue 10, without Ray: their models, tool and agent, and
-the in-process run that ``thinkray bench`` (:mod:`thinkray.actors.bench`) measures.
+the in-process run that ``tests/bench/bench_w1.py`` (:mod:`tests.bench.w1`) measures.
 
 - **W1**: an offline model streams :data:`W1_CHUNKS` text chunks a turn, with no delay
   between them. Every :data:`W1_TOOL_EVERY`-th turn of a session it first calls the
