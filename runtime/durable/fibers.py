@@ -67,6 +67,7 @@ __all__ = [
 ]
 
 RECOVERY_HOOK = "on_fiber_recovered"
+_GONE = object()  # a fiber no longer running (deleted or finished elsewhere)
 DEFAULT_RETENTION_SECONDS = 7 * 24 * 3600.0
 
 
@@ -181,30 +182,14 @@ class FiberManager:
         fid = record.id
         signal = active.controller.signal
         try:
+            fn = getattr(self.host, record.method, None)
+            if not callable(fn):
+                error = f"{type(self.host).__name__} has no method {record.method!r}"
+                self._finish(fid, "failed", error=error)
+                return
             while True:
-                ctx = FiberContext(
-                    fiber_id=fid,
-                    method=record.method,
-                    attempt=attempt,
-                    checkpoint=checkpoint,
-                    signal=signal,
-                    recovered=recovered,
-                    _stash=self._stash,
-                )
-                active.ctx = ctx
-                token = _current.set((self, ctx))
                 try:
-                    fn = getattr(self.host, record.method, None)
-                    if not callable(fn):
-                        self._finish(
-                            fid,
-                            "failed",
-                            error=f"{type(self.host).__name__} has no method {record.method!r}",
-                        )
-                        return
-                    result = fn(record.payload, ctx)
-                    if inspect.isawaitable(result):
-                        result = await result
+                    result = await self._call(fn, active, record, attempt, checkpoint, recovered)
                 except asyncio.CancelledError:
                     # close() (hibernation/eviction): the row stays ``running`` for the
                     # next incarnation. Nothing is written here: the database may be
@@ -213,48 +198,89 @@ class FiberManager:
                 except Exception as exc:
                     if signal.aborted:
                         return  # cancelled: cancel_fiber already wrote the status
-                    if isinstance(exc, AbortError):
-                        error = f"aborted: {exc.reason}"
-                    else:
-                        error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                    if attempt > record.max_retries:
-                        log.warning("fiber %s failed after %d attempts: %s", fid, attempt, error)
-                        self._finish(fid, "failed", error=error)
+                    retry = await self._after_failure(record, attempt, exc, signal)
+                    if retry is None:
                         return
-                    log.info("fiber %s attempt %d failed, retrying: %s", fid, attempt, error)
-                    attempt += 1
-                    try:
-                        self.store.update_fiber(
-                            fid, attempts=attempt, error=error, expect_status="running"
-                        )
-                    except FiberNotFoundError:
-                        return  # deleted while it ran
-                    delay = min(self.retry_backoff * 2 ** (attempt - 2), self.max_backoff)
-                    if delay > 0:
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(signal.wait(), delay)
-                    if signal.aborted:
+                    attempt, checkpoint, recovered = retry, self._checkpoint_of(fid), False
+                    if checkpoint is _GONE:
                         return
-                    latest = self.store.get_fiber(fid)
-                    if latest is None or latest.status != "running":
-                        return
-                    checkpoint = latest.checkpoint
-                    recovered = False
                     continue
-                finally:
-                    _current.reset(token)
-                if signal.aborted:
-                    return
-                try:
-                    pack(result, "fiber result")
-                except ValueError as exc:
-                    self._finish(fid, "failed", error=str(exc))
-                    return
-                self._finish(fid, "completed", result=result, error=None)
+                if not signal.aborted:
+                    self._complete(fid, result)
                 return
         finally:
             if self._active.get(fid) is active:
                 del self._active[fid]
+
+    async def _call(
+        self,
+        fn: Any,
+        active: _Active,
+        record: FiberRecord,
+        attempt: int,
+        checkpoint: Any,
+        recovered: bool,
+    ) -> Any:
+        """One attempt: ``fn(payload, ctx)`` with this attempt's context current."""
+        ctx = FiberContext(
+            fiber_id=record.id,
+            method=record.method,
+            attempt=attempt,
+            checkpoint=checkpoint,
+            signal=active.controller.signal,
+            recovered=recovered,
+            _stash=self._stash,
+        )
+        active.ctx = ctx
+        token = _current.set((self, ctx))
+        try:
+            result = fn(record.payload, ctx)
+            if inspect.isawaitable(result):
+                result = await result
+            return result
+        finally:
+            _current.reset(token)
+
+    async def _after_failure(
+        self, record: FiberRecord, attempt: int, exc: Exception, signal: AbortSignal
+    ) -> int | None:
+        """Record a failed attempt; the next attempt's number after the backoff, or None
+        when the fiber is finished (out of retries, deleted or aborted meanwhile)."""
+        fid = record.id
+        if isinstance(exc, AbortError):
+            error = f"aborted: {exc.reason}"
+        else:
+            error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        if attempt > record.max_retries:
+            log.warning("fiber %s failed after %d attempts: %s", fid, attempt, error)
+            self._finish(fid, "failed", error=error)
+            return None
+        log.info("fiber %s attempt %d failed, retrying: %s", fid, attempt, error)
+        attempt += 1
+        try:
+            self.store.update_fiber(fid, attempts=attempt, error=error, expect_status="running")
+        except FiberNotFoundError:
+            return None  # deleted while it ran
+        delay = min(self.retry_backoff * 2 ** (attempt - 2), self.max_backoff)
+        if delay > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(signal.wait(), delay)
+        return None if signal.aborted else attempt
+
+    def _checkpoint_of(self, fiber_id: str) -> Any:
+        """The stored checkpoint of a fiber still running, else :data:`_GONE`."""
+        latest = self.store.get_fiber(fiber_id)
+        if latest is None or latest.status != "running":
+            return _GONE
+        return latest.checkpoint
+
+    def _complete(self, fiber_id: str, result: Any) -> None:
+        try:
+            pack(result, "fiber result")
+        except ValueError as exc:
+            self._finish(fiber_id, "failed", error=str(exc))
+            return
+        self._finish(fiber_id, "completed", result=result, error=None)
 
     def _finish(self, fiber_id: str, status: FiberStatus, **fields: Any) -> None:
         try:

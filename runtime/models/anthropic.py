@@ -467,6 +467,45 @@ class _StepState:
 # -- prompt caching ------------------------------------------------------------------------
 
 
+def _last_markable(blocks: list[Any]) -> int | None:
+    """Index of the last block that can carry a breakpoint (not thinking, not empty
+    text), or None."""
+    for i in range(len(blocks) - 1, -1, -1):
+        b = blocks[i]
+        if isinstance(b, Mapping) and b.get("type") not in _UNMARKABLE_BLOCKS:
+            if b.get("type") == "text" and not b.get("text"):
+                continue  # empty text cannot be cached
+            return i
+    return None
+
+
+def _mark_last(blocks: list[Any], cache_control: dict[str, Any]) -> bool:
+    """Mark the last markable block of ``blocks`` (a copy of it, in place in the list);
+    False when there is none or it is marked already."""
+    i = _last_markable(blocks)
+    if i is None or "cache_control" in blocks[i]:
+        return False
+    blocks[i] = {**blocks[i], "cache_control": cache_control}
+    return True
+
+
+def _mark_message(messages: list[Any], index: int, cache_control: dict[str, Any]) -> bool:
+    """Mark the last markable block of ``messages[index]`` (replacing the message with a
+    copy); False when out of range, empty or marked already."""
+    if not 0 <= index < len(messages):
+        return False
+    content = messages[index].get("content")
+    if isinstance(content, str):
+        if not content:
+            return False
+        content = [{"type": "text", "text": content}]
+    content = list(content or [])
+    if not _mark_last(content, cache_control):
+        return False
+    messages[index] = {**messages[index], "content": content}
+    return True
+
+
 def add_cache_breakpoints(params: dict[str, Any], cache_control: dict[str, Any]) -> None:
     """Mark ``cache_control`` breakpoints on ``params`` (create() keyword arguments).
 
@@ -486,56 +525,20 @@ def add_cache_breakpoints(params: dict[str, Any], cache_control: dict[str, Any])
     budget = MAX_CACHE_BREAKPOINTS - sum(
         1 for b in (*tools, *system) if isinstance(b, Mapping) and "cache_control" in b
     )
-
-    def last_markable(blocks: list[Any]) -> int | None:
-        for i in range(len(blocks) - 1, -1, -1):
-            b = blocks[i]
-            if isinstance(b, Mapping) and b.get("type") not in _UNMARKABLE_BLOCKS:
-                if b.get("type") == "text" and not b.get("text"):
-                    continue  # empty text cannot be cached
-                return i
-        return None
-
-    def mark_message(index: int) -> bool:
-        if not 0 <= index < len(messages):
-            return False
-        content = messages[index].get("content")
-        if isinstance(content, str):
-            if not content:
-                return False
-            content = [{"type": "text", "text": content}]
-        content = list(content or [])
-        i = last_markable(content)
-        if i is None or "cache_control" in content[i]:
-            return False
-        content[i] = {**content[i], "cache_control": cache_control}
-        messages[index] = {**messages[index], "content": content}
-        return True
-
-    def mark_last(blocks: list[Any]) -> bool:
-        i = last_markable(blocks)
-        if i is None or "cache_control" in blocks[i]:
-            return False
-        blocks[i] = {**blocks[i], "cache_control": cache_control}
-        return True
-
     steps = (
-        lambda: mark_message(len(messages) - 1),
-        lambda: mark_last(system),
-        lambda: mark_last(tools),
-        lambda: mark_message(len(messages) - 2),
+        lambda: _mark_message(messages, len(messages) - 1, cache_control),
+        lambda: _mark_last(system, cache_control),
+        lambda: _mark_last(tools, cache_control),
+        lambda: _mark_message(messages, len(messages) - 2, cache_control),
     )
     for step in steps:
         if budget <= 0:
             break
         if step():
             budget -= 1
-    if system:
-        params["system"] = system
-    if tools:
-        params["tools"] = tools
-    if messages:
-        params["messages"] = messages
+    for key, value in (("system", system), ("tools", tools), ("messages", messages)):
+        if value:
+            params[key] = value
 
 
 # -- message mapping -------------------------------------------------------------------

@@ -77,14 +77,9 @@ _LOOKALIKES = frozenset(
 _SPECIAL = frozenset("./\\:%~")
 
 
-def normalize_path(path: str | bytes, *, allow_root: bool = False) -> str:
-    """Return the canonical relative form of ``path`` or raise :class:`UnsafePathError`.
-
-    ``bytes`` must be strict UTF-8 (overlong encodings such as ``b"\\xc0\\xae"`` are
-    refused). ``allow_root=True`` accepts the root (``""``, ``"."``, ``"/"``) and
-    returns ``""``; otherwise an empty path is refused, because every operation but
-    listing and searching needs a name.
-    """
+def _decoded(path: object) -> str:
+    """``path`` as text within :data:`MAX_PATH_BYTES`: strict UTF-8 for bytes, no lone
+    surrogates."""
     if isinstance(path, bytes | bytearray):
         try:
             path = bytes(path).decode("utf-8", errors="strict")
@@ -98,8 +93,12 @@ def normalize_path(path: str | bytes, *, allow_root: bool = False) -> str:
         raise UnsafePathError(path, "contains lone surrogates (undecodable bytes)") from exc
     if raw_bytes > MAX_PATH_BYTES:
         raise UnsafePathError(path, f"longer than {MAX_PATH_BYTES} bytes")
-    _check_characters(path)
+    return path
 
+
+def _check_forms(path: str) -> None:
+    """Refuse the path forms of other systems: backslashes, percent escapes, drive
+    letters, UNC and home-directory paths."""
     if "\\" in path:
         raise UnsafePathError(path, "backslashes are not allowed; use '/' as the separator")
     if _PERCENT_ESCAPE.search(path):
@@ -110,6 +109,19 @@ def normalize_path(path: str | bytes, *, allow_root: bool = False) -> str:
         raise UnsafePathError(path, "UNC-style paths ('//host/share') are not allowed")
     if path.startswith("~"):
         raise UnsafePathError(path, "'~' home-directory paths are not allowed")
+
+
+def normalize_path(path: str | bytes, *, allow_root: bool = False) -> str:
+    """Return the canonical relative form of ``path`` or raise :class:`UnsafePathError`.
+
+    ``bytes`` must be strict UTF-8 (overlong encodings such as ``b"\\xc0\\xae"`` are
+    refused). ``allow_root=True`` accepts the root (``""``, ``"."``, ``"/"``) and
+    returns ``""``; otherwise an empty path is refused, because every operation but
+    listing and searching needs a name.
+    """
+    path = _decoded(path)
+    _check_characters(path)
+    _check_forms(path)
 
     text = unicodedata.normalize("NFC", path)
     segments: list[str] = []
