@@ -24,14 +24,15 @@ from thinkray.storage.errors import (  # re-exported: the errors live in thinkra
 )
 from thinkray.storage.types import InvalidInputError
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+# fullmatch, not match: "$" also matches before a final newline ("nl-1\n")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 FILE_SUFFIX = ".duckdb"
 
 
 def validate_name(name: str, what: str = "session name") -> str:
     """A safe identifier: letters, digits, ``_ . -``; starts alphanumeric; ≤ 128 chars;
     no ``..``. Anything else is refused before touching the filesystem."""
-    if not isinstance(name, str) or not _NAME.match(name) or ".." in name:
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
         raise InvalidInputError(
             f"invalid {what} {name!r}: use 1-128 letters, digits, '_', '.', '-' "
             "starting with a letter or digit (it becomes a file name)"

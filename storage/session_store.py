@@ -370,6 +370,25 @@ def _check_str(value: Any, what: str, *, optional: bool = False) -> None:
         raise InvalidInputError(f"{what} must be a non-empty string, got {value!r}")
 
 
+MAX_SESSION_ID = 256
+
+
+def _check_session_id(value: Any) -> None:
+    """A new session's id: 1-256 printable characters, the rule every entry point
+    (handle, HTTP path, WebSocket) applies to the ids it is given, so an id the store
+    accepts can always be named again to rename or delete it."""
+    if value is None:
+        return
+    if (
+        not isinstance(value, str)
+        or not 0 < len(value) <= MAX_SESSION_ID
+        or not value.isprintable()
+    ):
+        raise InvalidInputError(
+            f"session_id must be 1-{MAX_SESSION_ID} printable characters, got {str(value)[:80]!r}"
+        )
+
+
 def _check_dict(value: Any, what: str, *, optional: bool = True) -> None:
     if value is None and optional:
         return
@@ -1076,7 +1095,7 @@ class DuckDBSessionStore(SessionStore):
     ) -> SessionInfo:
         if not isinstance(name, str):
             raise InvalidInputError("session name must be a string")
-        _check_str(session_id, "session_id", optional=True)
+        _check_session_id(session_id)
         _check_dict(metadata, "metadata")
         _check_dict(model, "model")
         _check_str(parent_session_id, "parent_session_id", optional=True)

@@ -382,6 +382,15 @@ class TestValidation:
             store.upsert_message(sid, {"id": "m1", "role": "user", "parts": [{"text": "x"}]})
         assert store.get_message("m1") == original
 
+    @pytest.mark.parametrize("bad", ["", "a\x00b", "line\n", "tab\tid", "x" * 257, 7])
+    def test_unnameable_session_id_is_refused(self, store: SessionStore, bad: Any) -> None:
+        # An id no route could name again (a NUL, a newline) must never be stored: such
+        # a session could not be renamed or deleted afterwards.
+        with pytest.raises(InvalidInputError):
+            store.create_session(session_id=bad)
+        assert store.list_sessions(include_ephemeral=True) == []
+        assert store.create_session(session_id="ok id-1").id == "ok id-1"
+
     def test_invalid_session_fields(self, store: SessionStore) -> None:
         with pytest.raises(InvalidInputError):
             store.create_session(123)  # type: ignore[arg-type]
