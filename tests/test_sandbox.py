@@ -155,12 +155,17 @@ for name, attempt in attempts.items():
         outcome[name] = "ALLOWED"
     except PermissionError as exc:
         outcome[name] = str(exc)
+    except FileNotFoundError as exc:
+        outcome[name] = "absent: " + str(exc)
 outcome
 """
     out = await CodeSandbox(None, timeout=SLOW_MACHINE_TIMEOUT).run(code)
     assert out.ok, out.error
     for name, message in out.result.items():
-        assert message.startswith("sandbox:"), (name, message)
+        # The host's /tmp (where tmp_path lives) does not exist under the OS sandbox,
+        # which has a private one: the audit hook lets /tmp paths through to the kernel.
+        hidden = "host file" in name and message.startswith("absent:")
+        assert message.startswith("sandbox:") or hidden, (name, message)
     assert "starting processes" in out.result["os.system"]
     assert "not available" in out.result["subprocess"]
     assert target.read_text() == "host secret"
