@@ -2,26 +2,37 @@
 
 Model-written Python runs in a **separate OS process** started for each run::
 
-    python -I -S -c BOOTSTRAP <channel-fd>
+    bwrap <namespaces, binds, seccomp> -- python -I -S -c BOOTSTRAP <channel-fd>
 
 What confines it (outermost first):
 
-1. **Process.** Its own session and process group; the parent kills the whole group on
+1. **OS sandbox** (:mod:`thinkray.runtime.tools.confine`): bubblewrap puts the child in
+   new user, pid, mount, network, IPC and UTS namespaces as uid 65534 with no
+   capabilities, a clean environment, a read-only view of the interpreter and a private
+   64 MiB ``/tmp``, and a seccomp filter (ptrace, pidfd, mount, unshare, new processes
+   ... refused). No host process, file (the agent's DuckDB file included), network or
+   secret is reachable from there. Where it cannot start, :meth:`CodeSandbox.run`
+   raises :class:`~thinkray.runtime.errors.SandboxUnavailableError` unless the agent
+   opted into the weaker mode (``allow_weak_sandbox=True``: logged, and every result
+   says so in ``isolation``/``warning``), which is (2)-(4) alone plus the optional
+   ``unshare -rn`` network namespace.
+2. **Process.** Its own session and process group; the parent kills the whole group on
    timeout, cancel or protocol violation and always reaps it (no zombies, every pipe
    closed), so a runaway program never hangs the actor's event loop.
-2. **Kernel limits**, set by the bootstrap before user code: ``RLIMIT_AS`` (memory),
-   ``RLIMIT_CPU``, ``RLIMIT_FSIZE=0`` (no file grows on the host), ``RLIMIT_NPROC=0``
-   (no new processes or threads for non-root users), ``RLIMIT_NOFILE``, no core files.
-3. **Network namespace** (optional, automatic when ``unshare -rn`` works here): the
-   process sees no network interface at all.
-4. **Audit hook** (``sys.addaudithook``, which cannot be removed): refuses sockets
-   (``socket.__new__``, connect, bind, getaddrinfo, ...) unless the network is allowed;
-   ``subprocess``, ``os.system``, ``os.exec*``, ``os.spawn*``, ``os.posix_spawn``,
-   ``os.fork``, signals to other processes; ``ctypes``; writes, deletions and
-   listings on the host filesystem; reads outside the Python standard library; raising
-   resource limits; rewriting the hook itself. The hook is written so that user code
-   cannot reach the state it consults (everything is bound at definition time). Audit
-   hooks are a tripwire, not a hard boundary: (1)–(3) are what the kernel enforces.
+3. **Kernel limits**, set by the bootstrap before user code: ``RLIMIT_AS`` (memory),
+   ``RLIMIT_CPU``, ``RLIMIT_FSIZE`` (0 without the OS sandbox; the ``/tmp`` size under
+   it), ``RLIMIT_NPROC=0`` (no new processes or threads for non-root users),
+   ``RLIMIT_NOFILE``, no core files.
+4. **Audit hook** (``sys.addaudithook``, which cannot be removed), the second layer:
+   refuses sockets (``socket.__new__``, connect, bind, getaddrinfo, ...) unless the
+   network is allowed; ``subprocess``, ``os.system``, ``os.exec*``, ``os.spawn*``,
+   ``os.posix_spawn``, ``os.fork``, signals to other processes; ``ctypes``; building
+   code objects (``code.replace``, ``CodeType``: crafted bytecode); writes, deletions
+   and listings on the filesystem outside the private ``/tmp``; reads outside the
+   Python standard library; raising resource limits; rewriting the hook itself. The
+   hook is written so that user code cannot reach the state it consults (everything
+   is bound at definition time). PEP 578 is explicit that audit hooks are not a
+   sandbox: (1) is the boundary.
 5. **Workspace only through a narrow channel.** The program gets a ``workspace`` object
    whose methods send JSON-RPC-style requests to the parent, which runs them against
    the :class:`~thinkray.runtime.tools.workspace.ReadOperations`/:class:`~thinkray.runtime.tools.workspace.WriteOperations`

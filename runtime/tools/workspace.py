@@ -255,7 +255,7 @@ def compile_regex(pattern: str, *, ignore_case: bool = False, dot_nl: bool = Fal
     options.case_sensitive = not ignore_case
     options.dot_nl = dot_nl
     try:
-        return re2.compile(pattern, options)  # type: ignore[no-any-return]
+        return re2.compile(pattern, options)
     except re2.error as exc:
         detail = exc.args[0] if exc.args else exc
         if isinstance(detail, bytes):

@@ -17,7 +17,6 @@ import hashlib
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -402,9 +401,7 @@ async def test_without_the_os_sandbox_code_is_refused(tmp_path):
     stores = open_stores(":memory:")
     try:
         manager = ExtensionManager(stores, bwrap=missing, timeout=SLOW_MACHINE_TIMEOUT)
-        source = (
-            "manifest = {'name': 'x'}\n@extension_tool\ndef f() -> int:\n    return 1\n"
-        )
+        source = "manifest = {'name': 'x'}\n@extension_tool\ndef f() -> int:\n    return 1\n"
         with pytest.raises(SandboxUnavailableError):
             await manager.load(source)
         assert manager.list() == []
