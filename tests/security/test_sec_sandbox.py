@@ -112,6 +112,16 @@ for pid in PIDS:
         r["pidfd"] = "ok"
     except OSError as exc:
         r["pidfd"] = errno.errorcode.get(exc.errno, str(exc))
+    # SIGIO to the owner of a file descriptor (its default action kills the target).
+    import fcntl
+    rfd, wfd = os.pipe()
+    try:
+        fcntl.fcntl(rfd, fcntl.F_SETOWN, pid)
+        fcntl.fcntl(rfd, fcntl.F_SETFL, os.O_ASYNC)
+        os.write(wfd, b"x")
+        r["sigio"] = "attempted"
+    except OSError as exc:
+        r["sigio"] = errno.errorcode.get(exc.errno, str(exc))
     r["ptrace"] = outcome(libc.ptrace(16, pid, 0, 0))  # PTRACE_ATTACH
     buf = ctypes.create_string_buffer(8)
     iov = (ctypes.c_void_p * 2)(ctypes.addressof(buf), 8)
@@ -134,7 +144,12 @@ def test_kernel_keeps_signals_ptrace_and_proc_mem_off_host_processes(target):
     results = kernel_run(code)
     for pid in (str(target.pid), str(me)):
         # Host pids do not exist in the sandbox's pid namespace.
-        assert set(results[pid].values()) <= {"ESRCH", "EPERM", "FileNotFoundError"}, results
+        assert set(results[pid].values()) <= {
+            "ESRCH",
+            "EPERM",
+            "FileNotFoundError",
+            "attempted",  # F_SETOWN to a pid this namespace lacks: no owner, no signal
+        }, results
         assert results[pid]["proc_mem"] == "FileNotFoundError"
     # seccomp refuses these outright, whatever the pid (the sandbox's own parent too).
     for pid in results:
@@ -149,10 +164,22 @@ def test_kernel_keeps_signals_ptrace_and_proc_mem_off_host_processes(target):
 async def test_sandboxed_code_cannot_signal_or_trace_host_processes(target):
     me = os.getpid()
     code = f"""
-import os, signal
+import fcntl, os, signal
+
+def sigio(pid):
+    # SIGIO to the owner of a descriptor: its default action kills the target.
+    rfd, wfd = os.pipe()
+    fcntl.fcntl(rfd, fcntl.F_SETOWN, pid)
+    fcntl.fcntl(rfd, fcntl.F_SETFL, os.O_ASYNC)
+    os.write(wfd, b"x")
+
 pids = [{target.pid}, {me}, os.getppid(), 1]
 attempts = {{}}
 for pid in pids:
+    try:
+        sigio(pid)
+    except OSError:
+        pass
     for name, attempt in {{
         "kill": lambda: os.kill(pid, signal.SIGKILL),
         "killpg": lambda: os.killpg(pid, signal.SIGKILL),
