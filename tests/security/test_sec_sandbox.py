@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -79,6 +80,22 @@ def target():
     proc.wait()
 
 
+@pytest.fixture
+def parent_signals():
+    """Signals this process (the sandbox's parent, standing for the actor) receives
+    while a test runs: the attacks aim SIGUSR1 and SIGIO at it, so a regression is a
+    failed assertion instead of a dead test run."""
+    received: list[int] = []
+    saved = {
+        sig: signal.signal(sig, lambda signum, frame: received.append(signum))
+        for sig in (signal.SIGUSR1, signal.SIGIO)
+    }
+    yield received
+    time.sleep(0.2)  # a late signal still counts
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
 def assert_alive(proc: subprocess.Popen) -> None:
     time.sleep(0.2)  # a signal, had one landed, is delivered by now
     assert proc.poll() is None, f"the target died with {proc.returncode}"
@@ -100,15 +117,15 @@ def os_sandbox_works():
 # -- signals, ptrace, /proc/<pid>/mem ----------------------------------------------------
 
 SIGNAL_ROUTES = r"""
-for pid in PIDS:
+for pid, sig in PIDS.items():
     r = results.setdefault(str(pid), {})
-    r["kill"] = outcome(libc.kill(pid, signal.SIGKILL))
-    r["killpg"] = outcome(libc.killpg(pid, signal.SIGKILL))
-    r["tgkill"] = outcome(libc.tgkill(pid, pid, signal.SIGKILL))
-    r["sigqueue"] = outcome(libc.sigqueue(pid, signal.SIGKILL, 0))
+    r["kill"] = outcome(libc.kill(pid, sig))
+    r["killpg"] = outcome(libc.killpg(pid, sig))
+    r["tgkill"] = outcome(libc.tgkill(pid, pid, sig))
+    r["sigqueue"] = outcome(libc.sigqueue(pid, sig, 0))
     try:
         fd = os.pidfd_open(pid)
-        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        signal.pidfd_send_signal(fd, sig)
         r["pidfd"] = "ok"
     except OSError as exc:
         r["pidfd"] = errno.errorcode.get(exc.errno, str(exc))
@@ -138,9 +155,10 @@ print(json.dumps(results))
 """
 
 
-def test_kernel_keeps_signals_ptrace_and_proc_mem_off_host_processes(target):
+def test_kernel_keeps_signals_ptrace_and_proc_mem_off_host_processes(target, parent_signals):
     me = os.getpid()
-    code = f"PIDS = [{target.pid}, {me}, os.getppid()]\n" + SIGNAL_ROUTES
+    code = f"PIDS = {{{target.pid}: 9, {me}: {int(signal.SIGUSR1)}, os.getppid(): {int(signal.SIGUSR1)}}}\n"
+    code += SIGNAL_ROUTES
     results = kernel_run(code)
     for pid in (str(target.pid), str(me)):
         # Host pids do not exist in the sandbox's pid namespace.
@@ -159,9 +177,10 @@ def test_kernel_keeps_signals_ptrace_and_proc_mem_off_host_processes(target):
             assert results[pid]["process_vm_readv"] == "EPERM"
     assert results["visible"] == ["1", "2"]  # bwrap's init and the code: nothing else
     assert_alive(target)
+    assert parent_signals == []
 
 
-async def test_sandboxed_code_cannot_signal_or_trace_host_processes(target):
+async def test_sandboxed_code_cannot_signal_or_trace_host_processes(target, parent_signals):
     me = os.getpid()
     code = f"""
 import fcntl, os, signal
@@ -173,17 +192,17 @@ def sigio(pid):
     fcntl.fcntl(rfd, fcntl.F_SETFL, os.O_ASYNC)
     os.write(wfd, b"x")
 
-pids = [{target.pid}, {me}, os.getppid(), 1]
+pids = {{{target.pid}: 9, {me}: {int(signal.SIGUSR1)}, os.getppid(): {int(signal.SIGUSR1)}}}
 attempts = {{}}
-for pid in pids:
+for pid, sig in pids.items():
     try:
         sigio(pid)
     except OSError:
         pass
     for name, attempt in {{
-        "kill": lambda: os.kill(pid, signal.SIGKILL),
-        "killpg": lambda: os.killpg(pid, signal.SIGKILL),
-        "pidfd": lambda: signal.pidfd_send_signal(os.pidfd_open(pid), signal.SIGKILL),
+        "kill": lambda: os.kill(pid, sig),
+        "killpg": lambda: os.killpg(pid, sig),
+        "pidfd": lambda: signal.pidfd_send_signal(os.pidfd_open(pid), sig),
         "proc_mem": lambda: open(f"/proc/{{pid}}/mem", "r+b").write(b"x"),
     }}.items():
         try:
@@ -195,12 +214,13 @@ attempts
 """
     out = await sandbox().run(code)
     assert out.ok, out.error
-    assert out.isolation == "os" and out.warning is None
     assert "ALLOWED" not in out.result.values(), out.result
+    assert out.isolation == "os" and out.warning is None
     # pidfd_open raises no audit event: the kernel (seccomp) is what refuses it.
     assert out.result[f"pidfd {target.pid}"].startswith("PermissionError")
     assert out.result[f"kill {me}"].startswith("PermissionError: sandbox:")  # the hook
     assert_alive(target)
+    assert parent_signals == []
 
 
 # -- mount, unshare, new processes -------------------------------------------------------
