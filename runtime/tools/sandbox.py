@@ -354,7 +354,7 @@ def _install_hook(roots, network, private_tmp):
 
     # Everything the hook consults is bound as a default argument (or is a constant, or
     # a method of a builtin type): user code can neither rebind nor monkeypatch it. The
-    # defaults include the hook's own code object, so the hook can refuse attempts to
+    # defaults include the guarded code objects, so the hook can refuse attempts to
     # rewrite itself without refusing namedtuple's legitimate __defaults__ updates.
     def hook(event, args, _roots, _net, _wf, _dev, _fspath, _type, _bytes, _int, _PE,
              _any, _fn, _deny, _code, _tmp, _all):
@@ -416,7 +416,7 @@ def _install_hook(roots, network, private_tmp):
             raise _PE("sandbox: resource limits cannot be changed")
         if event in ("object.__setattr__", "object.__delattr__"):
             target = args[0]
-            if _type(target) is _fn and target.__code__ is _code:
+            if _type(target) is _fn and target.__code__ in _code:
                 raise _PE("sandbox: the sandbox's audit hook cannot be changed")
             return
         if event in ("os.remove", "os.rmdir", "os.rename", "os.mkdir", "os.chmod",
@@ -434,8 +434,11 @@ def _install_hook(roots, network, private_tmp):
             raise _PE("sandbox: network access is disabled")
 
     code = hook.__code__
+    # The hook and its /tmp test are reachable through gc: neither may be rewritten.
+    guarded = (code, _in_tmp.__code__)
     defaults = (roots, network, write_flags, devices, posix.fspath, type, bytes, int,
-                PermissionError, any, types.FunctionType, DENIED_MODULES, code, in_tmp, all)
+                PermissionError, any, types.FunctionType, DENIED_MODULES, guarded, in_tmp,
+                all)
     sys.addaudithook(types.FunctionType(code, {}, "sandbox_audit_hook", defaults))
 
 
@@ -481,7 +484,8 @@ class CodeSandbox:
     ``ops`` is what the ``workspace`` object reaches (``None``: no workspace). ``access``
     defaults to ``"read-write"`` with ops and ``"none"`` without; with ``"read"`` the
     parent refuses write operations even if the child forges a request.
-    ``network_namespace=None`` uses ``unshare -rn`` when available and the network is
+    ``network_namespace`` (the weaker mode only: the OS sandbox always has its own
+    network namespace) ``None`` uses ``unshare -rn`` when available and the network is
     not allowed. ``allow_site_packages`` lets code import installed third-party
     packages (off: tier 1 is the standard library only, and startup is twice as fast).
 

@@ -310,6 +310,27 @@ attempts
         assert message == "sandbox: building code objects is not allowed", (name, message)
 
 
+async def test_the_audit_hook_cannot_be_rewritten_through_gc():
+    code = """
+import gc, types
+names = ("in_tmp", "sandbox_audit_hook")
+found = [f for f in gc.get_objects() if type(f) is types.FunctionType and f.__name__ in names]
+out = {}
+for f in found:
+    for attr, value in (("__code__", (lambda *a: True).__code__), ("__defaults__", None)):
+        try:
+            setattr(f, attr, value)
+            out[f"{f.__name__}.{attr}"] = "REWRITTEN"
+        except PermissionError as exc:
+            out[f"{f.__name__}.{attr}"] = str(exc)
+out
+"""
+    out = await sandbox().run(code)
+    assert out.ok, out.error
+    assert len(out.result) == 4, out.result  # both functions were found, both refused
+    assert set(out.result.values()) == {"sandbox: the sandbox's audit hook cannot be changed"}
+
+
 # -- the agent's DuckDB file and storage root --------------------------------------------
 
 
