@@ -22,9 +22,10 @@ T = TypeVar("T")
 MAX_LOOP_CPU = 0.1
 """The design's rule: nothing runs on an actor's loop for more than 100 ms at a time."""
 
-MAX_LOOP_WALL = 1.5
-"""No single gap in wall time, however loaded the machine (a synchronous wait for the
-tools measured here would last seconds)."""
+MAX_LOOP_WALL = 2.0
+"""No single gap in wall time above this, however loaded the machine: generous, since a
+loaded 2-core machine can deschedule the process; the calls measured here would block
+for 5 s or more if they waited synchronously."""
 
 
 @dataclass

@@ -69,7 +69,8 @@ async def test_grep_from_sandboxed_code_does_not_block_the_loop(ws):
 
 
 async def test_cpu_heavy_sandboxed_code_does_not_block_the_loop():
-    tool = execute_tool(CodeSandbox(None, timeout=3.0))
+    # 5 s: a loop that waited for the program synchronously would show a 5 s gap.
+    tool = execute_tool(CodeSandbox(None, timeout=5.0))
 
     async def spin() -> None:
         with pytest.raises(ToolExecutionError, match="timed out"):
@@ -86,3 +87,23 @@ def test_grep_refuses_what_re2_cannot_run_in_linear_time(ws):
             grep.validate({"pattern": pattern})
         with pytest.raises(ValueError, match="RE2 syntax"):
             ws.grep(pattern)
+
+
+async def test_the_lag_check_sees_a_blocked_loop():
+    # The measure itself: CPU burnt on the loop and a synchronous wait both show.
+    import time
+
+    async def spin(seconds: float) -> None:
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    async def wait(seconds: float) -> None:
+        time.sleep(seconds)
+
+    _, lag = await measure_loop_lag(spin(0.5))
+    assert lag.cpu >= 0.5
+    _, lag = await measure_loop_lag(wait(2.5))
+    assert lag.wall >= 2.5 and lag.cpu < 0.1
+    with pytest.raises(AssertionError, match="blocked the event loop"):
+        assert_loop_free(lag, "a synchronous wait")
