@@ -104,6 +104,6 @@ async def test_the_lag_check_sees_a_blocked_loop():
     _, lag = await measure_loop_lag(spin(0.5))
     assert lag.cpu >= 0.5
     _, lag = await measure_loop_lag(wait(2.5))
-    assert lag.wall >= 2.5 and lag.cpu < 0.1
+    assert lag.wall >= 2.4 and lag.cpu < 0.1  # the ticker's own 5 ms sleep is not lag
     with pytest.raises(AssertionError, match="blocked the event loop"):
         assert_loop_free(lag, "a synchronous wait")
