@@ -100,7 +100,14 @@ class SubAgent(Agent):
     """A worker of an orchestrator. Config keys: ``instructions``, ``model`` (see
     :func:`build_model`), ``bridge`` (set by the orchestrator), ``code_execution``,
     ``extensions`` and ``extension_network`` (``True``: extensions that declare
-    network access may load and get the network; default: no network)."""
+    network access may load and get the network; default: no network).
+
+    ``allow_weak_sandbox`` (class attribute, default False): a deployment whose hosts
+    cannot run the OS sandbox (bubblewrap) may subclass with True to run ``execute``
+    and extension code under the audit hook only; it is logged and every result says
+    so. It is not a config key, so nothing the model sets can weaken the sandbox."""
+
+    allow_weak_sandbox: bool = False
 
     def on_start(self) -> None:
         """Start without a workspace or extension manager: both open on first use."""
@@ -138,7 +145,11 @@ class SubAgent(Agent):
         if self._extensions is None:
             from thinkray.runtime.tools.extensions import ExtensionManager
 
-            self._extensions = ExtensionManager(self.store.stores(), self.get_workspace())
+            self._extensions = ExtensionManager(
+                self.store.stores(),
+                self.get_workspace(),
+                allow_weak_sandbox=self.allow_weak_sandbox,
+            )
         # No network for extension code unless the config says so (read on every use:
         # a reconfigured sub-agent follows its new config).
         config = self.get_config() or {}
@@ -163,7 +174,11 @@ class SubAgent(Agent):
         if config.get("code_execution"):
             from thinkray.runtime.tools.sandbox import CodeSandbox, execute_tool
 
-            sandbox = CodeSandbox(self.get_workspace(), timeout=config.get("code_timeout", 10.0))
+            sandbox = CodeSandbox(
+                self.get_workspace(),
+                timeout=config.get("code_timeout", 10.0),
+                allow_weak_sandbox=self.allow_weak_sandbox,
+            )
             tools["execute"] = execute_tool(sandbox)
         if config.get("extensions"):
             from thinkray.runtime.tools.extensions import extension_tools

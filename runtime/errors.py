@@ -46,6 +46,7 @@ __all__ = [
     "OperationTimeoutError",
     "RemoteCallError",
     "RunInterruptedError",
+    "SandboxUnavailableError",
     "SessionBusyError",
     "SummarizerError",
     "ToolCallStateError",
@@ -298,6 +299,12 @@ class ToolInputError(UserError, ValueError):
 
 class ToolExecutionError(ThinkrayError, RuntimeError):
     """A tool failed. Its message is sent back to the model as a tool error."""
+
+
+class SandboxUnavailableError(ToolExecutionError):
+    """Code was not run: the OS sandbox (bubblewrap) cannot start here and the agent has
+    not opted into the weaker audit-hook-only mode (``allow_weak_sandbox``). The
+    message says why it cannot start."""
 
 
 class EditError(WorkspaceError, UserError, ValueError):

