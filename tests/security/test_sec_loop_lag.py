@@ -90,7 +90,8 @@ def test_grep_refuses_what_re2_cannot_run_in_linear_time(ws):
 
 
 async def test_the_lag_check_sees_a_blocked_loop():
-    # The measure itself: CPU burnt on the loop and a synchronous wait both show.
+    # The measure itself: CPU burnt on the loop fails the check; a synchronous wait
+    # shows in the wall figure (recorded, not asserted: load can deschedule a process).
     import time
 
     async def spin(seconds: float) -> None:
@@ -103,7 +104,7 @@ async def test_the_lag_check_sees_a_blocked_loop():
 
     _, lag = await measure_loop_lag(spin(0.5))
     assert lag.cpu >= 0.5
-    _, lag = await measure_loop_lag(wait(2.5))
-    assert lag.wall >= 2.4 and lag.cpu < 0.1  # the ticker's own 5 ms sleep is not lag
-    with pytest.raises(AssertionError, match="blocked the event loop"):
-        assert_loop_free(lag, "a synchronous wait")
+    with pytest.raises(AssertionError, match="of CPU on the event loop"):
+        assert_loop_free(lag, "a busy loop")
+    _, lag = await measure_loop_lag(wait(0.5))
+    assert lag.wall >= 0.45 and lag.cpu < 0.1  # the ticker's own 5 ms sleep is not lag
