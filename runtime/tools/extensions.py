@@ -445,6 +445,36 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+def _type_matches(names: list[Any], value: Any) -> bool:
+    """Whether ``value`` has one of the JSON types ``names`` (an unknown type name
+    matches anything; a bool is not a number)."""
+    for name in names:
+        kinds = _JSON_TYPES.get(name)
+        if kinds is None:
+            return True
+        if isinstance(value, bool) and name in ("integer", "number"):
+            continue
+        if isinstance(value, kinds):
+            return True
+    return False
+
+
+def _check_object(
+    schema: dict[str, Any], value: dict[str, Any], where: str, problems: list[str]
+) -> None:
+    props = schema.get("properties") or {}
+    for key in schema.get("required") or []:
+        if key not in value:
+            problems.append(f"{where}.{key}: field required")
+    if schema.get("additionalProperties") is False:
+        for key in value:
+            if key not in props:
+                problems.append(f"{where}.{key}: unexpected field")
+    for key, sub in props.items():
+        if key in value:
+            _check(sub, value[key], f"{where}.{key}", problems)
+
+
 def _check(schema: Any, value: Any, where: str, problems: list[str]) -> None:
     """A small JSON-schema subset: enough to catch a model's malformed arguments."""
     if not isinstance(schema, dict):
@@ -452,34 +482,13 @@ def _check(schema: Any, value: Any, where: str, problems: list[str]) -> None:
     expected = schema.get("type")
     if expected is not None:
         names = expected if isinstance(expected, list) else [expected]
-        ok = False
-        for name in names:
-            kinds = _JSON_TYPES.get(name)
-            if kinds is None:
-                ok = True
-                break
-            if isinstance(value, bool) and name in ("integer", "number"):
-                continue
-            if isinstance(value, kinds):
-                ok = True
-                break
-        if not ok:
+        if not _type_matches(names, value):
             problems.append(f"{where}: expected {' or '.join(map(str, names))}")
             return
     if "enum" in schema and value not in schema["enum"]:
         problems.append(f"{where}: must be one of {schema['enum']!r}")
     if isinstance(value, dict):
-        props = schema.get("properties") or {}
-        for key in schema.get("required") or []:
-            if key not in value:
-                problems.append(f"{where}.{key}: field required")
-        if schema.get("additionalProperties") is False:
-            for key in value:
-                if key not in props:
-                    problems.append(f"{where}.{key}: unexpected field")
-        for key, sub in props.items():
-            if key in value:
-                _check(sub, value[key], f"{where}.{key}", problems)
+        _check_object(schema, value, where, problems)
     if isinstance(value, list) and isinstance(schema.get("items"), dict):
         for i, item in enumerate(value):
             _check(schema["items"], item, f"{where}[{i}]", problems)

@@ -653,6 +653,38 @@ class DeleteInput(_Input):
 # -- tools ----------------------------------------------------------------------------
 
 
+def _read_page(input: ReadFileInput, text: str) -> dict[str, Any]:
+    """The ``read_file`` tool's answer: the lines ``input`` asks for, long lines and the
+    page cut to size, with where to go on from."""
+    lines = text.splitlines(keepends=True)
+    start = (input.offset or 1) - 1
+    count = input.limit or DEFAULT_READ_LINES
+    chunk: list[str] = []
+    size = 0
+    truncated = False
+    for line in lines[start : start + count]:
+        if len(line) > MAX_LINE_CHARS:
+            line = line[:MAX_LINE_CHARS] + "… [line truncated]\n"
+        if size + len(line) > MAX_READ_CHARS:
+            truncated = True
+            break
+        chunk.append(line)
+        size += len(line)
+    end = start + len(chunk)
+    result: dict[str, Any] = {
+        "path": input.path,
+        "content": "".join(chunk),
+        "start_line": start + 1 if chunk else None,
+        "end_line": end if chunk else None,
+        "total_lines": len(lines),
+    }
+    if truncated or end < len(lines):
+        result["next_offset"] = end + 1
+    if start >= len(lines) and lines:
+        result["note"] = f"offset {start + 1} is past the end ({len(lines)} lines)"
+    return result
+
+
 def workspace_tools(
     ops: Any, *, access: Access = "read-write", prefix: str = ""
 ) -> dict[str, Tool]:
@@ -667,34 +699,7 @@ def workspace_tools(
         raise InvalidArgumentError(f"access must be 'read' or 'read-write', not {access!r}")
 
     async def read_file(input: ReadFileInput) -> dict[str, Any]:
-        text = await call_op(ops, "read_file", input.path)
-        lines = text.splitlines(keepends=True)
-        start = (input.offset or 1) - 1
-        count = input.limit or DEFAULT_READ_LINES
-        chunk: list[str] = []
-        size = 0
-        truncated = False
-        for line in lines[start : start + count]:
-            if len(line) > MAX_LINE_CHARS:
-                line = line[:MAX_LINE_CHARS] + "… [line truncated]\n"
-            if size + len(line) > MAX_READ_CHARS:
-                truncated = True
-                break
-            chunk.append(line)
-            size += len(line)
-        end = start + len(chunk)
-        result: dict[str, Any] = {
-            "path": input.path,
-            "content": "".join(chunk),
-            "start_line": start + 1 if chunk else None,
-            "end_line": end if chunk else None,
-            "total_lines": len(lines),
-        }
-        if truncated or end < len(lines):
-            result["next_offset"] = end + 1
-        if start >= len(lines) and lines:
-            result["note"] = f"offset {start + 1} is past the end ({len(lines)} lines)"
-        return result
+        return _read_page(input, await call_op(ops, "read_file", input.path))
 
     async def list_directory(input: ListDirectoryInput) -> dict[str, Any]:
         entries = await call_op(ops, "list_directory", input.path)
