@@ -450,9 +450,9 @@ class Directory:
         one hosting another namespace's agent or a name already live elsewhere, is
         stopped."""
         bound = info.get("bound") if info is not None else None
-        if info is not None and bound is not None and bound in self.entries:
-            if self.entries[bound].actor.actor_id == info.get("actor_id"):
-                return  # known already: that binding is live here
+        known = self.entries.get(bound) if bound is not None else None
+        if info is not None and known is not None and known.actor.actor_id == info.get("actor_id"):
+            return  # known already: that binding is live here
         if (
             info is None
             or info.get("state") == "broken"
@@ -483,10 +483,11 @@ class Directory:
         previous directory: taken over once it ends (:meth:`_settle`). Meanwhile the
         agent concerned is neither live nor free to bind elsewhere (its file and
         lease are held), so its resolve and hibernate wait for the outcome."""
-        name = info.get("session")
-        ours = info.get("bound_namespace") == self.cfg.namespace and isinstance(name, str)
-        task = self._spawn(self._settle(handle, name if ours else None))
-        if ours:
+        session = info.get("session")
+        ours = info.get("bound_namespace") == self.cfg.namespace and isinstance(session, str)
+        name = session if ours else None
+        task = self._spawn(self._settle(handle, name))
+        if name is not None:
             self._settling[name] = task
         self.counters["adopt_settling"] += 1
 

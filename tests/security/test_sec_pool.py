@@ -196,13 +196,13 @@ def _cached_copy(ns: Any, name: str) -> Path:
     from thinkray.storage.objectstore import RemoteSession, default_cache_dir
 
     node = ray.get_runtime_context().get_node_id()
-    session = RemoteSession(ns.storage_root, ns.name, name, cache_dir=default_cache_dir() / node[:16])
+    session = RemoteSession(
+        ns.storage_root, ns.name, name, cache_dir=default_cache_dir() / node[:16]
+    )
     return session.local_path
 
 
-def test_a_shard_rebuilt_during_a_bind_does_not_bind_that_actor_twice(
-    namespace_factory, tmp_path
-):
+def test_a_shard_rebuilt_during_a_bind_does_not_bind_that_actor_twice(namespace_factory, tmp_path):
     """The bind is held in its storage step: the agent's cached copy is a FIFO, so the
     wake's integrity check of it blocks (the actor holds the agent's lease by then)
     until the test writes the file's bytes into it, as a slow disk would."""
