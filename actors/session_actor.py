@@ -209,7 +209,9 @@ class SessionActor:
         if self.state != "idle":
             raise ActorBusyError(self.state, self._session())
         with self._transition("binding", spec):
-            return await self._bind_traced(spec, trace)
+            info = await self._bind_traced(spec, trace)
+        info.update(self._info())  # bound now
+        return info
 
     async def _bind_traced(self, spec: BindSpec, trace: dict[str, str] | None) -> dict[str, Any]:
         if not tracing.enabled() or spec.namespace == "warm-up":

@@ -52,13 +52,13 @@ class Gate:
 
 
 class PoolProbeAgent(ScriptAgent):
-    """A ScriptAgent whose wake fails while a flag file names it, and whose close on
-    hibernation passes a gate.
+    """A ScriptAgent whose wake fails while a flag file names it, and whose wake and
+    close on hibernation pass a gate.
 
     ``flags``: a folder; while ``<flags>/fail-wake-<name>`` exists, ``on_wake`` raises.
-    ``gate``: the name of a :class:`Gate` actor (in Ray namespace ``gate_namespace``);
-    ``aclose`` (hibernation, after the
-    actor has let go of the agent) passes key ``close:<name>``."""
+    ``gate``: the name of a :class:`Gate` actor (in Ray namespace ``gate_namespace``):
+    ``on_wake`` passes key ``wake:<name>`` and ``aclose`` (hibernation, after the actor
+    has let go of the agent) key ``close:<name>``."""
 
     def __init__(
         self,
@@ -74,13 +74,17 @@ class PoolProbeAgent(ScriptAgent):
         self.gate_namespace = gate_namespace
         super().__init__(store, **kwargs)
 
+    async def _pass(self, step: str) -> None:
+        if self.gate:
+            gate = ray.get_actor(self.gate, namespace=self.gate_namespace)
+            await gate.passage.remote(f"{step}:{self.agent_name}")
+
     async def on_wake(self) -> None:
+        await self._pass("wake")
         if self.flags and (Path(self.flags) / f"fail-wake-{self.agent_name}").exists():
             raise RuntimeError(f"the wake hook of {self.agent_name} broke")
         await super().on_wake()
 
     async def aclose(self) -> None:
-        if self.gate:
-            gate = ray.get_actor(self.gate, namespace=self.gate_namespace)
-            await gate.passage.remote(f"close:{self.agent_name}")
+        await self._pass("close")
         await super().aclose()

@@ -266,3 +266,54 @@ def test_a_shard_rebuilt_during_a_bind_does_not_bind_that_actor_twice(namespace_
         assert _chat(ns, name, "again") == "completed"
     _assert_each_agent_kept_its_own_storage(ns, {waking: 4, **dict.fromkeys(woken, 4)})
     assert ray.get(ns._router.handles[SHARD].stats.remote())["counters"].get("adopted") == 1
+
+
+def test_an_actor_reports_a_bind_or_hibernation_in_flight_and_refuses_a_second_bind(
+    ray_local, tmp_path, gate
+):
+    """Asked directly (as a rebuilding directory asks it): while a bind (its ``on_wake``
+    included) or a hibernation (its close and upload included) is in flight, the actor
+    says so and names the agent; a bind meanwhile is refused and changes nothing."""
+    import ray
+    from thinkray.actors.errors import ActorBusyError
+    from thinkray.actors.session_actor import BindSpec, RemoteSessionActor
+
+    from tests.sec_pool_agents import PoolProbeAgent
+
+    gate_name, gate_actor = gate
+    kwargs = {"gate": gate_name, "gate_namespace": GATE_NAMESPACE}
+    actor = RemoteSessionActor.options(max_concurrency=100).remote((), False)
+
+    def spec(name: str) -> BindSpec:
+        return BindSpec("ns", name, str(tmp_path / f"{name}.duckdb"), PoolProbeAgent, kwargs)
+
+    def refused(name: str, state: str, session: str) -> None:
+        with pytest.raises(ActorBusyError) as busy:
+            ray.get(actor.bind.remote(spec(name)), timeout=60)
+        assert (busy.value.state, busy.value.session) == (state, session)
+
+    try:
+        assert ray.get(actor.ready.remote())["state"] == "idle"
+        ray.get(gate_actor.hold.remote("wake:first"))
+        binding = actor.bind.remote(spec("first"))
+        assert ray.get(gate_actor.arrived.remote("wake:first"), timeout=60)
+        info = ray.get(actor.rehome.remote(None), timeout=60)
+        assert (info["state"], info["session"], info["bound"]) == ("binding", "first", None)
+        assert info["bound_namespace"] == "ns"
+        refused("second", "binding", "first")
+        ray.get(gate_actor.release.remote("wake:first"))
+        assert ray.get(binding, timeout=60)["state"] == "bound"
+        refused("second", "bound", "first")
+
+        ray.get(gate_actor.hold.remote("close:first"))
+        leaving = actor.hibernate.remote("first")
+        assert ray.get(gate_actor.arrived.remote("close:first"), timeout=60)
+        info = ray.get(actor.settled.remote(0.0), timeout=60)
+        assert (info["state"], info["session"], info["bound"]) == ("hibernating", "first", None)
+        refused("second", "hibernating", "first")
+        ray.get(gate_actor.release.remote("close:first"))
+        assert ray.get(leaving, timeout=60)["ok"]
+        assert ray.get(actor.settled.remote(), timeout=60)["state"] == "idle"
+        assert ray.get(actor.bind.remote(spec("second")), timeout=60)["bound"] == "second"
+    finally:
+        ray.kill(actor)
