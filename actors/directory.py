@@ -65,8 +65,19 @@ rebuilds its map from them: each such actor is asked what it hosts (``rehome``,
 which also points its alarms and idle timer at the new directory); an agent still
 live there is *adopted* (entered as live, never bound a second time), a generic actor
 rejoins the pool, and an actor that does not answer within ``ADOPT_TIMEOUT`` is killed
-(its file lock goes with it, so the agent's next call binds it cleanly). Calls wait
-for the rebuild. A directory calls itself (``recover``) as it starts, so a restarted
+(its file lock goes with it, so the agent's next call binds it cleanly). An actor whose
+bind or hibernation is in flight (the previous directory's call; it reports
+``binding`` or ``hibernating`` and the agent) is never taken for a spare: offering it
+would bind a second agent onto it, and the two would share one storage session (one
+lease renewed, one upload). It is taken over once that ends (:meth:`Directory._settle`;
+a bind still going after ``SETTLE_TIMEOUT`` is killed), and calls for that agent wait
+for it meanwhile, since its file and lease are held. Calls wait for the rebuild.
+
+**A failed wake.** A bind whose ``on_wake`` raises undoes itself in the actor (the
+agent's database closed, its file and lease released, the actor generic again) and
+reaches the caller as :class:`~thinkray.actors.errors.WakeError` naming the agent and
+the cause; the actor rejoins the pool, or is stopped if its database would not close
+(``clean`` False), so later wakes, the agent's own included, bind cleanly. A directory calls itself (``recover``) as it starts, so a restarted
 one rebuilds and runs its alarms even if nobody calls it. Lost on a crash: the pool's
 statistics.
 

@@ -4,7 +4,10 @@ An actor starts generic (imports done, nothing bound) and waits in the namespace
 warm pool. ``bind`` opens the agent's DuckDB file and builds a fresh ``Think`` from it
 (the Durable Object constructor path: nothing is carried over from an earlier
 binding); ``hibernate`` refuses while anything is in flight, otherwise closes the
-file (checkpoint, no ``.wal``) and makes the actor generic again.
+file (checkpoint, no ``.wal``) and makes the actor generic again. While either is in
+flight the actor says so (``state``: :data:`ActorState`) and refuses another bind
+(:class:`~thinkray.actors.errors.ActorBusyError`); a bind whose ``on_wake`` raises is
+undone and raises :class:`~thinkray.actors.errors.WakeError`.
 
 Every RPC names the agent it is meant for. An actor that does not host that agent
 raises :class:`~thinkray.actors.relay.NotBoundError`, and the caller's handle re-resolves.
