@@ -71,15 +71,15 @@ bind or hibernation is in flight (the previous directory's call; it reports
 would bind a second agent onto it, and the two would share one storage session (one
 lease renewed, one upload). It is taken over once that ends (:meth:`Directory._settle`;
 a bind still going after ``SETTLE_TIMEOUT`` is killed), and calls for that agent wait
-for it meanwhile, since its file and lease are held. Calls wait for the rebuild.
+for it meanwhile, since its file and lease are held. Calls wait for the rebuild. A
+directory calls itself (``recover``) as it starts, so a restarted one rebuilds and
+runs its alarms even if nobody calls it. Lost on a crash: the pool's statistics.
 
 **A failed wake.** A bind whose ``on_wake`` raises undoes itself in the actor (the
 agent's database closed, its file and lease released, the actor generic again) and
 reaches the caller as :class:`~thinkray.actors.errors.WakeError` naming the agent and
 the cause; the actor rejoins the pool, or is stopped if its database would not close
-(``clean`` False), so later wakes, the agent's own included, bind cleanly. A directory calls itself (``recover``) as it starts, so a restarted
-one rebuilds and runs its alarms even if nobody calls it. Lost on a crash: the pool's
-statistics.
+(``clean`` False), so later wakes, the agent's own included, bind cleanly.
 
 **Alarms survive the directory.** The directory keeps every agent's next due time in
 memory (a hibernated agent's, reported by its hibernation, and a live agent's,

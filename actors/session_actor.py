@@ -325,8 +325,6 @@ class SessionActor:
         self._broken = self._broken or not clean
         cause = f"{type(exc).__name__}: {exc}"
         log.warning("wake of %s failed in on_wake: %s", spec.name, cause)
-        if spec.namespace != "warm-up":
-            metrics().count("thinkray_wake_failures_total", 1, {"namespace": spec.namespace})
         return WakeError(spec.name, cause, clean)
 
     def busy(self) -> bool:
