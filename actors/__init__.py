@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         SyncInEventLoopError,
         ThinkrayError,
         UserError,
+        WakeError,
     )
     from thinkray.actors.namespace import AgentHandle, AgentNamespace, Handle, HandleMethod
     from thinkray.actors.orchestrator import Orchestrator, SubAgent, TaskInfo
@@ -49,6 +50,7 @@ _LAZY = {
     "TaskInfo": "thinkray.actors.orchestrator",
     "ThinkrayError": "thinkray.actors.errors",
     "UserError": "thinkray.actors.errors",
+    "WakeError": "thinkray.actors.errors",
 }
 
 __all__ = [
@@ -71,6 +73,7 @@ __all__ = [
     "TaskInfo",
     "ThinkrayError",
     "UserError",
+    "WakeError",
 ]
 
 

@@ -65,10 +65,21 @@ rebuilds its map from them: each such actor is asked what it hosts (``rehome``,
 which also points its alarms and idle timer at the new directory); an agent still
 live there is *adopted* (entered as live, never bound a second time), a generic actor
 rejoins the pool, and an actor that does not answer within ``ADOPT_TIMEOUT`` is killed
-(its file lock goes with it, so the agent's next call binds it cleanly). Calls wait
-for the rebuild. A directory calls itself (``recover``) as it starts, so a restarted
-one rebuilds and runs its alarms even if nobody calls it. Lost on a crash: the pool's
-statistics.
+(its file lock goes with it, so the agent's next call binds it cleanly). An actor whose
+bind or hibernation is in flight (the previous directory's call; it reports
+``binding`` or ``hibernating`` and the agent) is never taken for a spare: offering it
+would bind a second agent onto it, and the two would share one storage session (one
+lease renewed, one upload). It is taken over once that ends (:meth:`Directory._settle`;
+a bind still going after ``SETTLE_TIMEOUT`` is killed), and calls for that agent wait
+for it meanwhile, since its file and lease are held. Calls wait for the rebuild. A
+directory calls itself (``recover``) as it starts, so a restarted one rebuilds and
+runs its alarms even if nobody calls it. Lost on a crash: the pool's statistics.
+
+**A failed wake.** A bind whose ``on_wake`` raises undoes itself in the actor (the
+agent's database closed, its file and lease released, the actor generic again) and
+reaches the caller as :class:`~thinkray.actors.errors.WakeError` naming the agent and
+the cause; the actor rejoins the pool, or is stopped if its database would not close
+(``clean`` False), so later wakes, the agent's own included, bind cleanly.
 
 **Alarms survive the directory.** The directory keeps every agent's next due time in
 memory (a hibernated agent's, reported by its hibernation, and a live agent's,
@@ -109,7 +120,7 @@ from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-from thinkray.actors.errors import InvalidStateError
+from thinkray.actors.errors import ActorBusyError, InvalidStateError, WakeError
 from thinkray.actors.metrics import install_ray_metrics
 from thinkray.actors.session_actor import DEFAULT_PRELOAD, BindSpec, RemoteSessionActor
 from thinkray.runtime.observability.metrics import metrics
@@ -149,6 +160,14 @@ hosts the agent before it replaces it."""
 _DEFICIT_CHECK = 0.25  # how often the pool re-checks a deficit it could not fill yet
 ADOPT_TIMEOUT = 10.0
 """How long a rebuilding directory waits for a session actor to say what it hosts."""
+SETTLE_TIMEOUT = 60.0
+"""How long a rebuilding directory lets a bind it found in flight (its caller died with
+the previous directory) go on before it stops the actor. A hibernation in flight is
+waited for as long as its actor answers: stopping it could lose its upload."""
+SETTLE_POLL = 5.0
+"""How long one ``settled`` call waits on an actor before answering."""
+TRANSIENT = ("binding", "hibernating")
+"""Session actor states with a bind or hibernation in flight (never a spare)."""
 RECENT_ERRORS = 20
 """How many recent errors (failed binds and actor starts, actors that died) a directory
 keeps for ``thinkray top``."""
@@ -340,6 +359,9 @@ class Directory:
         self._reclaiming: set[str] = set()
         self._probing: set[str] = set()
         self._recovery: asyncio.Future[None] | None = None
+        # agents whose bind or hibernation a rebuild found in flight → the task that
+        # waits for it to end; their resolve and hibernate wait for it
+        self._settling: dict[str, asyncio.Task[None]] = {}
         self.recovery_secs: float | None = None  # how long the rebuild took
         # A directory restarted by Ray (its process died) may get no call for a long
         # time, but its alarms must fire: it calls itself once to rebuild and start.
@@ -421,27 +443,10 @@ class Directory:
         for handle, info in await asyncio.gather(*(ask(n) for n in found)):
             if handle is None:
                 continue
-            bound = info.get("bound") if info is not None else None
-            if info is None or (
-                bound is not None
-                and (info.get("bound_namespace") != self.cfg.namespace or bound in self.entries)
-            ):
-                # Mute, warming up, or (never expected) a second host of a name: stop it.
-                with contextlib.suppress(Exception):
-                    ray.kill(handle, no_restart=True)
-                self.counters["adopt_killed"] += 1
-                continue
-            actor = PooledActor(
-                handle, info["actor_id"], info["node_id"], info["pid"], info.get("bindings", 0)
-            )
-            if bound is None:
-                self.counters["adopted_spares"] += 1
-                self._offer(actor)
-                continue
-            entry = Entry(actor)
-            self.entries[bound] = entry
-            self.counters["adopted"] += 1
-            self._spawn(self._watch(bound, entry))
+            if info is not None and info.get("state") in TRANSIENT:
+                self._settle_later(handle, info)  # never a spare while in flight
+            else:
+                self._adopt_one(handle, info)
         if self.entries:
             log.warning(
                 "directory %s/%d adopted %d live agents",
@@ -449,6 +454,84 @@ class Directory:
                 self.cfg.shard,
                 len(self.entries),
             )
+
+    def _adopt_one(self, handle: Any, info: dict[str, Any] | None) -> None:
+        """Take over a session actor that has no bind or hibernation in flight: its
+        agent becomes live here, a generic actor a spare; a mute or broken one, or
+        one hosting another namespace's agent or a name already live elsewhere, is
+        stopped."""
+        bound = info.get("bound") if info is not None else None
+        known = self.entries.get(bound) if bound is not None else None
+        if info is not None and known is not None and known.actor.actor_id == info.get("actor_id"):
+            return  # known already: that binding is live here
+        if (
+            info is None
+            or info.get("state") == "broken"
+            or (
+                bound is not None
+                and (info.get("bound_namespace") != self.cfg.namespace or bound in self.entries)
+            )
+        ):
+            # Mute, warming up, or (never expected) a second host of a name: stop it.
+            with contextlib.suppress(Exception):
+                ray.kill(handle, no_restart=True)
+            self.counters["adopt_killed"] += 1
+            return
+        actor = PooledActor(
+            handle, info["actor_id"], info["node_id"], info["pid"], info.get("bindings", 0)
+        )
+        if bound is None:
+            self.counters["adopted_spares"] += 1
+            self._offer(actor)
+            return
+        entry = Entry(actor)
+        self.entries[bound] = entry
+        self.counters["adopted"] += 1
+        self._spawn(self._watch(bound, entry))
+
+    def _settle_later(self, handle: Any, info: dict[str, Any]) -> None:
+        """A session actor with a bind or hibernation in flight, whose caller was the
+        previous directory: taken over once it ends (:meth:`_settle`). Meanwhile the
+        agent concerned is neither live nor free to bind elsewhere (its file and
+        lease are held), so its resolve and hibernate wait for the outcome."""
+        session = info.get("session")
+        ours = info.get("bound_namespace") == self.cfg.namespace and isinstance(session, str)
+        name = session if ours else None
+        task = self._spawn(self._settle(handle, name))
+        if name is not None:
+            self._settling[name] = task
+        self.counters["adopt_settling"] += 1
+
+    async def _settle(self, handle: Any, name: str | None) -> None:
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        info: dict[str, Any] | None = None
+        try:
+            while True:
+                try:
+                    info = await asyncio.wait_for(
+                        handle.settled.remote(SETTLE_POLL), SETTLE_POLL + ADOPT_TIMEOUT
+                    )
+                except Exception:  # died (its file lock went with it) or mute
+                    info = None
+                    break
+                state = info.get("state") if isinstance(info, dict) else None
+                if state not in TRANSIENT:
+                    break
+                if state == "binding" and time.monotonic() > deadline:
+                    info = None  # a wake stuck in its agent's hook: stop it
+                    break
+            self._adopt_one(handle, info)
+        finally:
+            if name is not None and self._settling.get(name) is asyncio.current_task():
+                del self._settling[name]
+
+    async def _await_settling(self, name: str) -> None:
+        """Wait until a bind or hibernation of ``name`` that a rebuild found in flight
+        has ended (and its actor was taken over)."""
+        task = self._settling.get(name)
+        if task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(task)
 
     def _owns(self, name: str) -> str:
         validate_name(name)
@@ -902,6 +985,7 @@ class Directory:
         self._owns(name)
         await self._ready()
         async with self.locks[name]:
+            await self._await_settling(name)
             entry = self.entries.get(name)
             if (
                 entry is not None
@@ -981,7 +1065,14 @@ class Directory:
                     ray.kill(actor.handle, no_restart=True)
                 self._kick()
                 raise error
-            self._offer(actor)
+            if isinstance(error, ActorBusyError):
+                # Not a spare after all (never expected): take it over once whatever
+                # it does ends, and bind on another actor.
+                self._note_error("bind", name, f"a pooled actor was not generic: {error}")
+                self._spawn(self._settle(actor.handle, None))
+                last_error = error
+                continue
+            self._give_back(actor, error)
             if isinstance(error, DatabaseLockedError):
                 # A killed previous owner's lock lingers ~50 ms; Database already
                 # retried for a while, so give the actor back and try again.
@@ -993,6 +1084,18 @@ class Directory:
         self._note_error("bind", name, f"could not bind: {last_error}")
         raise InvalidStateError(f"could not bind {name!r}: {last_error}")
 
+    def _give_back(self, actor: PooledActor, error: BaseException) -> None:
+        """A bind failed on ``actor`` and undid itself: the actor is a spare again,
+        unless its failed wake could not close the agent's database (WakeError not
+        ``clean``): then its process is stopped, which frees the file."""
+        if isinstance(error, WakeError) and not getattr(error, "clean", True):
+            with contextlib.suppress(Exception):
+                ray.kill(actor.handle, no_restart=True)
+            self.counters["actors_retired_unclean"] += 1
+            self._kick()
+            return
+        self._offer(actor)
+
     # -- hibernate -------------------------------------------------------------------
 
     async def hibernate(self, name: str, force: bool = False) -> bool:
@@ -1000,6 +1103,7 @@ class Directory:
         await self._ready()
         lock = self.locks[name]
         async with lock:
+            await self._await_settling(name)
             entry = self.entries.get(name)
             if entry is None:
                 return False

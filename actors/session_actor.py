@@ -4,7 +4,10 @@ An actor starts generic (imports done, nothing bound) and waits in the namespace
 warm pool. ``bind`` opens the agent's DuckDB file and builds a fresh ``Think`` from it
 (the Durable Object constructor path: nothing is carried over from an earlier
 binding); ``hibernate`` refuses while anything is in flight, otherwise closes the
-file (checkpoint, no ``.wal``) and makes the actor generic again.
+file (checkpoint, no ``.wal``) and makes the actor generic again. While either is in
+flight the actor says so (``state``: :data:`ActorState`) and refuses another bind
+(:class:`~thinkray.actors.errors.ActorBusyError`); a bind whose ``on_wake`` raises is
+undone and raises :class:`~thinkray.actors.errors.WakeError`.
 
 Every RPC names the agent it is meant for. An actor that does not host that agent
 raises :class:`~thinkray.actors.relay.NotBoundError`, and the caller's handle re-resolves.
@@ -24,10 +27,10 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import ray
-from thinkray.actors.errors import InvalidStateError, RemoteCallError
+from thinkray.actors.errors import ActorBusyError, RemoteCallError, WakeError
 from thinkray.actors.metrics import install_ray_metrics
 from thinkray.actors.relay import AbortReceiver, NotBoundError, as_callback
 from thinkray.runtime.agents.context import AgentContext, constructing
@@ -63,6 +66,14 @@ RELAY_COALESCE = 0.002
 RELAY_MAX_WINDOW = 0.1
 # How long a turn's stream header waits to travel with the first batch of chunks.
 HEADER_WAIT = 0.02
+
+ActorState = Literal["idle", "binding", "bound", "hibernating", "broken"]
+"""What a session actor is doing: ``idle`` (generic: a spare), ``binding`` (a bind is
+in flight, ``on_wake`` included), ``bound`` (it hosts an agent), ``hibernating`` (a
+hibernation is in flight, its upload included), ``broken`` (a failed wake could not
+close the agent's database: only stopping the process frees its file). Only an idle
+actor may bind; a directory rebuilding its map waits for the transient states to end
+instead of taking such an actor for a spare."""
 
 
 @dataclass
@@ -111,6 +122,11 @@ class SessionActor:
         self._remote: RemoteSession | None = None  # under an object-store root
         self._renewer: asyncio.Future[None] | None = None
         self._unbound = asyncio.Event()
+        self.state: ActorState = "idle"
+        self._transit: BindSpec | None = None  # the agent a bind or hibernation is for
+        self._steady = asyncio.Event()  # set while no bind or hibernation is in flight
+        self._steady.set()
+        self._broken = False
         install_ray_metrics()  # the runtime's metrics go to Ray's Prometheus endpoint
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -133,7 +149,7 @@ class SessionActor:
         A fresh process pays for much on its first bind and turn (DuckDB's first
         database, code run once, caches): ~130 ms of CPU against ~55 ms later. A pooled
         actor does it while it waits, so the first agent it hosts does not."""
-        if self.agent is not None:
+        if self.state != "idle":
             return
         with tempfile.TemporaryDirectory(prefix="thinkray-warm-up-") as scratch:
             spec = BindSpec("warm-up", "warm-up", f"{scratch}/warm-up.duckdb", _WarmUpAgent)
@@ -155,8 +171,30 @@ class SessionActor:
             "node_id": self.node_id,
             "pid": os.getpid(),
             "bindings": self.bindings,
-            "bound": self.name,
+            "bound": self.name if self.state == "bound" else None,
+            "state": self.state,
+            "session": self._session(),
         }
+
+    def _session(self) -> str | None:
+        """The agent this actor hosts, binds or hibernates (None when generic)."""
+        return self._transit.name if self._transit is not None else self.name
+
+    @contextmanager
+    def _transition(self, state: ActorState, spec: BindSpec | None) -> Iterator[None]:
+        """A bind or hibernation of ``spec``'s agent is in flight: reported as ``state``
+        until it ends, then as ``bound`` or ``idle`` (whichever it left)."""
+        self.state, self._transit = state, spec
+        self._steady.clear()
+        try:
+            yield
+        finally:
+            self._transit = None
+            if self._broken:
+                self.state = "broken"
+            else:
+                self.state = "bound" if self.agent is not None else "idle"
+            self._steady.set()
 
     async def bind(self, spec: BindSpec, trace: dict[str, str] | None = None) -> dict[str, Any]:
         """Open the agent's file, construct the agent and wake it (``on_wake``);
@@ -165,10 +203,20 @@ class SessionActor:
         (``trace``: that caller's context).
 
         Raises:
-            InvalidStateError: this actor already hosts an agent.
+            ActorBusyError: this actor hosts an agent, or a bind or hibernation is in
+                flight on it (nothing changed).
             SessionNotFoundError: the file does not exist and ``spec.create`` is False.
             DatabaseLockedError: another process holds the file.
+            WakeError: ``on_wake`` raised; the bind was undone (see :meth:`_undo_bind`).
         """
+        if self.state != "idle":
+            raise ActorBusyError(self.state, self._session())
+        with self._transition("binding", spec):
+            info = await self._bind_traced(spec, trace)
+        info.update(self._info())  # bound now
+        return info
+
+    async def _bind_traced(self, spec: BindSpec, trace: dict[str, str] | None) -> dict[str, Any]:
         if not tracing.enabled() or spec.namespace == "warm-up":
             return await self._bind_now(spec)
         attributes = {
@@ -183,8 +231,6 @@ class SessionActor:
             return info
 
     async def _bind_now(self, spec: BindSpec) -> dict[str, Any]:
-        if self.agent is not None:
-            raise InvalidStateError(f"actor already hosts {self.name!r}")
         started = time.perf_counter()
         remote = await self._open_remote(spec)  # an object-store root: lease + download
         path = remote.local_path if remote is not None else Path(spec.path)
@@ -222,8 +268,16 @@ class SessionActor:
 
             agent.durable.scheduler.on_next_due = report
         self.last_activity = self.bound_at = time.monotonic()
-        await _maybe_await(getattr(agent, "on_wake", None))
-        if spec.idle_timeout and spec.directory is not None:
+        try:
+            await _maybe_await(getattr(agent, "on_wake", None))
+        except Exception as exc:
+            raise await self._undo_bind(spec, exc) from exc
+        # A directory that took this actor over meanwhile (rehome) may have started one.
+        if (
+            spec.idle_timeout
+            and spec.directory is not None
+            and (self._watcher is None or self._watcher.done())
+        ):
             self._watcher = asyncio.ensure_future(self._watch_idle(spec.idle_timeout))
         info = self._info()
         seconds = time.perf_counter() - started
@@ -234,6 +288,44 @@ class SessionActor:
             metrics().count("thinkray_wakes_total", 1, tags)
             metrics().observe("thinkray_wake_seconds", seconds, tags)
         return info
+
+    async def _undo_bind(self, spec: BindSpec, exc: BaseException) -> WakeError:
+        """``on_wake`` raised: close the agent (its database and file), give up the
+        lease without uploading (what the failed wake wrote is not a generation: the
+        next wake downloads the last one) and become generic again. The WakeError to
+        raise says whether that worked; if the database would not close, the actor is
+        ``broken`` (it refuses binds; the directory stops its process, which frees the
+        file)."""
+        agent = self.agent
+        self.agent, self.name, self.spec = None, None, None
+        self._unbound.set()
+        if self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
+        if self._renewer is not None:
+            self._renewer.cancel()
+            self._renewer = None
+        clean = True
+        if agent is not None:
+            try:
+                await _maybe_await(getattr(agent, "aclose", None))
+            except Exception as close_error:  # closing the store below matters more
+                log.warning("aclose of %s after a failed wake: %s", spec.name, close_error)
+            try:
+                agent.close()
+            except Exception as close_error:
+                log.error("could not close %s after a failed wake: %s", spec.name, close_error)
+                clean = False
+        remote, self._remote = self._remote, None
+        if remote is not None:
+            try:
+                await asyncio.to_thread(remote.release)
+            except Exception as release_error:  # an unreleased lease expires anyway
+                log.warning("releasing %s after a failed wake: %s", spec.name, release_error)
+        self._broken = self._broken or not clean
+        cause = f"{type(exc).__name__}: {exc}"
+        log.warning("wake of %s failed in on_wake: %s", spec.name, cause)
+        return WakeError(spec.name, cause, clean)
 
     def busy(self) -> bool:
         """Whether the hosted agent must not hibernate now: a call in flight, a run,
@@ -246,11 +338,19 @@ class SessionActor:
     async def hibernate(self, name: str, force: bool = False) -> dict[str, Any]:
         """Close the agent and become generic. Refused (``ok: False``) while busy.
         Returns ``ok``, ``was_bound``, the agent's ``next_due_at`` and its file's
-        ``bytes`` (None if unknown). Traced as ``thinkray.hibernate``."""
-        if self.agent is None or self.name != name:
+        ``bytes`` (None if unknown). Traced as ``thinkray.hibernate``. Refused with the
+        actor's state as ``reason`` while a bind or hibernation of ``name`` is in
+        flight."""
+        if self._transit is not None and self._transit.name == name:
+            return {"ok": False, "reason": self.state}
+        if self.state != "bound" or self.name != name:
             return {"ok": True, "was_bound": False}
         if self.busy() and not force:
             return {"ok": False, "reason": "busy"}
+        with self._transition("hibernating", self.spec):
+            return await self._hibernate_traced(name)
+
+    async def _hibernate_traced(self, name: str) -> dict[str, Any]:
         if not tracing.enabled() or name == "warm-up":
             return await self._hibernate_now()
         attributes = {"gen_ai.agent.name": name, "thinkray.actor.id": self.actor_id}
@@ -339,7 +439,7 @@ class SessionActor:
             self._remote = None  # not ours to write any more: the local copy is dropped
             raise
         except BaseException:
-            await self.bind(spec)
+            await self._bind_now(spec)  # still hibernating: this actor is not generic
             raise
         self._remote = None
         await asyncio.to_thread(remote.release)
@@ -379,8 +479,11 @@ class SessionActor:
 
     async def rehome(self, directory: Any) -> dict[str, Any]:
         """A replacement namespace directory takes this actor over (it rebuilds its map
-        from the live actors): alarms and idleness go to ``directory`` from now on.
-        Returns :meth:`ready`'s info plus ``bound_namespace`` (the hosted agent's)."""
+        from the live actors): alarms and idleness go to ``directory`` from now on,
+        those of a bind or hibernation in flight too. Returns :meth:`settled`'s info
+        at once (``state`` says whether a bind or hibernation is in flight)."""
+        if self._transit is not None and self._transit.directory is not None:
+            self._transit.directory = directory  # a failed upload binds it again
         spec = self.spec
         if spec is not None and spec.directory is not None:
             spec.directory = directory
@@ -393,7 +496,19 @@ class SessionActor:
                 self.agent.durable.scheduler.on_next_due = report
             if spec.idle_timeout and (self._watcher is None or self._watcher.done()):
                 self._watcher = asyncio.ensure_future(self._watch_idle(spec.idle_timeout))
+        return self._report()
+
+    async def settled(self, timeout: float = 10.0) -> dict[str, Any]:
+        """:meth:`ready`'s info plus ``bound_namespace`` (the namespace of the agent
+        hosted, bound or hibernated), once no bind or hibernation is in flight here,
+        or after ``timeout`` seconds (``state`` then still says which)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._steady.wait(), timeout)
+        return self._report()
+
+    def _report(self) -> dict[str, Any]:
         info = self._info()
+        spec = self._transit or self.spec
         info["bound_namespace"] = spec.namespace if spec is not None else None
         return info
 
@@ -613,6 +728,7 @@ class SessionActor:
         agent, spec = self.agent, self.spec
         out: dict[str, Any] = {
             "agent": self.name,
+            "state": self.state,
             "namespace": spec.namespace if spec is not None else None,
             "actor_id": self.actor_id,
             "node_id": self.node_id,

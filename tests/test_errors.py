@@ -29,6 +29,8 @@ SAMPLES: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "UnsafePathError": (("../etc/passwd", "escapes the workspace"), {}),
     "SessionBusyError": (("s-1", "run-9"), {}),
     "NotBoundError": (("agent-a", "agent-b"), {}),
+    "ActorBusyError": (("binding", "agent-a"), {}),
+    "WakeError": (("agent-a", "RuntimeError: the hook broke"), {"clean": False}),
     "CallInterruptedError": (("the actor died", "configure"), {}),
     "RunInterruptedError": (
         ("the actor died mid-turn", "chat"),
