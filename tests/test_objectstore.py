@@ -46,9 +46,15 @@ def root(request, tmp_path):
     return f"file://{tmp_path}/store"
 
 
-def _session(root, tmp_path, owner, ttl=30.0, name="ada"):
+def _session(root, tmp_path, owner, ttl=30.0, name="ada", clock=time.monotonic):
     return osx.RemoteSession(
-        root, "ns", name, owner=owner, cache_dir=tmp_path / f"cache-{owner}", lease_ttl=ttl
+        root,
+        "ns",
+        name,
+        owner=owner,
+        cache_dir=tmp_path / f"cache-{owner}",
+        lease_ttl=ttl,
+        clock=clock,
     )
 
 
@@ -81,7 +87,7 @@ def test_round_trip_and_listing(root, tmp_path):
     assert list_names(root, "ns") == ["ada"]
     b = _session(root, tmp_path, "b")
     b.acquire()
-    assert b.fetch() is True and b.base is not None and b.base.generation == 2
+    assert b.fetch() is True and b.base is not None and b.base.generation == 3  # the fence
     assert _read(b.local_path) == ["one", "two"]
     # a local copy of the newest generation is reused, not downloaded again
     b.backend, real = _NoDownload(b.backend), b.backend
@@ -172,13 +178,26 @@ def test_corrupted_download_is_refused_and_keeps_the_good_copy(root, tmp_path):
     assert not c.local_path.exists()
 
 
+class _Clock:
+    """A monotonic clock a test moves by hand."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_stale_owner_upload_is_refused(root, tmp_path):
     a = _session(root, tmp_path, "a", ttl=0.5)
     a.acquire()
     a.fetch()
     _write(a, "from a")
-    time.sleep(0.7)  # a stalls: its lease expires
-    b = _session(root, tmp_path, "b")
+    clock = _Clock()
+    b = _session(root, tmp_path, "b", clock=clock)
+    with pytest.raises(osx.LeaseHeldError):
+        b.acquire()  # b sees a's lease: it starts counting on its own clock
+    clock.now += 0.6  # a stalls: no renewal for a TTL of b's clock
     b.acquire()
     b.fetch()
     _write(b, "from b")
@@ -198,14 +217,18 @@ def test_stale_owner_upload_is_refused(root, tmp_path):
     assert b.latest().owner == "b"
 
 
-def test_dead_owners_lease_expires(root, tmp_path):
+def test_dead_owners_lease_lapses_on_the_takers_clock(root, tmp_path):
     a = _session(root, tmp_path, "a", ttl=1.0)
     a.acquire()  # then a dies: no release, no renewal
-    b = _session(root, tmp_path, "b")
+    clock = _Clock()
+    b = _session(root, tmp_path, "b", clock=clock)
     with pytest.raises(osx.LeaseHeldError) as info:
         b.acquire()
     assert info.value.owner == "a"
-    time.sleep(1.1)
+    clock.now += 0.9
+    with pytest.raises(osx.LeaseHeldError):
+        b.acquire()  # not a whole TTL of b's clock yet
+    clock.now += 0.2
     b.acquire()
     assert b.lease().owner == "b"
     with pytest.raises(osx.LeaseLostError):
