@@ -818,7 +818,7 @@ class RemoteSession:
         if numbers != list(range(1, len(numbers) + 1)):
             missing = sorted(set(range(1, max(numbers) + 1)) - set(numbers))
             raise self._corrupt(self._log_key(generation, missing[0]), "is missing")
-        entries = []
+        entries: list[dict[str, Any]] = []
         offset = 0
         for k in numbers:
             entry = self._read_entry(generation, k)
@@ -1057,7 +1057,8 @@ class RemoteSession:
         except LeaseLostError as exc:
             raise StaleOwnerError(str(exc)) from exc
         base = self.base.generation if self.base else 0
-        entries, sealer = [], self.owner
+        entries: list[dict[str, Any]] = []
+        sealer = self.owner
         if self.base is not None:
             entries, sealer = _retry(
                 f"sealing the turn log of {self.prefix}", lambda: self._seal(base)
