@@ -336,18 +336,10 @@ class SessionActor:
         async with self._shipping:
             if self._remote is not remote or store.closed:
                 raise NotDurableError(f"session {remote.prefix} is no longer hosted here")
-            if remote.needs_commit():
-                # On this loop's thread, between writes: the copy is the checkpoint.
-                store.db.execute("CHECKPOINT")
-                snapshot = remote.snapshot()
-                try:
-                    await asyncio.to_thread(remote.commit, snapshot)
-                finally:
-                    snapshot.unlink(missing_ok=True)
-                return
-            offset, data = remote.take_delta()
-            if data:
-                await asyncio.to_thread(remote.append, offset, data)
+            # On this loop's thread, between writes: what is taken ends at a commit.
+            upload = remote.prepare_ship(lambda: store.db.execute("CHECKPOINT"))
+            if upload is not None:
+                await asyncio.to_thread(upload)
 
     async def _renew_lease(self, remote: RemoteSession) -> None:
         while self._remote is remote:

@@ -911,6 +911,31 @@ class RemoteSession:
         self._unlogged = True  # until the commit of the copy succeeds
         return tmp
 
+    def prepare_ship(self, checkpoint: Callable[[], None]) -> Callable[[], None] | None:
+        """The end of a turn: on the thread that writes the database (between writes),
+        take what must be shipped and return the blocking upload (run it anywhere;
+        None: nothing to ship). Normally the WAL written since the last entry, as the
+        next turn-log entry; when :meth:`needs_commit`, ``checkpoint()`` (the writer's
+        CHECKPOINT) and the whole file as the next generation.
+
+        The upload raises :class:`StaleOwnerError` (fenced out by a takeover) or
+        :class:`UploadError` (nothing shipped; the next point ships it with its own)."""
+        if self.needs_commit():
+            checkpoint()
+            snapshot = self.snapshot()
+
+            def commit() -> None:
+                try:
+                    self.commit(snapshot)
+                finally:
+                    snapshot.unlink(missing_ok=True)
+
+            return commit
+        offset, data = self.take_delta()
+        if not data:
+            return None
+        return lambda: self.append(offset, data)
+
     # -- the file ----------------------------------------------------------------------
 
     def _meta_path(self) -> Path:
@@ -954,7 +979,7 @@ class RemoteSession:
                 _wal(tmp).write_bytes(b"".join(e["data"] for e in entries))
                 _fold(tmp)
             fence = self._put_generation(
-                generation + 1, source, reuse=None if entries else manifest
+                generation + 1, source, reuse=None if entries else manifest, fence=True
             )
             if source == tmp:
                 _wal(self.local_path).unlink(missing_ok=True)
@@ -1004,7 +1029,7 @@ class RemoteSession:
         return _sha256(self.local_path)[0] == manifest.sha256
 
     def _put_generation(
-        self, generation: int, source: Path, reuse: Manifest | None = None
+        self, generation: int, source: Path, reuse: Manifest | None = None, fence: bool = False
     ) -> Manifest:
         """Upload ``source`` (or reuse ``reuse``'s data object) and create generation
         ``generation``'s manifest, put-if-absent.
@@ -1019,9 +1044,7 @@ class RemoteSession:
             digest, size = _sha256(source)
             data_key = f"{self.prefix}/data-{generation:0{WIDTH}d}-{uuid.uuid4().hex[:8]}{SUFFIX}"
             _retry(f"uploading {self.prefix}", lambda: self.backend.upload(source, data_key))
-        manifest = Manifest(
-            generation, digest, size, self.owner, data_key, time.time(), reuse is not None
-        )
+        manifest = Manifest(generation, digest, size, self.owner, data_key, time.time(), fence)
         body = json.dumps(asdict(manifest)).encode()
 
         def put() -> bool:
