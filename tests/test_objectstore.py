@@ -301,6 +301,7 @@ def test_two_nodes_round_trip_race_and_takeover(kind, tmp_path):
     ]
     assert report["refused_while_lease_live"] >= 1
     assert report["takeover_history_same"]
+    assert report["takeover_extra_turn"] == ["acknowledged, never hibernated"]
 
 
 # -- the turn log, fencing and corrupt objects (issue 21, items 9, 10, 15) -------------
