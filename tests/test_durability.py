@@ -17,9 +17,53 @@ pytest.importorskip("pyarrow")
 pytest.importorskip("boto3")
 pytest.importorskip("moto.server")
 
+from thinkray.runtime import Think
+from thinkray.runtime.agents.context import AgentContext
+from thinkray.runtime.models.testing import ScriptedModel, reply
+
 REPO = Path(__file__).resolve().parent.parent
 CITIES = ["Lima", "Oslo", "Quito"]  # tests/durability_check.py's acknowledged turns
 N_TURNS = len(CITIES)
+
+
+# -- the end-of-turn hook (runtime, no Ray) ----------------------------------------------
+
+
+async def test_finish_goes_out_only_after_the_turn_is_made_durable(store, collector):
+    seen = {}
+
+    async def make_durable():
+        # by now the turn's final persist is done and its finish is still held back
+        seen["stored"] = [m["role"] for m in agent.get_history()]
+        seen["status"] = agent.get_history()[-1]["metadata"]["status"]
+        seen["sent"] = collector.types()
+
+    agent = Think(
+        store, model=ScriptedModel([reply("hi")]), context=AgentContext(make_durable=make_durable)
+    )
+    result = await agent.chat("hello", collector)
+    assert result.status == "completed"
+    assert seen["stored"] == ["user", "assistant"] and seen["status"] == "completed"
+    assert "finish" not in seen["sent"]
+    assert collector.types()[-1] == "finish" and collector.done == 1
+
+
+async def test_a_turn_that_cannot_be_made_durable_is_an_error(store, collector):
+    async def make_durable():
+        raise OSError("the store is unreachable")
+
+    agent = Think(
+        store, model=ScriptedModel([reply("hi")]), context=AgentContext(make_durable=make_durable)
+    )
+    result = await agent.chat("hello", collector)
+    assert result.status == "error"
+    assert "not made durable" in (result.error or "")
+    assert "finish" not in collector.types()
+    assert collector.types()[-1] == "error" and collector.errors
+    assert agent.get_status().state != "busy"
+
+
+# -- two nodes, real processes -----------------------------------------------------------
 
 
 def _run(scenario: str, tmp_path: Path) -> dict:
