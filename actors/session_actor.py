@@ -300,8 +300,9 @@ class SessionActor:
 
     async def _open_remote(self, spec: BindSpec) -> RemoteSession | None:
         """Under an object-store root: take the session's lease and download its newest
-        generation into this node's cache (or reuse a valid local copy). None for a
-        local root."""
+        generation into this node's cache (or reuse a valid local copy), replay its turn
+        log and commit a fence generation (every earlier owner's writes now fail). None
+        for a local root."""
         if not is_uri(spec.path):
             return None
         remote = self._remote
