@@ -40,9 +40,10 @@ from thinkray.runtime.observability.metrics import metrics
 from thinkray.runtime.observability.setup import configure_from_env
 from thinkray.runtime.remote import Batch, RemoteMethod, check_arguments, remote_methods
 from thinkray.runtime.turn.stream import Pacing
-from thinkray.storage.fleet_index import refresh_if_due, write_index_row
+from thinkray.storage.fleet_index import put_index_row, refresh_if_due, write_index_row
 from thinkray.storage.objectstore import (
     LeaseLostError,
+    NotDurableError,
     RemoteSession,
     StaleOwnerError,
     default_cache_dir,
@@ -121,6 +122,7 @@ class SessionActor:
         self._watcher: asyncio.Task[None] | None = None
         self._remote: RemoteSession | None = None  # under an object-store root
         self._renewer: asyncio.Future[None] | None = None
+        self._shipping = asyncio.Lock()  # turn-log entries go out one at a time, in order
         self._unbound = asyncio.Event()
         self.state: ActorState = "idle"
         self._transit: BindSpec | None = None  # the agent a bind or hibernation is for
@@ -242,7 +244,12 @@ class SessionActor:
                 )
             store = DuckDBSessionStore(path)
             root = remote.root if remote is not None else str(path.parent.parent)
-            context = AgentContext(name=spec.name, namespace=spec.namespace, storage_root=root)
+            context = AgentContext(
+                name=spec.name,
+                namespace=spec.namespace,
+                storage_root=root,
+                make_durable=_Shipper(self, remote, store) if remote is not None else None,
+            )
             with constructing(context):
                 agent = spec.agent_cls(store, **spec.agent_kwargs)
         except BaseException:
@@ -362,13 +369,15 @@ class SessionActor:
             return done
 
     async def _hibernate_now(self) -> dict[str, Any]:
-        agent, spec = self.agent, self.spec
+        agent, spec, remote = self.agent, self.spec, self._remote
         assert agent is not None  # hibernate checked it
         next_due = None
+        row = None
         try:
             next_due = await _maybe_await(getattr(agent, "next_alarm_at", None))
             await _maybe_await(getattr(agent, "on_hibernate", None))
-            write_index_row(agent.store, getattr(self.spec, "path", None))  # fleet index
+            # fleet index; under an object-store root only once the commit succeeded
+            row = write_index_row(agent.store, getattr(spec, "path", None), put=remote is None)
         finally:
             self.agent, self.name, self.spec = None, None, None
             self._unbound.set()
@@ -381,6 +390,8 @@ class SessionActor:
         size = _file_bytes(local or Path(spec.path)) if spec is not None else None
         if self._remote is not None and spec is not None:
             await self._commit_remote(spec)
+            if row is not None:
+                put_index_row(spec.path, row)
         if spec is not None and spec.namespace != "warm-up":
             metrics().count("thinkray_hibernations_total", 1, {"namespace": spec.namespace})
         return {"ok": True, "was_bound": True, "next_due_at": next_due, "bytes": size}
@@ -389,8 +400,9 @@ class SessionActor:
 
     async def _open_remote(self, spec: BindSpec) -> RemoteSession | None:
         """Under an object-store root: take the session's lease and download its newest
-        generation into this node's cache (or reuse a valid local copy). None for a
-        local root."""
+        generation into this node's cache (or reuse a valid local copy), replay its turn
+        log and commit a fence generation (every earlier owner's writes now fail). None
+        for a local root."""
         if not is_uri(spec.path):
             return None
         remote = self._remote
@@ -410,6 +422,25 @@ class SessionActor:
             await asyncio.to_thread(remote.release)
             raise
         return remote
+
+    async def _ship(self, remote: RemoteSession, store: DuckDBSessionStore) -> None:
+        """Make what ``store`` committed so far durable in the object store (the end of
+        a turn, before its ``finish``): the WAL written since the last entry as the next
+        turn-log entry, or, after a checkpoint rewrote the file (or for a session's
+        first generation), the whole file as the next generation.
+
+        Raises:
+            NotDurableError: the agent is no longer hosted here.
+            StaleOwnerError: a takeover fenced this owner out.
+            UploadError: the store could not be reached after retries.
+        """
+        async with self._shipping:
+            if self._remote is not remote or store.closed:
+                raise NotDurableError(f"session {remote.prefix} is no longer hosted here")
+            # On this loop's thread, between writes: what is taken ends at a commit.
+            upload = remote.prepare_ship(lambda: store.db.execute("CHECKPOINT"))
+            if upload is not None:
+                await asyncio.to_thread(upload)
 
     async def _renew_lease(self, remote: RemoteSession) -> None:
         while self._remote is remote:
@@ -434,7 +465,8 @@ class SessionActor:
             self._renewer.cancel()
             self._renewer = None
         try:
-            await asyncio.to_thread(remote.commit)
+            async with self._shipping:  # a turn's entry in flight lands before the seal
+                await asyncio.to_thread(remote.commit)
         except StaleOwnerError:
             self._remote = None  # not ours to write any more: the local copy is dropped
             raise
@@ -773,6 +805,17 @@ class SessionActor:
             rows.append(row)
         out["sessions"] = rows
         return out
+
+
+class _Shipper:
+    """The ``make_durable`` of an agent under an object-store root (see
+    :meth:`SessionActor._ship`), bound to its binding's session and store."""
+
+    def __init__(self, actor: SessionActor, remote: RemoteSession, store: Any) -> None:
+        self.actor, self.remote, self.store = actor, remote, store
+
+    async def __call__(self) -> None:
+        await self.actor._ship(self.remote, self.store)
 
 
 class _WarmUpAgent(Think):

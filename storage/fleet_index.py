@@ -281,25 +281,39 @@ def agent_row(
 
 
 def write_index_row(
-    store: Any, path: str | os.PathLike[str] | None, *, live: bool = False
+    store: Any, path: str | os.PathLike[str] | None, *, live: bool = False, put: bool = True
 ) -> Row | None:
     """Compute and write the row of the agent at ``path`` (``root/ns/name.duckdb``)
     from its open ``store``. Never raises: a failure is logged and the agent's
     hibernation goes on (the row is rewritten next time, or by ``stats --deep``).
     Nothing is written for ``path`` None or a file outside a namespace folder. Under
     an object-store root ``path`` is the session's URI and the row goes to the
-    store (:class:`ObjectStoreIndex`)."""
+    store (:class:`ObjectStoreIndex`). ``put=False`` only computes the row: the
+    caller puts it (:func:`put_index_row`) once the file it describes is committed,
+    so a refused commit leaves the row of what the store holds."""
     if path is None:
         return None
     try:
         row = agent_row(store, path, live=live)
-        root, namespace, _ = _split(path)
-        FleetIndex(root, namespace).put(row)
-        _last_refresh[str(path)] = time.monotonic()
-        return row
     except Exception as exc:
         log.warning("fleet index row of %s not written: %s", path, exc)
         return None
+    if put and not put_index_row(path, row):
+        return None
+    return row
+
+
+def put_index_row(path: str | os.PathLike[str], row: Row) -> bool:
+    """Write ``row`` (from :func:`write_index_row`) to the index of ``path``'s
+    namespace. Never raises: False (logged) when it could not."""
+    try:
+        root, namespace, _ = _split(path)
+        FleetIndex(root, namespace).put(row)
+        _last_refresh[str(path)] = time.monotonic()
+        return True
+    except Exception as exc:
+        log.warning("fleet index row of %s not written: %s", path, exc)
+        return False
 
 
 def refresh_if_due(store: Any, path: str | os.PathLike[str], every: float | None = None) -> bool:

@@ -12,13 +12,27 @@ byte for byte). Under ``<root>/<namespace>/<name>/``:
   never deleted: deleting one would let a stale owner commit it.
 * ``data-<n>-<token>.duckdb``: the database file of generation ``n``; only the last
   two generations' files are kept.
-* ``lease-<epoch>.json``: who may write the session (owner id, wall-clock expiry).
-  The current lease is the highest epoch. Taking a lease over (absent, released or
-  expired) is a put-if-absent of the next epoch, so one of two racers wins; the
-  holder renews it while live and releases it at hibernation; the lease of a dead
-  owner expires after its TTL (``THINKRAY_LEASE_TTL`` seconds, 30 by default) instead
-  of blocking forever. Clocks of the nodes must agree to well within the TTL.
+* ``log-<n>-<k>.msgpack``: the turn log of generation ``n``. At the end of every turn,
+  before its ``finish`` chunk goes out, the owner ships what DuckDB wrote to its WAL
+  since the previous entry as entry ``k`` (put-if-absent, msgpack ``{kind: "wal",
+  offset, data}``): an acknowledged turn is in the store, and a crash loses at most
+  the turns that were not acknowledged. A wake downloads generation ``n``, replays
+  its log (DuckDB's own WAL replay) and commits the result as generation ``n + 1``.
+  A log ends with a ``seal`` entry: only the owner that sealed generation ``n``'s log
+  may commit ``n + 1``, and an owner whose next entry's key is taken by a seal has
+  been fenced out (its turn fails instead of being acknowledged).
+* ``lease-<epoch>.json``: who may write the session (owner id, a version renewed while
+  live, the TTL; ``THINKRAY_LEASE_TTL`` seconds, 30 by default). The current lease is
+  the highest epoch. Another node takes it over (put-if-absent of the next epoch, so
+  one of two racers wins) once released, or once it has seen the same version for a
+  TTL on its own monotonic clock (the DynamoDB lock client's rule: no wall clocks are
+  compared). The lease only keeps two owners from both running; safety comes from the
+  fence: a taker's wake seals the log and commits a generation at once, so whatever a
+  paused or partitioned previous owner writes afterwards is refused.
 
+A manifest, data object or log entry that is missing, empty or garbled fails the wake
+with :class:`CorruptObjectError` naming the session and the object: a session never
+comes back empty or older than what was acknowledged, and the local copy is kept.
 Downloads are verified against the manifest's sha256: a corrupted object raises
 :class:`ChecksumError` and never replaces the local copy. Uploads are retried; a
 failure leaves the previous generation as it was.
@@ -45,6 +59,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -56,15 +71,18 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
+import msgpack
 from thinkray.storage.errors import StorageError, StorageRootError
 
 log = logging.getLogger("thinkray.objectstore")
 
 __all__ = [
     "ChecksumError",
+    "CorruptObjectError",
     "LeaseHeldError",
     "LeaseLostError",
     "Manifest",
+    "NotDurableError",
     "RemoteSession",
     "RootURI",
     "StaleOwnerError",
@@ -90,11 +108,6 @@ SUFFIX = ".duckdb"
 T = TypeVar("T")
 
 
-class ChecksumError(StorageError):
-    """A downloaded session file does not match its manifest's sha256 (the local copy
-    was left as it was)."""
-
-
 class LeaseHeldError(StorageError):
     """Another owner holds the session's lease (it is live elsewhere)."""
 
@@ -114,6 +127,26 @@ class StaleOwnerError(StorageError):
 
 class UploadError(StorageError):
     """An upload failed after its retries; the previous generation is intact."""
+
+
+class NotDurableError(StorageError):
+    """A turn's changes could not be shipped to the store: the turn is not acknowledged."""
+
+
+class CorruptObjectError(StorageError):
+    """An object a wake needs (a manifest, a data object, a turn-log entry) is missing,
+    empty or garbled. The wake fails; nothing falls back to an empty agent and the
+    local copy is left as it was."""
+
+    def __init__(self, message: str, session: str = "", key: str = "") -> None:
+        super().__init__(message)
+        self.session = session
+        self.key = key
+
+
+class ChecksumError(CorruptObjectError):
+    """A downloaded session file does not match its manifest's sha256 (the local copy
+    was left as it was)."""
 
 
 def is_uri(root: str | os.PathLike[str]) -> bool:
@@ -364,23 +397,44 @@ def check_root(root: str, namespace: str | None = None) -> None:
         ) from exc
 
 
-def _entries(backend: _Backend, prefix: str) -> tuple[list[int], list[int], list[str]]:
-    """Generations, lease epochs and data object names under ``prefix``."""
-    gens: list[int] = []
-    leases: list[int] = []
-    data: list[str] = []
+@dataclass
+class _Listing:
+    """What is under one session's folder: generations, lease epochs, data object
+    names, and the turn-log entry numbers of each generation."""
+
+    gens: list[int]
+    leases: list[int]
+    data: list[str]
+    logs: dict[int, list[int]]
+
+
+def _listing(backend: _Backend, prefix: str) -> _Listing:
+    out = _Listing([], [], [], {})
     for base, _is_dir in backend.children(prefix):
         stem = base.split(".", 1)[0]
         try:
             if base.startswith("gen-") and base.endswith(".json"):
-                gens.append(int(stem[4:]))
+                out.gens.append(int(stem[4:]))
             elif base.startswith("lease-") and base.endswith(".json"):
-                leases.append(int(stem[6:]))
+                out.leases.append(int(stem[6:]))
             elif base.startswith("data-"):
-                data.append(base)
+                out.data.append(base)
+            elif base.startswith("log-") and base.endswith(".msgpack"):
+                gen, k = stem[4:].split("-")
+                out.logs.setdefault(int(gen), []).append(int(k))
         except ValueError:
             continue
-    return sorted(gens), sorted(leases), data
+    out.gens.sort()
+    out.leases.sort()
+    for numbers in out.logs.values():
+        numbers.sort()
+    return out
+
+
+def _entries(backend: _Backend, prefix: str) -> tuple[list[int], list[int], list[str]]:
+    """Generations, lease epochs and data object names under ``prefix``."""
+    listing = _listing(backend, prefix)
+    return listing.gens, listing.leases, listing.data
 
 
 # -- small objects by key (the owner registry and the fleet index of a URI root) -------
@@ -448,7 +502,9 @@ def list_remote_names(root: str, namespace: str) -> list[str]:
 
 @dataclass
 class Manifest:
-    """A committed generation: its number, the data object, checksum and writer."""
+    """A committed generation: its number, the data object, checksum and writer.
+    ``fence``: written by a takeover (its data is the base's, folded with the base's
+    turn log if it had one)."""
 
     generation: int
     sha256: str
@@ -456,20 +512,20 @@ class Manifest:
     owner: str
     data: str
     committed_at: float
+    fence: bool = False
 
 
 @dataclass
 class Lease:
-    """Who may write a session, until when (epoch seconds)."""
+    """Who may write a session. ``version`` changes at every renewal: another node
+    judges the lease lapsed once it has seen the same ``(epoch, version)`` for ``ttl``
+    seconds of its own monotonic clock (no wall clocks are compared)."""
 
     epoch: int
     owner: str
-    expires_at: float
+    version: str = ""
+    ttl: float = DEFAULT_LEASE_TTL
     released: bool = False
-
-    def live(self, now: float | None = None) -> bool:
-        """Held and not expired."""
-        return not self.released and self.expires_at > (time.time() if now is None else now)
 
 
 def _sha256(path: Path) -> tuple[str, int]:
@@ -480,6 +536,26 @@ def _sha256(path: Path) -> tuple[str, int]:
             digest.update(chunk)
             size += len(chunk)
     return digest.hexdigest(), size
+
+
+def _stat(path: Path) -> tuple[int, int, int] | None:
+    """What changes when DuckDB writes the main file (a checkpoint)."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def _wal(path: Path) -> Path:
+    return path.with_name(path.name + ".wal")
+
+
+def _fold(path: Path) -> None:
+    """Replay ``path``'s WAL into it (DuckDB's open) and checkpoint (its close)."""
+    from thinkray.storage.db import Database
+
+    Database(path).close()
 
 
 def default_cache_dir() -> Path:
@@ -495,7 +571,7 @@ def _retry(what: str, fn: Callable[[], T], attempts: int = UPLOAD_ATTEMPTS) -> T
     for attempt in range(1, attempts + 1):
         try:
             return fn()
-        except (StaleOwnerError, LeaseLostError, ChecksumError):
+        except (StaleOwnerError, LeaseLostError, CorruptObjectError):
             raise
         except Exception as exc:
             if attempt == attempts:
@@ -509,8 +585,11 @@ def _retry(what: str, fn: Callable[[], T], attempts: int = UPLOAD_ATTEMPTS) -> T
 class RemoteSession:
     """One session's file on an object-store root, as seen by one owner.
 
-    ``acquire`` (the lease), ``fetch`` (download or reuse ``local_path``), ``renew``
-    while live, ``commit`` (upload the closed file as the next generation), ``release``.
+    ``acquire`` (the lease), ``fetch`` (download or reuse ``local_path``, replay the
+    turn log, fence), ``renew`` while live, ``take_delta`` + ``append`` at the end of
+    every turn (or ``snapshot`` + ``commit`` when ``needs_commit``), ``commit`` (upload
+    the closed file as the next generation), ``release``. ``clock`` is the monotonic
+    clock lease expiry is judged on (injectable for tests).
     """
 
     def __init__(
@@ -522,6 +601,7 @@ class RemoteSession:
         owner: str | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         lease_ttl: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.root = root
         self.backend = _backend(root)
@@ -534,8 +614,16 @@ class RemoteSession:
         self.lease_ttl = float(
             lease_ttl or os.environ.get("THINKRAY_LEASE_TTL") or DEFAULT_LEASE_TTL
         )
+        self.clock = clock
         self.lease_epoch: int | None = None
         self.base: Manifest | None = None
+        # The turn log of the base generation: entries shipped, WAL bytes they cover,
+        # and the main file as it was when the log started (a checkpoint changes it,
+        # and then only a whole-file commit can carry the changes).
+        self.log_seq = 0
+        self.wal_offset = 0
+        self._baseline: tuple[int, int, int] | None = None
+        self._unlogged = False  # checkpointed since the base: the next point commits
 
     # -- reading -----------------------------------------------------------------------
 
@@ -545,13 +633,38 @@ class RemoteSession:
     def _lease_key(self, n: int) -> str:
         return f"{self.prefix}/lease-{n:0{WIDTH}d}.json"
 
+    def _log_key(self, n: int, k: int) -> str:
+        return f"{self.prefix}/log-{n:0{WIDTH}d}-{k:0{WIDTH}d}.msgpack"
+
+    def _corrupt(self, key: str, what: str) -> CorruptObjectError:
+        return CorruptObjectError(
+            f"session {self.prefix}: object {key} {what}; refusing to wake it (restore the "
+            "object, or delete the session's newer generation to roll back)",
+            self.prefix,
+            key,
+        )
+
     def latest(self) -> Manifest | None:
-        """The newest committed generation, or None."""
+        """The newest committed generation, or None (no generation).
+
+        Raises:
+            CorruptObjectError: the newest manifest is missing, empty or garbled.
+        """
         gens, _, _ = _entries(self.backend, self.prefix)
         if not gens:
             return None
-        raw = self.backend.read(self._gen_key(gens[-1]))
-        return Manifest(**json.loads(raw)) if raw else None
+        key = self._gen_key(gens[-1])
+        raw = self.backend.read(key)
+        if not raw:
+            raise self._corrupt(key, "is missing" if raw is None else "is empty (0 bytes)")
+        try:
+            fields = json.loads(raw)
+            manifest = Manifest(**fields)
+        except (ValueError, TypeError) as exc:
+            raise self._corrupt(key, f"is garbled ({type(exc).__name__}: {exc})") from exc
+        if manifest.generation != gens[-1] or not manifest.data or len(manifest.sha256) != 64:
+            raise self._corrupt(key, "is garbled (fields do not match its name)")
+        return manifest
 
     def lease(self) -> Lease | None:
         """The current (highest-epoch) lease, or None."""
@@ -560,16 +673,46 @@ class RemoteSession:
 
     def _read_lease(self, epoch: int) -> Lease | None:
         raw = self.backend.read(self._lease_key(epoch))
-        return Lease(**json.loads(raw)) if raw else None
+        if raw is None:
+            return None
+        try:
+            fields = json.loads(raw)
+            known = {k: fields[k] for k in ("owner", "version", "ttl", "released") if k in fields}
+            return Lease(epoch=epoch, **known)
+        except (ValueError, TypeError, AttributeError):
+            # Unreadable: held by nobody we know; it lapses like any other.
+            return Lease(epoch, "?", f"garbled-{len(raw)}", self.lease_ttl)
 
     # -- the lease ---------------------------------------------------------------------
 
     def _lease_body(self, epoch: int, released: bool = False) -> bytes:
-        expires = 0.0 if released else time.time() + self.lease_ttl
-        return json.dumps(asdict(Lease(epoch, self.owner, expires, released))).encode()
+        lease = Lease(epoch, self.owner, uuid.uuid4().hex, self.lease_ttl, released)
+        return json.dumps(asdict(lease)).encode()
+
+    def _seen_path(self) -> Path:
+        return self.local_path.with_name(f".{self.local_path.name}.lease-seen")
+
+    def _waited(self, lease: Lease) -> float:
+        """Seconds of our clock since this node first saw ``lease`` as it is now (same
+        epoch, same version): 0 the first time. Kept in the node's cache folder so
+        every process of the node (the monotonic clock is per machine) counts from the
+        first sighting."""
+        now = self.clock()
+        seen = self._seen_path()
+        ident = [lease.epoch, lease.version]
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+            record = json.loads(seen.read_text())
+            if record["lease"] == ident and float(record["at"]) <= now:
+                return now - float(record["at"])
+        seen.parent.mkdir(parents=True, exist_ok=True)
+        seen.write_text(json.dumps({"lease": ident, "at": now}))
+        return 0.0
 
     def acquire(self) -> None:
-        """Take the session's lease (or renew ours).
+        """Take the session's lease (or renew ours). A lease held by another owner is
+        taken over once this node has seen it unchanged (not renewed) for its TTL on
+        its own monotonic clock; the takeover's :meth:`fetch` then fences the old
+        owner out.
 
         Raises:
             LeaseHeldError: another owner holds a live lease, or won the race for it.
@@ -580,13 +723,16 @@ class RemoteSession:
             self.lease_epoch = current.epoch
             self.renew()
             return
-        if current is not None and current.live():
-            raise LeaseHeldError(
-                f"session {self.prefix} is held by {current.owner} for "
-                f"{current.expires_at - time.time():.1f} s more",
-                current.owner,
-                current.expires_at - time.time(),
-            )
+        if current is not None and not current.released:
+            waited = self._waited(current)
+            if waited < current.ttl:
+                left = current.ttl - waited
+                raise LeaseHeldError(
+                    f"session {self.prefix} is held by {current.owner}: it lapses if not "
+                    f"renewed for {left:.1f} s more",
+                    current.owner,
+                    left,
+                )
         epoch = (leases[-1] if leases else 0) + 1
         if not self.backend.put_if_absent(self._lease_key(epoch), self._lease_body(epoch)):
             winner = self._read_lease(epoch)
@@ -597,6 +743,7 @@ class RemoteSession:
                 self.lease_ttl,
             )
         self.lease_epoch = epoch
+        self._seen_path().unlink(missing_ok=True)
         for old in leases:  # nobody creates a lower epoch again: safe to drop
             with contextlib.suppress(Exception):
                 self.backend.delete(self._lease_key(old))
@@ -613,10 +760,12 @@ class RemoteSession:
             )
 
     def renew(self) -> None:
-        """Push our lease's expiry out by the TTL.
+        """Renew our lease (a new version: whoever watches it starts counting again).
+        A renewal that comes too late to stop a takeover is harmless: the taker's
+        fence refuses our writes.
 
         Raises:
-            LeaseLostError: the lease expired and another owner took it.
+            LeaseLostError: another owner took the lease over.
         """
         if self.lease_epoch is None:
             raise LeaseLostError(f"session {self.prefix}: {self.owner} holds no lease")
@@ -629,7 +778,7 @@ class RemoteSession:
         self._check_not_superseded()  # a takeover raced the renewal
 
     def release(self) -> None:
-        """Give the lease up (best effort: an unreleased lease expires anyway)."""
+        """Give the lease up (best effort: an unreleased lease lapses anyway)."""
         epoch, self.lease_epoch = self.lease_epoch, None
         if epoch is None:
             return
@@ -638,12 +787,154 @@ class RemoteSession:
             if leases and leases[-1] == epoch:
                 self.backend.write(self._lease_key(epoch), self._lease_body(epoch, released=True))
         except Exception as exc:
-            log.warning("releasing the lease of %s failed (it expires): %s", self.prefix, exc)
+            log.warning("releasing the lease of %s failed (it lapses): %s", self.prefix, exc)
 
     @property
     def held(self) -> bool:
         """Whether this owner believes it holds the lease."""
         return self.lease_epoch is not None
+
+    # -- the turn log ------------------------------------------------------------------
+
+    def _read_entry(self, generation: int, k: int) -> dict[str, Any]:
+        key = self._log_key(generation, k)
+        raw = self.backend.read(key)
+        if not raw:
+            raise self._corrupt(key, "is missing" if raw is None else "is empty (0 bytes)")
+        try:
+            entry = msgpack.unpackb(raw, raw=False)
+        except Exception as exc:
+            raise self._corrupt(key, f"is garbled ({type(exc).__name__})") from exc
+        if not isinstance(entry, dict) or entry.get("kind") not in ("wal", "seal"):
+            raise self._corrupt(key, "is garbled (not a turn-log entry)")
+        if entry["kind"] == "wal" and not isinstance(entry.get("data"), bytes):
+            raise self._corrupt(key, "is garbled (no WAL bytes)")
+        return entry
+
+    def _chain(self, generation: int) -> tuple[list[dict[str, Any]], str | None]:
+        """The turn-log entries of ``generation`` in order, and who sealed the log
+        (None: still open)."""
+        numbers = _listing(self.backend, self.prefix).logs.get(generation, [])
+        if numbers != list(range(1, len(numbers) + 1)):
+            missing = sorted(set(range(1, max(numbers) + 1)) - set(numbers))
+            raise self._corrupt(self._log_key(generation, missing[0]), "is missing")
+        entries: list[dict[str, Any]] = []
+        offset = 0
+        for k in numbers:
+            entry = self._read_entry(generation, k)
+            if entry["kind"] == "seal":
+                return entries, str(entry.get("owner", "?"))
+            if entry.get("offset") != offset:
+                raise self._corrupt(self._log_key(generation, k), "does not follow its previous")
+            offset += len(entry["data"])
+            entries.append(entry)
+        return entries, None
+
+    def _seal(self, generation: int) -> tuple[list[dict[str, Any]], str]:
+        """Close ``generation``'s turn log (its next key, put-if-absent): no owner
+        appends to it again. Returns its entries and who sealed it (maybe not us)."""
+        for _ in range(16):
+            entries, sealer = self._chain(generation)
+            if sealer is not None:
+                return entries, sealer
+            body = msgpack.packb({"kind": "seal", "owner": self.owner}, use_bin_type=True)
+            if self.backend.put_if_absent(self._log_key(generation, len(entries) + 1), body):
+                return entries, self.owner
+        raise StaleOwnerError(f"session {self.prefix}: its turn log kept growing while sealed")
+
+    def _reset_log(self) -> None:
+        self.log_seq = 0
+        self.wal_offset = 0
+        self._baseline = _stat(self.local_path)
+        self._unlogged = False
+
+    def needs_commit(self) -> bool:
+        """Whether the next durable point must commit the whole file (no generation
+        yet, a checkpoint changed the file since the log started, or an earlier commit
+        did not finish) instead of appending to the turn log."""
+        if self.base is None or self._unlogged or _stat(self.local_path) != self._baseline:
+            return True
+        wal = _stat(_wal(self.local_path))
+        return (wal[0] if wal else 0) < self.wal_offset
+
+    def take_delta(self) -> tuple[int, bytes]:
+        """``(offset, bytes)`` of the WAL written since the last shipped entry. Call it
+        on the thread that writes the database, between writes: then the bytes end at
+        a commit boundary (a torn tail would still be dropped by DuckDB's replay)."""
+        try:
+            with open(_wal(self.local_path), "rb") as f:
+                f.seek(self.wal_offset)
+                return self.wal_offset, f.read()
+        except FileNotFoundError:
+            return self.wal_offset, b""
+
+    def append(self, offset: int, data: bytes) -> None:
+        """Ship one turn-log entry (WAL bytes from ``offset``) as the next key of the
+        base generation's log, put-if-absent.
+
+        Raises:
+            StaleOwnerError: the log was sealed: another owner took over (fenced).
+            UploadError: the store could not be reached after retries (nothing shipped).
+        """
+        if offset != self.wal_offset:
+            raise ValueError(f"entry at {offset}, log at {self.wal_offset}")
+        generation = self.base.generation if self.base else 0
+        k = self.log_seq + 1
+        key = self._log_key(generation, k)
+        body = msgpack.packb(
+            {"kind": "wal", "owner": self.owner, "offset": offset, "data": data},
+            use_bin_type=True,
+        )
+
+        def put() -> bool:
+            if self.backend.put_if_absent(key, body):
+                return True
+            return self.backend.read(key) == body  # ours: an earlier response was lost
+
+        if not _retry(f"shipping {key}", put):
+            raise StaleOwnerError(
+                f"session {self.prefix}: its turn log {generation} was sealed by a "
+                f"takeover; {self.owner} is fenced out"
+            )
+        self.log_seq = k
+        self.wal_offset = offset + len(data)
+
+    def snapshot(self) -> Path:
+        """Copy the local file, just checkpointed by its writer, for :meth:`commit`
+        while the agent stays live (call it on the writer's thread right after the
+        checkpoint). Later writes log against the copy's generation."""
+        tmp = self.local_path.with_name(f".{self.local_path.name}.{uuid.uuid4().hex[:8]}")
+        shutil.copyfile(self.local_path, tmp)
+        self._baseline = _stat(self.local_path)
+        wal = _stat(_wal(self.local_path))
+        self.wal_offset = wal[0] if wal else 0
+        self._unlogged = True  # until the commit of the copy succeeds
+        return tmp
+
+    def prepare_ship(self, checkpoint: Callable[[], None]) -> Callable[[], None] | None:
+        """The end of a turn: on the thread that writes the database (between writes),
+        take what must be shipped and return the blocking upload (run it anywhere;
+        None: nothing to ship). Normally the WAL written since the last entry, as the
+        next turn-log entry; when :meth:`needs_commit`, ``checkpoint()`` (the writer's
+        CHECKPOINT) and the whole file as the next generation.
+
+        The upload raises :class:`StaleOwnerError` (fenced out by a takeover) or
+        :class:`UploadError` (nothing shipped; the next point ships it with its own)."""
+        if self.needs_commit():
+            checkpoint()
+            snapshot = self.snapshot()
+
+            def commit() -> None:
+                try:
+                    self.commit(snapshot)
+                finally:
+                    snapshot.unlink(missing_ok=True)
+
+            return commit
+        offset, data = self.take_delta()
+        if not data:
+            return None
+        return lambda: self.append(offset, data)
 
     # -- the file ----------------------------------------------------------------------
 
@@ -651,73 +942,109 @@ class RemoteSession:
         return self.local_path.with_name(self.local_path.name + ".gen")
 
     def _drop_local(self) -> None:
-        for path in (self.local_path, self.local_path.with_name(self.local_path.name + ".wal")):
+        for path in (self.local_path, _wal(self.local_path)):
             path.unlink(missing_ok=True)
         self._meta_path().unlink(missing_ok=True)
 
     def fetch(self) -> bool:
-        """Make ``local_path`` the newest committed generation: reuse the local copy if
-        it is that generation byte for byte, else download and verify it. Returns
+        """Make ``local_path`` the session's newest durable state and fence every
+        earlier owner out: seal the newest generation's turn log, replay it over that
+        generation's file (the local copy if it is that generation byte for byte, else
+        a verified download) and commit the result as a fence generation. Returns
         whether the session has a generation (False: a new session, no local file).
 
         Raises:
-            ChecksumError: the download does not match the manifest (local copy kept).
+            CorruptObjectError: a manifest, data object or log entry is missing, empty
+                or garbled (:class:`ChecksumError`: a download does not match); the
+                local copy is left as it was.
+            StaleOwnerError: another owner committed the fence generation first.
         """
         manifest = self.latest()
         self.local_path.parent.mkdir(parents=True, exist_ok=True)
         if manifest is None:
+            # Nothing was ever committed, so nothing was acknowledged: owners race for
+            # generation 1 (put-if-absent) at their first durable point.
             self.base = None
             self._drop_local()  # an uncommitted leftover of an owner that died
+            self._reset_log()
             return False
-        if self._local_matches(manifest):
-            self.base = manifest
-            return True
+        generation = manifest.generation
+        entries, _sealer = _retry(
+            f"sealing the turn log of {self.prefix}", lambda: self._seal(generation)
+        )
         tmp = self.local_path.with_name(f".{self.local_path.name}.{uuid.uuid4().hex[:8]}")
         try:
-            digest = self.backend.download(manifest.data, tmp)
-            if digest != manifest.sha256:
-                raise ChecksumError(
-                    f"session {self.prefix} generation {manifest.generation}: the downloaded "
-                    f"file's sha256 {digest[:12]}… is not the manifest's "
-                    f"{manifest.sha256[:12]}…; refusing it"
-                )
-            self.local_path.with_name(self.local_path.name + ".wal").unlink(missing_ok=True)
-            os.replace(tmp, self.local_path)
+            source = self._verified_copy(manifest, tmp, need_copy=bool(entries))
+            if entries:
+                _wal(tmp).write_bytes(b"".join(e["data"] for e in entries))
+                _fold(tmp)
+            fence = self._put_generation(
+                generation + 1, source, reuse=None if entries else manifest, fence=True
+            )
+            if source == tmp:
+                _wal(self.local_path).unlink(missing_ok=True)
+                os.replace(tmp, self.local_path)
         finally:
             tmp.unlink(missing_ok=True)
-        self._meta_path().write_text(json.dumps(asdict(manifest)))
-        self.base = manifest
+            _wal(tmp).unlink(missing_ok=True)
+        self._meta_path().write_text(json.dumps(asdict(fence)))
+        self.base = fence
+        self._reset_log()
+        self._collect(fence.generation)
         return True
+
+    def _verified_copy(self, manifest: Manifest, tmp: Path, need_copy: bool) -> Path:
+        """The local copy when it is ``manifest``'s file (copied to ``tmp`` if
+        ``need_copy``), else ``tmp`` holding the verified download."""
+        if self._local_matches(manifest):
+            if not need_copy:
+                return self.local_path
+            shutil.copyfile(self.local_path, tmp)
+            return tmp
+        try:
+            digest = self.backend.download(manifest.data, tmp)
+        except FileNotFoundError as exc:
+            raise self._corrupt(manifest.data, "is missing (its manifest names it)") from exc
+        if digest != manifest.sha256:
+            raise ChecksumError(
+                f"session {self.prefix} generation {manifest.generation}: the downloaded "
+                f"file's sha256 {digest[:12]}… is not the manifest's "
+                f"{manifest.sha256[:12]}…; refusing it",
+                self.prefix,
+                manifest.data,
+            )
+        return tmp
 
     def _local_matches(self, manifest: Manifest) -> bool:
         meta = self._meta_path()
         if not self.local_path.exists() or not meta.exists():
             return False
-        if self.local_path.with_name(self.local_path.name + ".wal").exists():
+        if _wal(self.local_path).exists():
             return False
         try:
-            if json.loads(meta.read_text()).get("generation") != manifest.generation:
+            if json.loads(meta.read_text()).get("sha256") != manifest.sha256:
                 return False
         except ValueError:
             return False
         return _sha256(self.local_path)[0] == manifest.sha256
 
-    def commit(self) -> Manifest:
-        """Upload the (closed, checkpointed) local file as the next generation.
+    def _put_generation(
+        self, generation: int, source: Path, reuse: Manifest | None = None, fence: bool = False
+    ) -> Manifest:
+        """Upload ``source`` (or reuse ``reuse``'s data object) and create generation
+        ``generation``'s manifest, put-if-absent.
 
         Raises:
-            StaleOwnerError: the lease is lost or that generation exists already.
-            UploadError: the upload failed after its retries (nothing was committed).
+            StaleOwnerError: that generation exists already (another owner's).
+            UploadError: the store could not be reached after retries.
         """
-        try:
-            _retry(f"renewing the lease of {self.prefix}", self.renew)
-        except LeaseLostError as exc:
-            raise StaleOwnerError(str(exc)) from exc
-        generation = (self.base.generation if self.base else 0) + 1
-        digest, size = _sha256(self.local_path)
-        data_key = f"{self.prefix}/data-{generation:0{WIDTH}d}-{uuid.uuid4().hex[:8]}{SUFFIX}"
-        _retry(f"uploading {self.prefix}", lambda: self.backend.upload(self.local_path, data_key))
-        manifest = Manifest(generation, digest, size, self.owner, data_key, time.time())
+        if reuse is not None:
+            digest, size, data_key = reuse.sha256, reuse.size, reuse.data
+        else:
+            digest, size = _sha256(source)
+            data_key = f"{self.prefix}/data-{generation:0{WIDTH}d}-{uuid.uuid4().hex[:8]}{SUFFIX}"
+            _retry(f"uploading {self.prefix}", lambda: self.backend.upload(source, data_key))
+        manifest = Manifest(generation, digest, size, self.owner, data_key, time.time(), fence)
         body = json.dumps(asdict(manifest)).encode()
 
         def put() -> bool:
@@ -725,27 +1052,68 @@ class RemoteSession:
                 return True
             # Ours if an earlier attempt's response was lost after the write.
             raw = self.backend.read(self._gen_key(generation))
-            return raw is not None and json.loads(raw).get("data") == data_key
+            return raw == body
 
         if not _retry(f"committing {self.prefix} generation {generation}", put):
-            with contextlib.suppress(Exception):
-                self.backend.delete(data_key)
+            if reuse is None:
+                with contextlib.suppress(Exception):
+                    self.backend.delete(data_key)
             raise StaleOwnerError(
                 f"session {self.prefix}: generation {generation} was committed by another "
-                f"owner; {self.owner}'s upload is refused"
+                f"owner; {self.owner}'s is refused"
             )
+        return manifest
+
+    def commit(self, source: Path | None = None) -> Manifest:
+        """Upload the (closed, checkpointed) local file, or ``source`` (a
+        :meth:`snapshot`), as the next generation: seal the base's turn log (only the
+        owner that seals it may commit the next generation), then upload and create
+        the manifest.
+
+        Raises:
+            StaleOwnerError: the lease is lost, another owner sealed the log (a
+                takeover) or that generation exists already.
+            UploadError: the upload failed after its retries (nothing was committed).
+        """
+        try:
+            _retry(f"renewing the lease of {self.prefix}", self.renew)
+        except LeaseLostError as exc:
+            raise StaleOwnerError(str(exc)) from exc
+        base = self.base.generation if self.base else 0
+        entries: list[dict[str, Any]] = []
+        sealer = self.owner
+        if self.base is not None:
+            entries, sealer = _retry(
+                f"sealing the turn log of {self.prefix}", lambda: self._seal(base)
+            )
+        if sealer != self.owner or len(entries) != self.log_seq:
+            raise StaleOwnerError(
+                f"session {self.prefix}: its turn log {base} was sealed by {sealer}; "
+                f"{self.owner}'s commit is refused"
+            )
+        manifest = self._put_generation(base + 1, source or self.local_path)
         self.base = manifest
-        self._meta_path().write_text(json.dumps(asdict(manifest)))
-        self._collect(generation)
+        if source is None:
+            self._meta_path().write_text(json.dumps(asdict(manifest)))
+        self.log_seq = 0
+        self._unlogged = False
+        self._collect(base + 1)
         return manifest
 
     def _collect(self, generation: int) -> None:
-        """Drop data objects older than the previous generation (best effort)."""
+        """Drop data objects older than the previous generation, and turn logs older
+        than the previous generation's (best effort)."""
         try:
-            _, _, data = _entries(self.backend, self.prefix)
-            for base in data:
+            listing = _listing(self.backend, self.prefix)
+            keep = self.base.data if self.base else ""
+            for base in listing.data:
                 with contextlib.suppress(ValueError):
-                    if int(base.split("-")[1]) < generation - 1:
+                    old = int(base.split("-")[1]) < generation - 1
+                    if old and f"{self.prefix}/{base}" != keep:
                         self.backend.delete(f"{self.prefix}/{base}")
+            for gen, numbers in listing.logs.items():
+                if gen < generation - 1:
+                    for k in numbers:
+                        self.backend.delete(self._log_key(gen, k))
         except Exception as exc:
             log.warning("collecting old generations of %s failed: %s", self.prefix, exc)

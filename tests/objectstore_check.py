@@ -6,8 +6,9 @@ this process starts on loopback; or a ``file://`` URI). Prints one JSON line.
 2. (s3) The store goes down: hibernate fails after retries, the agent stays live; the
    store comes back: hibernate succeeds and nothing is lost.
 3. Two session actors on the two nodes race to bind one session: one wins. The winner
-   is killed without hibernating; its lease expires and the other node binds the
-   session with the committed history.
+   is killed without hibernating after one more turn; its lease lapses and the other
+   node binds the session with the committed history plus that acknowledged turn
+   (shipped in the turn log before the turn's result was returned).
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ def main(kind: str, where: str) -> int:
         report["race"] = outcomes
         winner = racers[outcomes.index("bound")]
         loser = racers[1 - outcomes.index("bound")]
-        ray.get(winner.invoke.remote("traveller", "chat", ("never committed",)))
+        ray.get(winner.invoke.remote("traveller", "chat", ("acknowledged, never hibernated",)))
         ray.kill(winner, no_restart=True)
         killed_at = time.monotonic()
         refused = 0
@@ -146,7 +147,13 @@ def main(kind: str, where: str) -> int:
         report["refused_while_lease_live"] = refused
         report["takeover_after_s"] = round(time.monotonic() - killed_at, 2)
         history = ray.get(loser.invoke.remote("traveller", "get_history"))
-        report["takeover_history_same"] = history == committed
+        report["takeover_history_same"] = history[: len(committed)] == committed
+        report["takeover_extra_turn"] = [
+            p.get("text")
+            for m in history[len(committed) :]
+            for p in m["parts"]
+            if m["role"] == "user"
+        ]
         report["takeover_messages"] = len(history)
         ray.get(loser.hibernate.remote("traveller"))
         ns.shutdown()

@@ -172,7 +172,9 @@ def test_shared_workspace_survives_hibernation_on_an_object_store_root(kind, tmp
     assert report["generation_after_hibernate"] == 1  # uploaded at hibernation
     assert report["read"] == "completed" and report["reader_saw"]
     assert report["after_wake"] == "one\ntwo\n"  # downloaded by the new bridge
-    assert report["final_generation"] == 2  # its new grants, uploaded at close
+    # the new bridge's wake fenced (2), its close uploaded its new grants (3), and the
+    # checker's own wake fenced again (4)
+    assert report["final_generation"] == 4
     assert report["in_store"] == "one\ntwo\n"
     assert report["uri_folders"] == []
     assert _uri_folders(cwd, REPO) == []

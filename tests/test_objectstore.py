@@ -46,9 +46,15 @@ def root(request, tmp_path):
     return f"file://{tmp_path}/store"
 
 
-def _session(root, tmp_path, owner, ttl=30.0, name="ada"):
+def _session(root, tmp_path, owner, ttl=30.0, name="ada", clock=time.monotonic):
     return osx.RemoteSession(
-        root, "ns", name, owner=owner, cache_dir=tmp_path / f"cache-{owner}", lease_ttl=ttl
+        root,
+        "ns",
+        name,
+        owner=owner,
+        cache_dir=tmp_path / f"cache-{owner}",
+        lease_ttl=ttl,
+        clock=clock,
     )
 
 
@@ -81,7 +87,7 @@ def test_round_trip_and_listing(root, tmp_path):
     assert list_names(root, "ns") == ["ada"]
     b = _session(root, tmp_path, "b")
     b.acquire()
-    assert b.fetch() is True and b.base is not None and b.base.generation == 2
+    assert b.fetch() is True and b.base is not None and b.base.generation == 3  # the fence
     assert _read(b.local_path) == ["one", "two"]
     # a local copy of the newest generation is reused, not downloaded again
     b.backend, real = _NoDownload(b.backend), b.backend
@@ -172,13 +178,26 @@ def test_corrupted_download_is_refused_and_keeps_the_good_copy(root, tmp_path):
     assert not c.local_path.exists()
 
 
+class _Clock:
+    """A monotonic clock a test moves by hand."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_stale_owner_upload_is_refused(root, tmp_path):
     a = _session(root, tmp_path, "a", ttl=0.5)
     a.acquire()
     a.fetch()
     _write(a, "from a")
-    time.sleep(0.7)  # a stalls: its lease expires
-    b = _session(root, tmp_path, "b")
+    clock = _Clock()
+    b = _session(root, tmp_path, "b", clock=clock)
+    with pytest.raises(osx.LeaseHeldError):
+        b.acquire()  # b sees a's lease: it starts counting on its own clock
+    clock.now += 0.6  # a stalls: no renewal for a TTL of b's clock
     b.acquire()
     b.fetch()
     _write(b, "from b")
@@ -198,14 +217,18 @@ def test_stale_owner_upload_is_refused(root, tmp_path):
     assert b.latest().owner == "b"
 
 
-def test_dead_owners_lease_expires(root, tmp_path):
+def test_dead_owners_lease_lapses_on_the_takers_clock(root, tmp_path):
     a = _session(root, tmp_path, "a", ttl=1.0)
     a.acquire()  # then a dies: no release, no renewal
-    b = _session(root, tmp_path, "b")
+    clock = _Clock()
+    b = _session(root, tmp_path, "b", clock=clock)
     with pytest.raises(osx.LeaseHeldError) as info:
         b.acquire()
     assert info.value.owner == "a"
-    time.sleep(1.1)
+    clock.now += 0.9
+    with pytest.raises(osx.LeaseHeldError):
+        b.acquire()  # not a whole TTL of b's clock yet
+    clock.now += 0.2
     b.acquire()
     assert b.lease().owner == "b"
     with pytest.raises(osx.LeaseLostError):
@@ -278,3 +301,170 @@ def test_two_nodes_round_trip_race_and_takeover(kind, tmp_path):
     ]
     assert report["refused_while_lease_live"] >= 1
     assert report["takeover_history_same"]
+    assert report["takeover_extra_turn"] == ["acknowledged, never hibernated"]
+
+
+# -- the turn log, fencing and corrupt objects (issue 21, items 9, 10, 15) -------------
+
+
+def _ship(session: osx.RemoteSession, store: DuckDBSessionStore) -> None:
+    """What the session actor does at the end of a turn."""
+    upload = session.prepare_ship(lambda: store.db.execute("CHECKPOINT"))
+    if upload is not None:
+        upload()
+
+
+def _turn(session: osx.RemoteSession, store: DuckDBSessionStore, text: str) -> None:
+    store.db.execute("CREATE TABLE IF NOT EXISTS t (v VARCHAR)")
+    store.db.execute("INSERT INTO t VALUES (?)", [text])
+    _ship(session, store)
+
+
+def _taken_over(root, tmp_path, owner, ttl, holder_ttl=None):
+    """A second owner that takes the lease after seeing it unrenewed for a TTL of its
+    own (injected) clock."""
+    clock = _Clock()
+    taker = _session(root, tmp_path, owner, clock=clock)
+    with pytest.raises(osx.LeaseHeldError):
+        taker.acquire()
+    clock.now += (holder_ttl or ttl) + 0.01
+    taker.acquire()
+    return taker
+
+
+def test_shipped_turns_survive_the_owner_without_any_commit(root, tmp_path):
+    a = _session(root, tmp_path, "a", ttl=0.5)
+    a.acquire()
+    a.fetch()
+    store = DuckDBSessionStore(a.local_path)
+    for i in range(3):
+        _turn(a, store, f"turn {i}")
+    assert a.latest().generation == 1  # the first generation, then log entries only
+    assert a.log_seq == 2
+    store.db.execute("INSERT INTO t VALUES ('never shipped')")
+    # a is gone (its file is never closed nor committed); b wakes the session
+    b = _taken_over(root, tmp_path, "b", 0.5)
+    assert b.fetch() is True
+    store.close()  # (releases the file lock of this process only)
+    assert _read(b.local_path) == ["turn 0", "turn 1", "turn 2"]
+    assert b.base.generation == 2 and b.base.fence
+
+
+def test_a_takeover_fences_the_previous_owner(root, tmp_path):
+    a = _session(root, tmp_path, "a", ttl=0.5)
+    a.acquire()
+    a.fetch()
+    store = DuckDBSessionStore(a.local_path)
+    _turn(a, store, "acknowledged by a")
+    _turn(a, store, "acknowledged by a too")
+    b = _taken_over(root, tmp_path, "b", 0.5)  # a was paused past its TTL
+    b.fetch()
+    b_store = DuckDBSessionStore(b.local_path)
+    _turn(b, b_store, "acknowledged by b")
+    # a resumes: its renewal comes too late, and every write it tries is refused
+    with pytest.raises(osx.LeaseLostError):
+        a.renew()
+    store.db.execute("INSERT INTO t VALUES ('zombie turn')")
+    with pytest.raises(osx.StaleOwnerError):
+        _ship(a, store)
+    store.close()
+    with pytest.raises(osx.StaleOwnerError):
+        a.commit()
+    b_store.close()
+    b.commit()
+    b.release()
+    c = _session(root, tmp_path, "c")
+    c.acquire()
+    c.fetch()
+    assert _read(c.local_path) == [
+        "acknowledged by a",
+        "acknowledged by a too",
+        "acknowledged by b",
+    ]
+
+
+def test_a_zombie_sealing_first_still_loses_to_the_fence(root, tmp_path):
+    """The zombie gets as far as sealing its log (its hibernation started) and stops:
+    the taker's fence generation wins, the zombie's commit is refused, and nothing the
+    zombie acknowledged is lost (it was in the log before the seal)."""
+    a = _session(root, tmp_path, "a", ttl=0.5)
+    a.acquire()
+    a.fetch()
+    store = DuckDBSessionStore(a.local_path)
+    _turn(a, store, "one")
+    _turn(a, store, "two")
+    store.close()
+    a._seal(a.base.generation)  # a's commit, paused right after its seal
+    b = _taken_over(root, tmp_path, "b", 0.5)
+    b.fetch()
+    assert _read(b.local_path) == ["one", "two"]
+    with pytest.raises(osx.StaleOwnerError):
+        a._put_generation(a.base.generation + 1, a.local_path)  # the rest of a's commit
+
+
+def test_lease_expiry_ignores_wall_clocks(root, tmp_path, monkeypatch):
+    """A holder whose wall clock runs an hour ahead renews as usual; a taker whose
+    wall clock runs an hour ahead still waits a whole TTL of its monotonic clock."""
+    a = _session(root, tmp_path, "a", ttl=5.0)
+    real = time.time
+    monkeypatch.setattr(osx.time, "time", lambda: real() + 3600)  # skewed wall clock
+    a.acquire()
+    clock = _Clock()
+    b = _session(root, tmp_path, "b", clock=clock)
+    with pytest.raises(osx.LeaseHeldError):
+        b.acquire()
+    clock.now += 4.0
+    a.renew()  # a new version: b starts counting again
+    clock.now += 4.0
+    with pytest.raises(osx.LeaseHeldError) as info:
+        b.acquire()
+    assert info.value.expires_in == pytest.approx(5.0)
+    clock.now += 5.0
+    b.acquire()
+    assert b.lease().owner == "b"
+
+
+@pytest.mark.parametrize("damage", ["empty", "garbled", "deleted-data", "garbled-log"])
+def test_a_damaged_object_fails_the_wake_and_keeps_the_local_copy(root, tmp_path, damage):
+    a = _session(root, tmp_path, "a")
+    a.acquire()
+    a.fetch()
+    store = DuckDBSessionStore(a.local_path)
+    for i in range(4):
+        _turn(a, store, f"turn {i}")
+    store.close()
+    manifest = a.commit()
+    a.release()
+    b = _session(root, tmp_path, "b")
+    b.acquire()
+    b.fetch()  # b's cache: the whole history
+    store = DuckDBSessionStore(b.local_path)
+    _turn(b, store, "turn 4")
+    store.close()
+    b.release()  # b crashes after a shipped turn: its log entry is what is newest
+    manifest = b.base
+    key = b._gen_key(manifest.generation)
+    log_key = b._log_key(manifest.generation, 1)
+    saved = b.backend.read(key)
+    if damage == "empty":
+        b.backend.write(key, b"")
+    elif damage == "garbled":
+        b.backend.write(key, b'{"generation": 3, "sha')
+    elif damage == "deleted-data":
+        b.backend.delete(manifest.data)
+        b._drop_local()  # a node without a local copy
+    else:
+        b.backend.write(log_key, b"\x93garbage")
+    before = b.local_path.read_bytes() if b.local_path.exists() else None
+    b.acquire()
+    with pytest.raises(osx.CorruptObjectError) as info:
+        b.fetch()
+    assert info.value.session == "ns/ada"
+    assert info.value.key in (key, manifest.data, log_key)
+    assert info.value.key in str(info.value)
+    if before is not None:
+        assert b.local_path.read_bytes() == before  # the good local copy is kept
+    if damage in ("empty", "garbled"):
+        b.backend.write(key, saved)  # restoring the manifest brings the history back
+        b.fetch()
+        assert _read(b.local_path) == [f"turn {i}" for i in range(5)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
 __all__ = ["AgentContext", "constructing", "context_being_constructed"]
@@ -22,11 +22,17 @@ class AgentContext:
     ``name``: the agent's name in its namespace (the Durable Object name).
     ``namespace``: the namespace (one agent class under one storage root).
     ``storage_root``: the directory holding the namespace folders, or None for an agent
-    that lives in memory or in a file outside any namespace."""
+    that lives in memory or in a file outside any namespace.
+    ``make_durable``: awaited at the end of every turn, after its final persist and
+    before its ``finish`` chunk goes out; it makes everything the agent's store has
+    committed so far survive the loss of this process (an object-store root ships it).
+    Raising fails the turn: the client gets an ``error``, not ``finish``. None: the
+    store's own commit is durable (a local root)."""
 
     name: str = "local"
     namespace: str = "default"
     storage_root: str | None = None
+    make_durable: Callable[[], Awaitable[None]] | None = None
 
 
 _constructing: contextvars.ContextVar[AgentContext | None] = contextvars.ContextVar(

@@ -224,6 +224,10 @@ class TurnRunner:
     ) -> ChatResult:
         agent, store = self.agent, self.agent.store
         sid = run.session_id
+        # Under a host whose store is not durable by itself (an object-store root), the
+        # turn's finish chunk waits until the turn is shipped (see _acknowledge).
+        make_durable = agent.context.make_durable
+        held: list[UIChunk] | None = [] if make_durable is not None else None
         signal = run.controller.signal
         generation = self.clear_generation.get(sid, 0)
 
@@ -377,7 +381,7 @@ class TurnRunner:
                         run, options, "completed", step_usage, finish_reason
                     )
                     chunk = _finish_chunk(chunk, final_metadata)
-                callback = await self._emit(run, recorder, callback, chunk)
+                callback = await self._emit(run, recorder, callback, chunk, held)
                 if run.sink is None:
                     await open_stream()
             if run.sink is None:
@@ -388,7 +392,7 @@ class TurnRunner:
                     run, options, "completed", step_usage, finish_reason
                 )
                 callback = await self._emit(
-                    run, recorder, callback, _finish_chunk({"type": "finish"}, final_metadata)
+                    run, recorder, callback, _finish_chunk({"type": "finish"}, final_metadata), held
                 )
         except AbortError as exc:
             status = "aborted"
@@ -446,6 +450,10 @@ class TurnRunner:
             # buffered (the stream's last chunks) first.
             await run.stream.delivered()
             message = self._finish_recorder(recorder, run, final_metadata, stale)
+        if make_durable is not None and held is not None:
+            status, error_text, callback = await self._acknowledge(
+                run, callback, make_durable, held, status, error_text
+            )
         self._end_run(run, status, error_text)
         if observed:
             self._observe(status, started, first_chunk)
@@ -576,14 +584,52 @@ class TurnRunner:
         self._enforce_max_persisted(run.session_id)
         return message
 
+    async def _acknowledge(
+        self,
+        run: RunState,
+        callback: StreamCallback | None,
+        make_durable: Callable[[], Awaitable[None]],
+        held: list[UIChunk],
+        status: RunStatus,
+        error_text: str | None,
+    ) -> tuple[RunStatus, str | None, StreamCallback | None]:
+        """Make the turn durable (the host's ``make_durable``, after the final persist),
+        then let its held ``finish`` out. A completed turn that cannot be made durable
+        ends as an error instead: the client gets ``error``, never ``finish``."""
+        # An aborted or failed turn already ended its stream (abort, error chunk).
+        ending = held if status == "completed" else []
+        try:
+            await make_durable()
+        except Exception as exc:
+            if status != "completed":
+                log.warning("run %s (%s) was not made durable: %s", run.run_id, status, exc)
+            else:
+                status, error_text = "error", f"the turn was not made durable: {exc}"
+                log.error("run %s: %s", run.run_id, error_text)
+                ending = [{"type": "error", "errorText": error_text}]
+        for chunk in ending:
+            callback = await self._deliver(run, callback, chunk)
+        return status, error_text, callback
+
     async def _emit(
         self,
         run: RunState,
         recorder: Recorder,
         callback: StreamCallback | None,
         chunk: UIChunk,
+        held: list[UIChunk] | None = None,
     ) -> StreamCallback | None:
+        """Record ``chunk`` and send it; a ``finish`` goes to ``held`` instead (when
+        given) until the turn is durable."""
         recorder.record(chunk)
+        if held is not None and chunk["type"] == "finish" and not is_data_chunk(chunk):
+            held.append(chunk)
+            return callback
+        return await self._deliver(run, callback, chunk)
+
+    async def _deliver(
+        self, run: RunState, callback: StreamCallback | None, chunk: UIChunk
+    ) -> StreamCallback | None:
         run.stream.push(chunk)
         if callback is None:
             return None
