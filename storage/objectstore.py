@@ -447,12 +447,24 @@ def live_lease_owner(root: str, namespace: str, name: str) -> str | None:
 
 
 def delete_prefix(root: str, key: str) -> list[str]:
-    """Delete every object under ``key`` (recursively); their keys, relative to the root."""
+    """Delete every object under ``key`` (recursively), leaving no folder behind (an
+    empty folder would still list as a session name); the keys of the objects."""
     backend = _backend(root)
+    if backend.local:
+        removed = [f"{key}/{rel}" for rel, _size in list_objects(root, key, recursive=True)]
+        with contextlib.suppress(FileNotFoundError):
+            backend.fs.delete_dir(backend._path(key))
+        return removed
+    # Through boto3: pyarrow's delete leaves a marker object for the parent "folder".
+    bucket, prefix = backend._bucket_key(key)
+    client = backend._client()
     removed = []
-    for rel, _size in list_objects(root, key, recursive=True):
-        backend.delete(f"{key}/{rel}")
-        removed.append(f"{key}/{rel}")
+    for page in client.get_paginator("list_objects_v2").paginate(
+        Bucket=bucket, Prefix=f"{prefix}/"
+    ):
+        for item in page.get("Contents", []):
+            client.delete_object(Bucket=bucket, Key=item["Key"])
+            removed.append(f"{key}/{item['Key'][len(prefix) + 1 :]}")
     return removed
 
 
