@@ -15,6 +15,7 @@ to run a coroutine: one called on the loop never returns).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -399,3 +400,54 @@ async def test_owner_claims_and_listings_do_not_block_the_event_loop(tmp_path):
     with pytest.raises(NotVisibleError):  # unclaimed without claim: not found, nothing written
         await _off_loop(store, agents.check_owner("chat", "free", bob, claim=False))
     assert await _off_loop(store, agents.owned("chat", bob)) == []
+
+
+# -- the same attack on real actors: an orchestrator, its sub-agent and its bridge ------
+
+
+@pytest.mark.ray
+def test_rm_of_a_real_orchestrator_leaves_nothing_to_the_next_claimant(
+    namespace_factory, ray_local, capsys
+):
+    from thinkray.actors.bridge import bridge_name
+    from thinkray.actors.namespace import AgentNamespace
+    from thinkray.actors.orchestrator import Orchestrator
+
+    from tests.helpers import wait_until
+
+    writes = {
+        "provider": "script",
+        "steps": [
+            [{"tool": "shared_write_file", "input": {"path": "plan.md", "content": "secret"}}],
+            [{"text": "written"}],
+        ],
+    }
+    ns = namespace_factory(Orchestrator, pool_size=1, idle_timeout=None)
+    root, owners = ns.storage_root, OwnerRegistry(ns.storage_root)
+    subs = f"{ns.name}.x.subs"
+    assert owners.claim(ns.name, "x", "alice")
+    boss = ns.get("x")
+    try:
+        boss.create_subagent.remote("writer", {"model": writes}).result()
+        assert boss.delegate.remote("writer", "write", wait=True).result().status == "completed"
+        assert list_names(root, subs) == ["writer"]
+        # everything at rest: the agents hibernated, the bridge (it holds the shared
+        # workspace open, and its name is x's) stopped
+        assert ns.hibernate("x")
+        AgentNamespace.connect(subs).shutdown()
+        ray_local.kill(ray_local.get_actor(bridge_name(ns.name, "x"), namespace="thinkray"))
+        rm = ["sessions", "rm", "x", "--root", root, "--namespace", ns.name]
+        wait_until(lambda: main(rm) == 0, timeout=30)  # a killed bridge's lock lingers briefly
+        capsys.readouterr()
+        assert owners.claim(ns.name, "x", "bob")
+        bobs = ns.get("x")
+        assert bobs.list_subagents.remote().result() == []
+        assert bobs.get_sessions.remote().result() == []
+        shared = bobs.shared_workspace.remote().result()
+        assert ray_local.get(shared.list_directory("")) == []
+        assert list_names(root, subs) == []
+    finally:
+        with contextlib.suppress(Exception):
+            ray_local.kill(ray_local.get_actor(bridge_name(ns.name, "x"), namespace="thinkray"))
+        with contextlib.suppress(Exception):
+            AgentNamespace.connect(subs).shutdown()
