@@ -28,16 +28,6 @@ from thinkray.storage.types import InvalidInputError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 FILE_SUFFIX = ".duckdb"
-SHARED_FOLDER = "_shared"
-"""The folder of the orchestrators' shared-workspace (bridge) files in a namespace,
-under a local root: ``<root>/<namespace>/_shared/<orchestrator>.duckdb``."""
-REMOTE_SHARED_FOLDER = ".shared"
-"""The same under an object-store root: the fenced session ``<namespace>/.shared/<name>``."""
-
-
-def subagents_namespace(namespace: str, name: str) -> str:
-    """The namespace of the sub-agents of orchestrator ``name`` in ``namespace``."""
-    return f"{namespace}.{name}.subs"
 
 
 def validate_name(name: str, what: str = "session name") -> str:
@@ -161,6 +151,20 @@ def list_names(root: str | os.PathLike[str], namespace: str) -> list[str]:
     if not folder.is_dir():
         return []
     return sorted(p.name[: -len(FILE_SUFFIX)] for p in folder.glob(f"*{FILE_SUFFIX}"))
+
+
+# -- an orchestrator's other folders -----------------------------------------------------
+
+SHARED_FOLDER = "_shared"
+"""The folder of the orchestrators' shared-workspace (bridge) files in a namespace,
+under a local root: ``<root>/<namespace>/_shared/<orchestrator>.duckdb``."""
+REMOTE_SHARED_FOLDER = ".shared"
+"""The same under an object-store root: the fenced session ``<namespace>/.shared/<name>``."""
+
+
+def subagents_namespace(namespace: str, name: str) -> str:
+    """The namespace of the sub-agents of orchestrator ``name`` in ``namespace``."""
+    return f"{namespace}.{name}.subs"
 
 
 # -- default folders ---------------------------------------------------------------------
