@@ -60,6 +60,10 @@ from thinkray.runtime.tools.mcp import (
     raise_for_envelope,
 )
 from thinkray.runtime.tools.workspace import LocalWorkspace
+from thinkray.storage.layout import (  # re-exported: removing an agent needs them too
+    REMOTE_SHARED_FOLDER as REMOTE_SHARED_FOLDER,
+)
+from thinkray.storage.layout import SHARED_FOLDER as SHARED_FOLDER
 from thinkray.storage.layout import validate_name
 from thinkray.storage.objectstore import LeaseHeldError, RemoteSession, is_uri
 from thinkray.storage.protocols import KeyValueStore, Stores
@@ -75,10 +79,6 @@ _GRANT = "grant:"
 MCP_GROUP = "mcp"
 """The bridge's concurrency group for MCP calls (``MCP_THREADS`` at once)."""
 MCP_THREADS = 32
-SHARED_FOLDER = "_shared"
-"""The folder of the bridges' files in a namespace, under a local root."""
-REMOTE_SHARED_FOLDER = ".shared"
-"""The prefix of the bridges' files in a namespace, under an object-store root."""
 DEFAULT_SYNC_SECONDS = 60.0
 log = logging.getLogger("thinkray.bridge")
 

@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -59,15 +58,12 @@ def _init_ray() -> None:
 def demo(args: argparse.Namespace) -> int:
     """``thinkray demo``: a two-turn chat streamed from a session actor, hibernate,
     wake, then a delegation to sub-agents. Storage goes to ``args.root``, else
-    ``$THINKRAY_STORAGE_ROOT``, else a temp folder. Returns the exit code (0)."""
+    ``$THINKRAY_STORAGE_ROOT``, else this user's private data folder. Returns the exit code (0)."""
     from thinkray.actors.demo import DemoAgent
     from thinkray.actors.namespace import AgentNamespace
+    from thinkray.storage.layout import default_storage_root
 
-    root = (
-        args.root
-        or os.environ.get("THINKRAY_STORAGE_ROOT")
-        or os.path.join(tempfile.gettempdir(), "thinkray-demo")
-    )
+    root = args.root or os.environ.get("THINKRAY_STORAGE_ROOT") or str(default_storage_root("demo"))
     if os.environ.get("ANTHROPIC_API_KEY"):
         print("ANTHROPIC_API_KEY is set: the agent talks to Claude.")
     else:
@@ -260,11 +256,12 @@ def serve_config(args: argparse.Namespace) -> tuple[IngressConfig, str | None]:
     import secrets
 
     from thinkray.actors.ingress.config import AgentRoute, IngressConfig
+    from thinkray.storage.layout import default_storage_root
 
     root = (
         args.storage_root
         or os.environ.get("THINKRAY_STORAGE_ROOT")
-        or os.path.join(tempfile.gettempdir(), "thinkray-serve")
+        or str(default_storage_root("serve"))
     )
     agents = {}
     for slug, cls in _pairs(args.agent or [DEFAULT_AGENT], "agent"):
@@ -338,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p_demo = sub.add_parser("demo", help="stream a chat through a session actor, hibernate, wake")
     p_demo.add_argument(
-        "--root", help="storage root (default: $THINKRAY_STORAGE_ROOT, else a temp folder)"
+        "--root",
+        help="storage root (default: $THINKRAY_STORAGE_ROOT, else ~/.local/share/thinkray/...)",
     )
     p_demo.set_defaults(func=demo)
     p_serve = sub.add_parser(
@@ -348,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     p_serve.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
     p_serve.add_argument(
         "--storage-root",
-        help="where agents' files live (default: $THINKRAY_STORAGE_ROOT, else a temp folder)",
+        help="where agents' files live (default: $THINKRAY_STORAGE_ROOT, else ~/.local/share/thinkray/...)",
     )
     p_serve.add_argument(
         "--agent",

@@ -5,7 +5,8 @@ Every command takes ``--root`` (default ``$THINKRAY_STORAGE_ROOT``), ``--namespa
 (default: every namespace under the root) and ``--json`` (for scripts; tables
 otherwise). ``stats --deep`` reads the hibernated files themselves through read-only
 DuckDB connections, with a progress bar on stderr, and skips live agents (a file
-another process holds). ``rm`` refuses a live agent.
+another process holds). ``rm`` refuses a live agent and removes all that is an
+agent's (sub-agents, shared workspace, alarm) before releasing its owner.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from thinkray.actors.progress import Progress
 from thinkray.storage import fleet_index as fi
 from thinkray.storage.layout import list_names, session_path
 from thinkray.storage.objectstore import is_uri
-from thinkray.storage.owners import OwnerRegistry
+from thinkray.storage.removal import AgentInUseError, agent_exists, remove_agent
 
 
 class CommandError(Exception):
@@ -192,7 +193,9 @@ def _find(
     found = []
     for ns in _namespaces(args, root):
         row = fi.FleetIndex(root, ns).get(name)
-        if row is not None or session_path(root, ns, name).exists():
+        # The owner too: a removal that crashed after the file and the row went
+        # leaves the owner held, and a re-run must find the agent to finish.
+        if row is not None or agent_exists(root, ns, name):
             found.append((ns, row))
     if not found:
         raise CommandError(f"no agent {name!r} under {root}")
@@ -350,27 +353,31 @@ def sessions_export(args: argparse.Namespace) -> int:
 
 
 def sessions_rm(args: argparse.Namespace) -> int:
-    """``thinkray sessions rm NAME``: delete a hibernated agent's file, index row and
-    owner file. Refuses a live agent (a process holds its file)."""
-    root, ns, _row = _find(args, args.name, local_only="sessions rm")
-    path = session_path(root, ns, args.name)
-    if fi.is_locked(path):
-        raise CommandError(f"agent {args.name!r} is live: hibernate it first, nothing removed")
-    removed = []
-    for p in (path, path.with_name(path.name + ".wal")):
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
-            removed.append(str(p))
-    fi.FleetIndex(root, ns).delete(args.name)
-    registry = OwnerRegistry(root)
-    owner = registry.owner(ns, args.name)
-    if owner is not None:
-        registry.release(ns, args.name, owner)
-    result = {"namespace": ns, "name": args.name, "removed": removed, "owner_released": owner}
+    """``thinkray sessions rm NAME``: delete a hibernated agent with everything that is
+    its (its file, sub-agents, shared workspace, alarm file, index row; see
+    :mod:`thinkray.storage.removal`), then release its owner. Refuses a live agent;
+    after a crash midway, running it again finishes the job."""
+    root, ns, _row = _find(args, args.name)
+    try:
+        done = remove_agent(root, ns, args.name)
+    except AgentInUseError as exc:
+        raise CommandError(str(exc)) from exc
+    owner = done.owner_released
+    result = {
+        "namespace": ns,
+        "name": args.name,
+        "removed": done.removed,
+        "agents": done.agents,
+        "owner_released": owner,
+    }
     if args.json:
         _emit_json(result)
     else:
-        print(f"removed {ns}/{args.name} ({len(removed)} file(s), index row, owner {owner or '-'})")
+        subs = len(done.agents) - 1
+        print(
+            f"removed {ns}/{args.name} ({len(done.removed)} file(s), {subs} sub-agent(s), "
+            f"index row, owner {owner or '-'})"
+        )
     return 0
 
 
@@ -508,7 +515,9 @@ def add_commands(sub: Any) -> None:
     p_export.add_argument("name")
     p_export.add_argument("-o", "--output", help="file to write (default: stdout)")
     p_export.set_defaults(func=_guarded(sessions_export))
-    p_rm = ssub.add_parser("rm", help="delete a hibernated agent: file, index row, owner")
+    p_rm = ssub.add_parser(
+        "rm", help="delete a hibernated agent and all that is its, then its owner"
+    )
     _common(p_rm)
     p_rm.add_argument("name")
     p_rm.set_defaults(func=_guarded(sessions_rm))

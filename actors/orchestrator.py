@@ -43,9 +43,10 @@ from thinkray.runtime.tools.mcp import McpConfigError, McpServerConfig, McpToolI
 from thinkray.runtime.tools.workspace import LocalWorkspace, workspace_tools
 from thinkray.runtime.turn.stream import RunStream
 from thinkray.storage.errors import SubAgentNotFoundError
-from thinkray.storage.layout import validate_name
+from thinkray.storage.layout import subagents_namespace, validate_name
 from thinkray.storage.objectstore import is_uri
 from thinkray.storage.protocols import RegistryStore, SubAgentRecord
+from thinkray.storage.removal import remove_agent
 from thinkray.storage.types import InvalidInputError
 
 log = logging.getLogger("thinkray.orchestrator")
@@ -301,7 +302,7 @@ class Orchestrator(Agent):
         if self._subs is None:
             namespace, name, root = self._identity()
             ns = AgentNamespace(
-                f"{namespace}.{name}.subs",
+                subagents_namespace(namespace, name),
                 self.subagent_cls,
                 storage_root=root,
                 pool_size=self.subagent_pool_size,
@@ -451,7 +452,8 @@ class Orchestrator(Agent):
     @remote
     async def delete_subagent(self, name: str) -> None:
         """Abort its running tasks, hibernate it, revoke its grant, delete its database
-        file and its record.
+        file with all that is its (:func:`~thinkray.storage.removal.remove_agent`) and
+        its record.
 
         Raises:
             SubAgentNotFoundError: no such sub-agent.
@@ -463,10 +465,9 @@ class Orchestrator(Agent):
         ns = await self.subagents_namespace()
         await ns.directory.hibernate.remote(name, True)
         await (await self.shared_bridge()).revoke.remote(name)
-        from pathlib import Path
-
-        path = Path(self._identity()[2]) / ns.name / f"{name}.duckdb"
-        path.unlink(missing_ok=True)
+        # Its file and all that is its (its own sub-agents, shared workspace, alarm),
+        # under a local or an object-store root; blocking I/O, so off the loop.
+        await asyncio.to_thread(remove_agent, self._identity()[2], ns.name, name)
         self._handles.pop(name, None)
         self.registry.remove(name)
 

@@ -12,12 +12,14 @@ URI, handed to the session actor) and the files live as fenced generations
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import stat
 import sys
 import tempfile
 from pathlib import Path, PosixPath
-from typing import Any
+from typing import Any, Literal
 
 from thinkray.storage.errors import (  # re-exported: the errors live in thinkray.storage.errors
     StorageRootError as StorageRootError,
@@ -150,3 +152,90 @@ def list_names(root: str | os.PathLike[str], namespace: str) -> list[str]:
     if not folder.is_dir():
         return []
     return sorted(p.name[: -len(FILE_SUFFIX)] for p in folder.glob(f"*{FILE_SUFFIX}"))
+
+
+# -- an orchestrator's other folders -----------------------------------------------------
+
+SHARED_FOLDER = "_shared"
+"""The folder of the orchestrators' shared-workspace (bridge) files in a namespace,
+under a local root: ``<root>/<namespace>/_shared/<orchestrator>.duckdb``."""
+REMOTE_SHARED_FOLDER = ".shared"
+"""The same under an object-store root: the fenced session ``<namespace>/.shared/<name>``."""
+
+
+def subagents_namespace(namespace: str, name: str) -> str:
+    """The namespace of the sub-agents of orchestrator ``name`` in ``namespace``."""
+    return f"{namespace}.{name}.subs"
+
+
+# -- default folders ---------------------------------------------------------------------
+
+
+def user_dir(kind: Literal["data", "cache"]) -> Path:
+    """This user's base folder for thinkray's ``kind`` of files: ``$XDG_DATA_HOME`` /
+    ``$XDG_CACHE_HOME`` (else ``~/.local/share``, ``~/.cache``) + ``/thinkray``, or,
+    without a usable home, ``<tmp>/thinkray-<uid>-<kind>`` (never a shared, predictable
+    ``/tmp`` folder another user could create first). Not created here: see
+    :func:`private_dir`."""
+    env, default = {
+        "data": ("XDG_DATA_HOME", (".local", "share")),
+        "cache": ("XDG_CACHE_HOME", (".cache",)),
+    }[kind]
+    base = os.environ.get(env, "")
+    if os.path.isabs(base):
+        return Path(base) / "thinkray"
+    home = os.path.expanduser("~")
+    if os.path.isabs(home) and home != "/" and os.access(home, os.W_OK):
+        return Path(home, *default, "thinkray")
+    # One folder right under the sticky tmp: no other user can rename or replace it.
+    return Path(tempfile.gettempdir()) / f"thinkray-{os.geteuid()}-{kind}"
+
+
+def private_dir(path: str | os.PathLike[str]) -> Path:
+    """``path``, created (with its parents) readable and writable by this user only
+    (0700), or refused when it already exists and is not this user's own: a symbolic
+    link, something else than a folder, owned by another user, or writable by others
+    (another user could plant or swap files in it). One that is this user's but
+    readable by others is narrowed to 0700 (agents' files are private).
+
+    Raises:
+        StorageRootError: the folder is not this user's own, or cannot be created.
+    """
+    folder = Path(path)
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir(mode=0o700)
+        info = os.lstat(folder)
+    except OSError as exc:
+        raise StorageRootError(f"cannot create {str(folder)!r}: {exc.strerror or exc}") from exc
+    problem = _foreign(info)
+    if problem:
+        raise StorageRootError(
+            f"refusing {str(folder)!r}: it {problem}, so another user could read or replace "
+            "the agents' files. Remove it, or point thinkray at a folder of your own "
+            "(--root / THINKRAY_STORAGE_ROOT, THINKRAY_CACHE_DIR)."
+        )
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        os.chmod(folder, 0o700)
+    return folder
+
+
+def _foreign(info: os.stat_result) -> str:
+    """Why a pre-existing folder is not this user's own ("" when it is)."""
+    if stat.S_ISLNK(info.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISDIR(info.st_mode):
+        return "is not a folder"
+    if info.st_uid != os.geteuid():
+        return f"is owned by another user (uid {info.st_uid})"
+    if info.st_mode & 0o022:
+        return f"is writable by other users (mode {stat.S_IMODE(info.st_mode):o})"
+    return ""
+
+
+def default_storage_root(purpose: str) -> Path:
+    """The storage root used when none is given (``thinkray serve``, ``thinkray demo``):
+    ``<user data dir>/<purpose>`` in this user's private folder (:func:`user_dir`,
+    :func:`private_dir`)."""
+    return private_dir(private_dir(user_dir("data")) / validate_name(purpose, "folder name"))

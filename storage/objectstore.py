@@ -61,7 +61,6 @@ import logging
 import os
 import shutil
 import socket
-import tempfile
 import threading
 import time
 import uuid
@@ -89,6 +88,8 @@ __all__ = [
     "UploadError",
     "check_root",
     "delete_object",
+    "delete_prefix",
+    "live_lease_owner",
     "list_folders",
     "list_objects",
     "put_object_if_absent",
@@ -488,6 +489,39 @@ def remote_exists(root: str, namespace: str, name: str) -> bool:
     return bool(gens or leases)
 
 
+def live_lease_owner(root: str, namespace: str, name: str) -> str | None:
+    """The owner holding a live lease on session ``name`` (None: nobody does)."""
+    backend = _backend(root)
+    _, leases, _ = _entries(backend, f"{namespace}/{name}")
+    if not leases:
+        return None
+    raw = backend.read(f"{namespace}/{name}/lease-{leases[-1]:0{WIDTH}d}.json")
+    lease = Lease(**json.loads(raw)) if raw else None
+    return lease.owner if lease is not None and lease.live() else None
+
+
+def delete_prefix(root: str, key: str) -> list[str]:
+    """Delete every object under ``key`` (recursively), leaving no folder behind (an
+    empty folder would still list as a session name); the keys of the objects."""
+    backend = _backend(root)
+    if backend.local:
+        removed = [f"{key}/{rel}" for rel, _size in list_objects(root, key, recursive=True)]
+        with contextlib.suppress(FileNotFoundError):
+            backend.fs.delete_dir(backend._path(key))
+        return removed
+    # Through boto3: pyarrow's delete leaves a marker object for the parent "folder".
+    bucket, prefix = backend._bucket_key(key)
+    client = backend._client()
+    removed = []
+    for page in client.get_paginator("list_objects_v2").paginate(
+        Bucket=bucket, Prefix=f"{prefix}/"
+    ):
+        for item in page.get("Contents", []):
+            client.delete_object(Bucket=bucket, Key=item["Key"])
+            removed.append(f"{key}/{item['Key'][len(prefix) + 1 :]}")
+    return removed
+
+
 def list_remote_names(root: str, namespace: str) -> list[str]:
     """The session names under ``root/namespace``, sorted."""
     return sorted(
@@ -559,11 +593,16 @@ def _fold(path: Path) -> None:
 
 
 def default_cache_dir() -> Path:
-    """Where live session files sit on this node: ``THINKRAY_CACHE_DIR`` or
-    ``<tmp>/thinkray-cache``."""
-    return Path(
-        os.environ.get("THINKRAY_CACHE_DIR") or Path(tempfile.gettempdir()) / "thinkray-cache"
-    )
+    """Where live session files sit on this node: ``THINKRAY_CACHE_DIR``, else this
+    user's private cache folder (``$XDG_CACHE_HOME/thinkray/objects``, created 0700;
+    one that is a link, another user's or writable by others is refused with
+    :class:`StorageRootError`: it would hand the agents' files to that user)."""
+    configured = os.environ.get("THINKRAY_CACHE_DIR")
+    if configured:
+        return Path(configured)
+    from thinkray.storage.layout import private_dir, user_dir
+
+    return private_dir(private_dir(user_dir("cache")) / "objects")
 
 
 def _retry(what: str, fn: Callable[[], T], attempts: int = UPLOAD_ATTEMPTS) -> T:

@@ -9,7 +9,7 @@ import multiprocessing
 from pathlib import Path
 
 import pytest
-from thinkray.storage.owners import OwnerRegistry
+from thinkray.storage.owners import OwnerRegistry, principal_key
 from thinkray.storage.types import InvalidInputError
 
 
@@ -37,7 +37,12 @@ def test_the_first_claim_wins_and_others_change_nothing(any_root):
     assert not owners.claim("ns", "a", "bob")
     assert owners.owner("ns", "a") == "alice"
     assert OwnerRegistry(any_root).owner("ns", "a") == "alice"  # another replica sees it
-    assert _everything(any_root) == ["ns/.owners/a"]  # in the store, not a local folder
+    # in the store, not a local folder: the owner file and alice's index entry
+    assert _everything(any_root) == [
+        "ns/.owned/.indexed-v1",
+        f"ns/.owned/{principal_key('alice')}/a",
+        "ns/.owners/a",
+    ]
     assert owners.claim("ns", "b", "bob")
     assert owners.names("ns", "alice") == ["a"] and owners.names("ns", "bob") == ["b"]
     assert owners.names("ns", "carol") == [] and owners.names("other", "alice") == []

@@ -70,26 +70,46 @@ class Agents:
         """
         validate_name(name, "agent name")
         ns = await self.namespace(slug)
-        route_ns = self.config.agents[slug].namespace
-        owner = self.owners.owner(route_ns, name)
-        if owner is None and claim:
-            if self.owners.claim(route_ns, name, principal.id):
-                owner = principal.id
-            else:
-                owner = self.owners.owner(route_ns, name)
-        if owner != principal.id:
-            raise NotVisibleError(f"no agent {name!r} of class {slug!r}")
+        await self.check_owner(slug, name, principal, claim=claim)
         handle = ns.get(name) if claim else ns.existing(name)
         return cast("AgentHandle[Any]", handle)
+
+    async def check_owner(self, slug: str, name: str, principal: Principal, *, claim: bool) -> None:
+        """Pass when ``principal`` owns ``name`` (or, with ``claim``, has just claimed
+        it). The owner store is read in a worker thread: under an ``s3://`` root each
+        read or claim is a blocking HTTP call, which would stall every stream this
+        replica serves if it ran on the event loop.
+
+        Raises:
+            NotVisibleError: an unknown slug, or a name the caller does not own.
+        """
+        route = self.config.agents.get(slug)
+        if route is None:
+            raise NotVisibleError(f"unknown agent class {slug!r}")
+        owner = await self.owner_of(slug, name)
+        if owner is None and claim:
+            won = await self.owners.aclaim(route.namespace, name, principal.id)
+            owner = principal.id if won else await self.owner_of(slug, name)
+        if owner != principal.id:
+            raise NotVisibleError(f"no agent {name!r} of class {slug!r}")
+
+    async def owner_of(self, slug: str, name: str) -> str | None:
+        """The principal owning agent ``name`` of class ``slug`` (None: unclaimed),
+        read off the event loop."""
+        route = self.config.agents.get(slug)
+        if route is None:
+            raise NotVisibleError(f"unknown agent class {slug!r}")
+        return await self.owners.aowner(route.namespace, name)
 
     async def live(self, slug: str, name: str) -> bool:
         """Whether agent ``name`` is live now (asks the directory; never wakes it)."""
         ns = await self.namespace(slug)
         return bool(await ns.directory.live_actor.remote(name))
 
-    def owned(self, slug: str, principal: Principal) -> list[str]:
-        """The agent names of class ``slug`` that ``principal`` owns."""
+    async def owned(self, slug: str, principal: Principal) -> list[str]:
+        """The agent names of class ``slug`` that ``principal`` owns (from the
+        principal's owner index, off the event loop: O(own agents) reads)."""
         route = self.config.agents.get(slug)
         if route is None:
             raise NotVisibleError(f"unknown agent class {slug!r}")
-        return self.owners.names(route.namespace, principal.id)
+        return await self.owners.anames(route.namespace, principal.id)

@@ -396,7 +396,7 @@ def build_app(config: IngressConfig) -> FastAPI:
     # -- sessions ----------------------------------------------------------------------
 
     async def list_agents(request: Request, who: Principal, agent: str) -> Any:
-        return JSONResponse({"agents": agents.owned(agent, who)})
+        return JSONResponse({"agents": await agents.owned(agent, who)})
 
     async def list_sessions(request: Request, who: Principal, agent: str, name: str) -> Any:
         try:

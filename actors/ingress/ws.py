@@ -272,7 +272,7 @@ def add_websocket_routes(
         route = config.agents.get(slug)
         if route is None:
             raise NotVisibleError(f"unknown agent class {slug!r}")
-        owner = agents.owners.owner(route.namespace, name)
+        owner = await agents.owner_of(slug, name)
         if owner is None:
             return None
         if owner != who.id:
