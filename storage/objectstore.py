@@ -490,14 +490,17 @@ def remote_exists(root: str, namespace: str, name: str) -> bool:
 
 
 def live_lease_owner(root: str, namespace: str, name: str) -> str | None:
-    """The owner holding a live lease on session ``name`` (None: nobody does)."""
-    backend = _backend(root)
-    _, leases, _ = _entries(backend, f"{namespace}/{name}")
-    if not leases:
+    """The owner whose lease on session ``name`` may still be live (None: nobody's).
+
+    Liveness is judged as a takeover judges it (:meth:`RemoteSession.acquire`): a lease
+    not released counts as live until this node has seen it unrenewed for its TTL on its
+    own monotonic clock, so asking again after the TTL sees a dead owner's lease lapse.
+    """
+    session = RemoteSession(root, namespace, name)
+    current = session.lease()
+    if current is None or current.released:
         return None
-    raw = backend.read(f"{namespace}/{name}/lease-{leases[-1]:0{WIDTH}d}.json")
-    lease = Lease(**json.loads(raw)) if raw else None
-    return lease.owner if lease is not None and lease.live() else None
+    return current.owner if session._waited(current) < current.ttl else None
 
 
 def delete_prefix(root: str, key: str) -> list[str]:
