@@ -228,7 +228,7 @@ async def test_a_lease_out_of_bounds_is_refused_and_claims_nothing(store):
             await agent.claim_tool_calls(["render"], "w", 1, 0.0, bad)
     assert agent.get_tool_call("call-1")["status"] == "pending"
     [claimed] = await agent.claim_tool_calls(["render"], "w", 1, 0.0, 5.0)
-    assert claimed["lease_until"] - claimed["updated_at"] == pytest.approx(5.0, abs=0.01)
+    assert claimed["lease_until"] - claimed["updated_at"] == pytest.approx(5.0, abs=1.0)
     with pytest.raises(ToolCallStateError):
         agent.renew_tool_call("call-1", "not-the-holder")
     agent.submit_tool_result("call-1", "w", "done")

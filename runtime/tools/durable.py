@@ -420,7 +420,12 @@ class ToolCallLedger:
             call_id, executor, time.time() + self._lease(rec.tool_name, lease)
         )
         if renewed is None:
-            raise _lost(self.store.get(call_id) or rec, executor)
+            now = self.store.get(call_id) or rec
+            held = f", held by {now.executor!r}" if now.executor else ""
+            raise ClaimLostError(
+                f"tool call {call_id!r} is {now.status}{held}: {executor!r} does not hold "
+                "it (its claim lapsed, or the call was claimed again, cancelled or finished)"
+            )
         return renewed
 
     def submit(
@@ -588,11 +593,16 @@ def _check_lease(lease: float | None) -> None:
 
 def _lost(rec: ToolCallRecord, executor: str) -> ToolCallStateError:
     """The error for ``executor`` acting on a call it does not hold."""
-    if rec.finished:
-        return ToolCallStateError(
-            f"tool call {rec.id!r} is {rec.status}; {executor!r} cannot report on it"
-        )
     held = f", held by {rec.executor!r}" if rec.executor else ""
+    if rec.finished and rec.executor == executor:
+        return ToolCallStateError(
+            f"tool call {rec.id!r} is {rec.status}; {executor!r} cannot report on it again"
+        )
+    if rec.finished:
+        return ClaimLostError(
+            f"tool call {rec.id!r} is {rec.status}{held}: {executor!r} does not hold it; "
+            "its result is refused"
+        )
     return ClaimLostError(
         f"tool call {rec.id!r} is {rec.status}{held}: {executor!r} does not hold it (its "
         "claim lapsed or the call was claimed again); its result is refused"
