@@ -201,6 +201,21 @@ def _statuses(status: str | Iterable[str]) -> list[str]:
     return statuses
 
 
+def _check_move(expect: Collection[str], status: str) -> list[str]:
+    """The expected statuses, if a move from each of them to ``status`` is allowed."""
+    _check_status(status)
+    expected = _statuses(expect)
+    if not expected:
+        raise InvalidInputError("expect must name at least one status")
+    for source in expected:
+        if status not in TOOL_CALL_TRANSITIONS[source]:
+            raise InvalidInputError(
+                f"a tool call cannot move from {source!r} to {status!r}"
+                + (" (final)" if not TOOL_CALL_TRANSITIONS[source] else "")
+            )
+    return expected
+
+
 def _optional_str(value: object, what: str) -> None:
     if value is not None and not isinstance(value, str):
         raise InvalidInputError(f"{what} must be a string or None, not {type(value).__name__}")
@@ -279,16 +294,7 @@ class DuckDBToolCallStore(MigratedStore, ToolCallStore):
         # Everything that can be refused is refused before the transaction: whether a
         # move is allowed depends on the request only (each expected status must allow
         # it), never on what the call's status happens to be.
-        _check_status(status)
-        expected = _statuses(expect)
-        if not expected:
-            raise InvalidInputError("expect must name at least one status")
-        for source in expected:
-            if status not in TOOL_CALL_TRANSITIONS[source]:
-                raise InvalidInputError(
-                    f"a tool call cannot move from {source!r} to {status!r}"
-                    + (" (final)" if not TOOL_CALL_TRANSITIONS[source] else "")
-                )
+        expected = _check_move(expect, status)
         _optional_str(executor, "executor")
         _optional_str(error, "error")
         if claim and not executor:

@@ -163,17 +163,7 @@ class ToolCallLedger:
                         until = time.time() + policy.deadline
                     return await self._wait(call_id, ctx.signal, until)
         if policy.decoupled:
-            if not created and rec.deadline_at is None and deadline is not None:
-                # A row written before its deadline was known (an ask, an older file).
-                rec = self.store.set_deadline(call_id, deadline) or rec
-            if rec.deadline_at is not None:
-                self.arm_at(rec.deadline_at)
-            if rec.status == "pending":
-                if policy.executor == "local":
-                    self._spawn_local(t, value, ctx)
-                else:
-                    self._pending.set()
-            return await self._wait(call_id, ctx.signal, rec.deadline_at)
+            return await self._decoupled(t, value, ctx, rec, fresh_row=created)
         limit = asyncio.timeout(policy.deadline)
         try:
             async with limit:
@@ -191,6 +181,25 @@ class ToolCallLedger:
             self._failed(call_id, f"{type(exc).__name__}: {exc}")
             raise
         return self._finish(call_id, "completed", self.executor_id, result=output)
+
+    async def _decoupled(
+        self, t: Tool, value: Any, ctx: ToolContext, rec: ToolCallRecord, *, fresh_row: bool
+    ) -> Any:
+        """Hand a decoupled call to its executor and wait for the outcome, until the
+        call's deadline (armed on the agent's alarm too)."""
+        policy = policy_of(t)
+        deadline = self.deadline_for(t.name)
+        if not fresh_row and rec.deadline_at is None and deadline is not None:
+            # A row written before its deadline was known (an ask, an older file).
+            rec = self.store.set_deadline(rec.id, deadline) or rec
+        if rec.deadline_at is not None:
+            self.arm_at(rec.deadline_at)
+        if rec.status == "pending":
+            if policy.executor == "local":
+                self._spawn_local(t, value, ctx)
+            else:
+                self._pending.set()
+        return await self._wait(rec.id, ctx.signal, rec.deadline_at)
 
     def _failed(self, call_id: str, error: str) -> None:
         """Record that this ledger's inline execution of a call raised (the caller
