@@ -233,3 +233,33 @@ async def test_a_lease_out_of_bounds_is_refused_and_claims_nothing(store):
         agent.renew_tool_call("call-1", "not-the-holder")
     agent.submit_tool_result("call-1", "w", "done")
     assert (await asyncio.wait_for(turn, 30)).status == "completed"
+
+
+async def test_an_approved_external_call_gets_its_deadline_and_an_executor_can_claim_it(store):
+    """The ask writes the call's row before it runs: as the external call it is
+    (claimable once approved), with the ask's expiry as its deadline until then."""
+    render = render_tool()
+
+    class Asking(Agent):
+        permission_rules = ({"tool": "render", "action": "ask"},)
+        approval_timeout = 60.0
+
+        def get_tools(self) -> dict[str, Any]:
+            return {"render": render}
+
+    model = ScriptedModel([reply(tool_call("render", {"scene": "dusk"}, id="call-1")), reply("ok")])
+    agent = Asking(store, model=model)
+    turn = agent.start_chat("draw")
+    [ask] = await wait_pending(agent)
+    call = agent.get_tool_call("call-1")
+    assert call["durable"] and call["deadline_at"] == ask["expires_at"]
+    assert await agent.claim_tool_calls(["render"], "gpu") == []  # not before the answer
+    agent.answer_approval(ask["approval_id"], "once", answered_by="alice")
+    [claimed] = await agent.claim_tool_calls(["render"], "gpu", wait=10)
+    assert claimed["deadline_at"] == pytest.approx(
+        claimed["updated_at"] + DEFAULT_EXTERNAL_TIMEOUT, abs=5
+    )
+    agent.submit_tool_result("call-1", "gpu", "dusk.png")
+    assert turn.task is not None
+    assert (await asyncio.wait_for(turn.task, 30)).status == "completed"
+    assert agent.get_tool_call("call-1")["result"] == "dusk.png"

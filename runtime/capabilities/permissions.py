@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fnmatch
+import inspect
 import json
 import logging
 import time
@@ -64,6 +65,7 @@ from thinkray.runtime.errors import (
     ApprovalNotFoundError as ApprovalNotFoundError,
 )
 from thinkray.runtime.messages import new_id
+from thinkray.runtime.tools.base import ToolPolicy
 from thinkray.runtime.tools.durable import policy_of
 from thinkray.runtime.turn.loop import ToolDenial
 from thinkray.storage.records import ToolCallRecord
@@ -632,8 +634,8 @@ class Permissions:
             future=asyncio.get_running_loop().create_future(),
         )
         self._remember(approval)
-        tool = (getattr(options, "tools", None) or {}).get(tool_name)
-        rec = self._store_ask(approval, durable=tool is not None and policy_of(tool).decoupled)
+        policy = await self._policy_of(options, tool_name)
+        rec = self._store_ask(approval, durable=policy is not None and policy.decoupled)
         aborted = asyncio.ensure_future(options.signal.wait())
         try:
             await options.emit(
@@ -670,6 +672,21 @@ class Permissions:
             aborted.cancel()
             if approval.status == "pending":
                 approval.status = "aborted"
+
+    async def _policy_of(self, options: Any, tool_name: str) -> ToolPolicy | None:
+        """The policy of the tool a turn asks about: a tool of the turn's own, else of
+        the agent's ``get_tools``; None if neither has it."""
+        tool = (getattr(options, "tools", None) or {}).get(tool_name)
+        get_tools = getattr(self.host, "get_tools", None)
+        if tool is None and callable(get_tools):
+            try:
+                tools = get_tools()
+                if inspect.isawaitable(tools):
+                    tools = await tools
+                tool = dict(tools).get(tool_name)
+            except Exception:  # the ask still goes out; the call is taken as inline
+                log.exception("could not read the tools to ask about %s", tool_name)
+        return policy_of(tool) if tool is not None else None
 
     def _store_ask(self, approval: Approval, *, durable: bool = False) -> ToolCallRecord:
         """The ask as its tool call's row, ``awaiting-approval`` (written before the
