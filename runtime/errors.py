@@ -22,9 +22,11 @@ __all__ = [
     "AbortError",
     "AccessDeniedError",
     "AgentClosedError",
+    "ApprovalExpiredError",
     "ApprovalNotFoundError",
     "BinaryFileError",
     "CallInterruptedError",
+    "ClaimLostError",
     "CompactionError",
     "CompactionSpecLimitError",
     "DuplicateRunError",
@@ -368,3 +370,15 @@ class ToolCallStateError(UserError, ValueError):
 
 class ToolTimeoutError(ThinkrayError, TimeoutError):
     """A tool call ran past its tool's timeout (it is ``cancelled-by-timeout``)."""
+
+
+class ClaimLostError(ToolCallStateError):
+    """An executor reported on (or renewed) a tool call it no longer holds: its claim
+    lapsed (no renewal within the lease) and the call went back to ``pending``, or
+    another executor claimed it since. Nothing was changed; stop working on the call."""
+
+
+class ApprovalExpiredError(ApprovalNotFoundError):
+    """An answer came after the approval's ``expires_at``: the ask is
+    ``cancelled-by-timeout`` (whatever happened to the process meanwhile) and the answer
+    is refused; the tool never runs on it."""

@@ -1167,6 +1167,18 @@ class ToolCallStore(Protocol):
     - **Not found.** :meth:`get` returns ``None``, :meth:`transition` ``None``.
     - **Values** (input, result, late result) must be msgpack-serializable, else
       InvalidInputError and nothing written.
+    - **Leases** (the visibility timeout of a claim, as SQS has it). A claim may carry
+      ``lease_until``; only a claim sets one, :meth:`renew` moves it (for the holder
+      only), and any other move ends it. :meth:`lapse` puts every ``executing`` call
+      whose lease is past back to ``pending`` with no holder, so another executor can
+      claim it; the old holder then holds nothing (its moves with ``executor`` return
+      ``None``). A call without a lease never lapses.
+    - **Deadlines.** ``deadline_at`` is set by :meth:`insert` or :meth:`set_deadline`;
+      :meth:`expire` moves every open call past it to ``cancelled-by-timeout`` (an ask
+      gets ``approval["decision"] = "timeout"``). :meth:`next_deadline` is the earliest
+      lease or deadline still ahead of an open call: when to sweep next. Times are
+      epoch seconds, finite; anything else is InvalidInputError.
+    - **Lookups by id** do not scan the table (an index or a key on ``id``).
     - **Ordering.** :meth:`rows` lists oldest first (``created_at``, then ``id``).
     - **Transactions** follow the module's rule; every method is atomic.
     """
@@ -1200,10 +1212,13 @@ class ToolCallStore(Protocol):
         result: Any = None,
         error: str | None = None,
         approval: dict[str, Any] | None = None,
+        lease_until: float | None = None,
     ) -> ToolCallRecord | None:
         """Move the call to ``status`` if its status is in ``expect`` (compare-and-set).
 
-        ``claim``: this move hands the call to ``executor`` (stored; ``attempts`` + 1).
+        ``claim``: this move hands the call to ``executor`` (stored; ``attempts`` + 1),
+        with the lease ``lease_until`` (None: none; a lease without a claim is refused).
+        Every move ends the lease it had.
         Otherwise, with ``executor``, the move happens only if that executor holds the
         call. ``result``/``error`` are stored when given; ``approval`` replaces the last
         decision. Stamps ``updated_at``.
@@ -1216,6 +1231,41 @@ class ToolCallStore(Protocol):
                 to ``status`` that :data:`TOOL_CALL_TRANSITIONS` forbids, or an
                 unencodable result; nothing written.
         """
+        ...
+
+    def renew(self, tool_call_id: str, executor: str, lease_until: float) -> ToolCallRecord | None:
+        """Move the lease of a call ``executing`` and held by ``executor`` to
+        ``lease_until`` (the holder's heartbeat). ``None`` when the call is unknown, not
+        executing, or held by another (its lease lapsed and it was put back or claimed
+        again): the executor has lost it. A lease past but not yet lapsed is renewed.
+        """
+        ...
+
+    def set_deadline(
+        self,
+        tool_call_id: str,
+        deadline_at: float | None,
+        *,
+        expect: Collection[str] | None = None,
+    ) -> ToolCallRecord | None:
+        """Set (None: clear) the deadline of an open call whose status is in ``expect``
+        (default: any open status); the status stays. ``None`` when the call is
+        unknown, final or in another status."""
+        ...
+
+    def expire(self, now: float) -> list[ToolCallRecord]:
+        """Cancel (``cancelled-by-timeout``, with an error saying so) every open call
+        whose deadline is at or before ``now``; returns them, oldest first."""
+        ...
+
+    def lapse(self, now: float) -> list[ToolCallRecord]:
+        """Put every ``executing`` call whose lease is at or before ``now`` back to
+        ``pending`` with no holder; returns them, oldest first."""
+        ...
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline of an open call or lease of an executing one (may be
+        past), or ``None``."""
         ...
 
     def store_late(

@@ -373,7 +373,10 @@ class ToolCallRecord:
     inline in the turn. ``late_result``/``late_error``: what an executor reported
     after the call was cancelled, kept when the agent's policy is ``store``
     (``late_at`` says when). ``approval``: the last decision (``decision``, ``by``,
-    ``reason``, ``at``); the full history is the audit table. Values must be
+    ``reason``, ``at``); the full history is the audit table. ``lease_until``: while
+    ``executing`` by a decoupled executor, when its claim lapses unless renewed (the
+    visibility timeout; None: no lease). ``deadline_at``: when the open call is
+    ``cancelled-by-timeout`` (None: no deadline). Both are epoch seconds. Values must be
     msgpack-serializable."""
 
     id: str
@@ -393,6 +396,8 @@ class ToolCallRecord:
     late_at: float | None = None
     created_at: float = 0.0
     updated_at: float = 0.0
+    lease_until: float | None = None
+    deadline_at: float | None = None
 
     @property
     def finished(self) -> bool:

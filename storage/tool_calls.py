@@ -2,7 +2,8 @@
 tables. Layout::
 
     tool_calls(id VARCHAR, status VARCHAR, tool_name VARCHAR, run_id VARCHAR,
-               session_id VARCHAR, executor VARCHAR, updated_at DOUBLE, info BLOB)
+               session_id VARCHAR, executor VARCHAR, updated_at DOUBLE, info BLOB,
+               due_at DOUBLE)                       -- index tool_calls_id on (id)
     tool_call_audit(seq BIGINT, tool_call_id VARCHAR, "at" DOUBLE, info BLOB)
 
 Every tool call of a generation is a row, written before it runs and moved by
@@ -10,8 +11,14 @@ compare-and-set transitions (:data:`~thinkray.storage.records.TOOL_CALL_TRANSITI
 :meth:`DuckDBToolCallStore.transition` reads the status and holder and writes the move
 in one transaction, so of two racing moves exactly one wins. The columns are what the
 store filters on; everything else (input, result, error, attempts, approval, the late
-result, created_at) is in the msgpack ``info`` blob. No PRIMARY KEY: ids are checked
-inside the insert. The audit is append-only; ``seq`` increases with every row.
+result, the lease and the deadline, created_at) is in the msgpack ``info`` blob.
+``due_at`` is the earliest of an open call's deadline and (while executing) its
+lease: what the sweeps (:meth:`~DuckDBToolCallStore.expire`,
+:meth:`~DuckDBToolCallStore.lapse`) and the alarm (:meth:`~DuckDBToolCallStore.next_deadline`)
+read, NULL once the call is final. Every transition finds its row by id, so ``id`` has
+an ART index (version 2; a plain one, not UNIQUE: DuckDB turns an update of a row under
+a unique key into delete + insert, and ids are checked inside the insert). The audit
+is append-only; ``seq`` increases with every row.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from thinkray.storage.codec import unpack as _unpack
 from thinkray.storage.db import MigratedStore, Migration
 from thinkray.storage.protocols import ToolCallStore
 from thinkray.storage.records import (
+    TOOL_CALL_FINISHED,
     TOOL_CALL_STATUSES,
     TOOL_CALL_TRANSITIONS,
     ToolCallAudit,
@@ -64,8 +72,17 @@ def _v1(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
-MIGRATIONS = [Migration(1, _v1)]
+def _v2(con: duckdb.DuckDBPyConnection) -> None:
+    # Issue 16: without a key every transition scanned the table for its row. A file of
+    # version 1 keeps its rows; their due_at stays NULL (no lease, no deadline) until the
+    # agent's recovery at wake gives its open external calls one.
+    con.execute("ALTER TABLE tool_calls ADD COLUMN IF NOT EXISTS due_at DOUBLE")
+    con.execute("CREATE INDEX IF NOT EXISTS tool_calls_id ON tool_calls (id)")
+
+
+MIGRATIONS = [Migration(1, _v1), Migration(2, _v2)]
 _COLS = "id, status, tool_name, run_id, session_id, executor, updated_at, info"
+_WRITE_COLS = f"{_COLS}, due_at"
 _AUDIT_COLS = 'seq, tool_call_id, "at", info'  # AT is a keyword in DuckDB
 
 
@@ -91,6 +108,52 @@ def _record(values: Sequence[Any]) -> ToolCallRecord:
         late_at=None if late_at is None else float(late_at),
         created_at=float(info.get("created_at", updated_at)),
         updated_at=float(updated_at),
+        lease_until=_float_or_none(info.get("lease_until")),
+        deadline_at=_float_or_none(info.get("deadline_at")),
+    )
+
+
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _due(rec: ToolCallRecord) -> float | None:
+    """When something must happen to an open call: its deadline passes, or (executing)
+    its lease lapses. None for a final call or one with neither."""
+    if rec.finished:
+        return None
+    lease = rec.lease_until if rec.status == "executing" else None
+    times = [t for t in (rec.deadline_at, lease) if t is not None]
+    return min(times) if times else None
+
+
+def _check_time(value: object, what: str) -> None:
+    """``value`` is None or finite epoch seconds."""
+    if value is None:
+        return
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or value != value
+        or value in (float("inf"), float("-inf"))
+    ):
+        raise InvalidInputError(f"{what} must be epoch seconds or None, not {value!r}")
+
+
+def _update(con: duckdb.DuckDBPyConnection, rec: ToolCallRecord, old_status: str) -> None:
+    """Write ``rec`` over its row, if the row is still ``old_status``."""
+    con.execute(
+        "UPDATE tool_calls SET status = ?, executor = ?, updated_at = ?, info = ?, due_at = ? "
+        "WHERE id = ? AND status = ?",
+        [
+            rec.status,
+            rec.executor,
+            rec.updated_at,
+            _pack(_info(rec), "tool call"),
+            _due(rec),
+            rec.id,
+            old_status,
+        ],
     )
 
 
@@ -106,6 +169,8 @@ def _info(rec: ToolCallRecord) -> dict[str, Any]:
         "late_error": rec.late_error,
         "late_at": rec.late_at,
         "created_at": rec.created_at,
+        "lease_until": rec.lease_until,
+        "deadline_at": rec.deadline_at,
     }
 
 
@@ -134,6 +199,21 @@ def _statuses(status: str | Iterable[str]) -> list[str]:
     for s in statuses:
         _check_status(s)
     return statuses
+
+
+def _check_move(expect: Collection[str], status: str) -> list[str]:
+    """The expected statuses, if a move from each of them to ``status`` is allowed."""
+    _check_status(status)
+    expected = _statuses(expect)
+    if not expected:
+        raise InvalidInputError("expect must name at least one status")
+    for source in expected:
+        if status not in TOOL_CALL_TRANSITIONS[source]:
+            raise InvalidInputError(
+                f"a tool call cannot move from {source!r} to {status!r}"
+                + (" (final)" if not TOOL_CALL_TRANSITIONS[source] else "")
+            )
+    return expected
 
 
 def _optional_str(value: object, what: str) -> None:
@@ -166,6 +246,8 @@ class DuckDBToolCallStore(MigratedStore, ToolCallStore):
             _optional_str(getattr(rec, what), what)
         if isinstance(rec.attempts, bool) or not isinstance(rec.attempts, int):
             raise InvalidInputError("attempts must be an int")
+        _check_time(rec.lease_until, "lease_until")
+        _check_time(rec.deadline_at, "deadline_at")
         now = time.time()
         created_at = rec.created_at or now
         blob = _pack(_info(rec) | {"created_at": created_at}, "tool call")
@@ -173,7 +255,7 @@ class DuckDBToolCallStore(MigratedStore, ToolCallStore):
             if con.execute("SELECT 1 FROM tool_calls WHERE id = ?", [rec.id]).fetchone():
                 raise InvalidInputError(f"tool call {rec.id!r} already exists")
             con.execute(
-                f"INSERT INTO tool_calls ({_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO tool_calls ({_WRITE_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     rec.id,
                     rec.status,
@@ -183,6 +265,7 @@ class DuckDBToolCallStore(MigratedStore, ToolCallStore):
                     rec.executor,
                     now,
                     blob,
+                    _due(rec),
                 ],
             )
         rec.created_at = created_at
@@ -206,24 +289,19 @@ class DuckDBToolCallStore(MigratedStore, ToolCallStore):
         result: Any = None,
         error: str | None = None,
         approval: dict[str, Any] | None = None,
+        lease_until: float | None = None,
     ) -> ToolCallRecord | None:
         # Everything that can be refused is refused before the transaction: whether a
         # move is allowed depends on the request only (each expected status must allow
         # it), never on what the call's status happens to be.
-        _check_status(status)
-        expected = _statuses(expect)
-        if not expected:
-            raise InvalidInputError("expect must name at least one status")
-        for source in expected:
-            if status not in TOOL_CALL_TRANSITIONS[source]:
-                raise InvalidInputError(
-                    f"a tool call cannot move from {source!r} to {status!r}"
-                    + (" (final)" if not TOOL_CALL_TRANSITIONS[source] else "")
-                )
+        expected = _check_move(expect, status)
         _optional_str(executor, "executor")
         _optional_str(error, "error")
         if claim and not executor:
             raise InvalidInputError("a claim names its executor")
+        _check_time(lease_until, "lease_until")
+        if lease_until is not None and not claim:
+            raise InvalidInputError("only a claim sets a lease (renew one with renew())")
         if approval is not None and not isinstance(approval, dict):
             raise InvalidInputError("approval must be a dict or None")
         _pack(result, "tool call result")
@@ -247,6 +325,8 @@ class DuckDBToolCallStore(MigratedStore, ToolCallStore):
                 if claim:
                     rec.executor = executor
                     rec.attempts += 1
+                # A lease belongs to one claim: any other move ends it.
+                rec.lease_until = lease_until if claim else None
                 if result is not None:
                     rec.result = result
                 if error is not None:
@@ -254,18 +334,7 @@ class DuckDBToolCallStore(MigratedStore, ToolCallStore):
                 if approval is not None:
                     rec.approval = approval
                 rec.updated_at = time.time()
-                con.execute(
-                    "UPDATE tool_calls SET status = ?, executor = ?, updated_at = ?, info = ? "
-                    "WHERE id = ? AND status = ?",
-                    [
-                        status,
-                        rec.executor,
-                        rec.updated_at,
-                        _pack(_info(rec), "tool call"),
-                        tool_call_id,
-                        old_status,
-                    ],
-                )
+                _update(con, rec, old_status)
         except duckdb.TransactionException as exc:
             # Another connection to the same file moved the call first (DuckDB refuses
             # the second write to a row): the compare failed. Only when this call's
@@ -275,6 +344,108 @@ class DuckDBToolCallStore(MigratedStore, ToolCallStore):
                 return None
             raise
         return rec
+
+    @override
+    def renew(self, tool_call_id: str, executor: str, lease_until: float) -> ToolCallRecord | None:
+        if not isinstance(executor, str) or not executor:
+            raise InvalidInputError("a renewal names its executor")
+        _check_time(lease_until, "lease_until")
+        if lease_until is None:
+            raise InvalidInputError("a renewal needs lease_until")
+        with self.db.transaction() as con:
+            row = con.execute(
+                f"SELECT {_COLS} FROM tool_calls WHERE id = ?", [tool_call_id]
+            ).fetchone()
+            if row is None:
+                return None
+            rec = _record(row)
+            if rec.status != "executing" or rec.executor != executor:
+                return None
+            rec.lease_until = float(lease_until)
+            rec.updated_at = time.time()
+            _update(con, rec, "executing")
+        return rec
+
+    @override
+    def set_deadline(
+        self,
+        tool_call_id: str,
+        deadline_at: float | None,
+        *,
+        expect: Collection[str] | None = None,
+    ) -> ToolCallRecord | None:
+        _check_time(deadline_at, "deadline_at")
+        expected = [s for s in TOOL_CALL_STATUSES if s not in TOOL_CALL_FINISHED]
+        if expect is not None:
+            expected = [s for s in _statuses(expect) if s not in TOOL_CALL_FINISHED]
+        with self.db.transaction() as con:
+            row = con.execute(
+                f"SELECT {_COLS} FROM tool_calls WHERE id = ?", [tool_call_id]
+            ).fetchone()
+            if row is None:
+                return None
+            rec = _record(row)
+            if rec.status not in expected:
+                return None
+            rec.deadline_at = None if deadline_at is None else float(deadline_at)
+            rec.updated_at = time.time()
+            _update(con, rec, rec.status)
+        return rec
+
+    @override
+    def expire(self, now: float) -> list[ToolCallRecord]:
+        _check_time(now, "now")
+        moved = []
+        with self.db.transaction() as con:
+            for rec in self._due_rows(con, now):
+                if rec.deadline_at is None or rec.deadline_at > now:
+                    continue
+                old_status = rec.status
+                rec.status = "cancelled-by-timeout"
+                rec.lease_until = None
+                if old_status == "awaiting-approval":
+                    rec.error = "timed out: the approval expired unanswered"
+                    rec.approval = {
+                        **(rec.approval or {}),
+                        "decision": "timeout",
+                        "answered_by": None,
+                        "answered_at": now,
+                    }
+                else:
+                    rec.error = "timed out: the call passed its deadline"
+                rec.updated_at = time.time()
+                _update(con, rec, old_status)
+                moved.append(rec)
+        return moved
+
+    @override
+    def lapse(self, now: float) -> list[ToolCallRecord]:
+        _check_time(now, "now")
+        moved = []
+        with self.db.transaction() as con:
+            for rec in self._due_rows(con, now):
+                if rec.status != "executing" or rec.lease_until is None:
+                    continue
+                if rec.lease_until > now:
+                    continue
+                rec.status = "pending"
+                rec.executor = None
+                rec.lease_until = None
+                rec.updated_at = time.time()
+                _update(con, rec, "executing")
+                moved.append(rec)
+        return moved
+
+    def _due_rows(self, con: duckdb.DuckDBPyConnection, now: float) -> list[ToolCallRecord]:
+        rows = con.execute(
+            f"SELECT {_COLS} FROM tool_calls WHERE due_at IS NOT NULL AND due_at <= ?", [now]
+        ).fetchall()
+        return sorted((_record(r) for r in rows), key=lambda r: (r.created_at, r.id))
+
+    @override
+    def next_deadline(self) -> float | None:
+        row = self.db.fetchone("SELECT min(due_at) FROM tool_calls")
+        return None if row is None or row[0] is None else float(row[0])
 
     @override
     def store_late(
@@ -297,10 +468,7 @@ class DuckDBToolCallStore(MigratedStore, ToolCallStore):
             rec.late_result = result
             rec.late_error = error
             rec.late_at = rec.updated_at = time.time()
-            con.execute(
-                "UPDATE tool_calls SET updated_at = ?, info = ? WHERE id = ?",
-                [rec.updated_at, _pack(_info(rec), "tool call"), tool_call_id],
-            )
+            _update(con, rec, rec.status)
         return rec
 
     @override

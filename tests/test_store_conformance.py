@@ -111,7 +111,7 @@ def test_tables_are_created_on_first_use(tmp_path: Path) -> None:
     assert versions == {
         "fibers": 1,
         "jobs": 1,
-        "tool_calls": 1,
+        "tool_calls": 2,
         "inbox": 1,
         "registry": 1,
         "kv": 1,
@@ -171,6 +171,75 @@ def test_one_inbox_per_database_keeps_the_order(stores: Any) -> None:
     for i in range(20):
         stores.inbox().insert(i, message_id=f"m{i:02d}")
     assert [r.content for r in inbox.rows()] == list(range(20))
+
+
+def test_tool_call_lookups_by_id_use_an_index(tmp_path: Path) -> None:
+    """Issue 16: every transition finds its call by id; with an index that is an index
+    scan, not a scan of the whole table."""
+    stores = open_stores(tmp_path / "agent.duckdb")
+    try:
+        calls = stores.tool_calls()
+        calls.insert(ToolCallRecord(id="c1", tool_name="t"))
+        db = calls.db
+        # DuckDB scans a table of a few rows whatever its indexes; a busy agent's is not.
+        db.execute(
+            "INSERT INTO tool_calls SELECT 'x' || i, 'completed', 't', NULL, NULL, NULL, 0, "
+            "''::BLOB, NULL FROM range(20000) r(i)"
+        )
+        indexes = db.fetchall(
+            "SELECT index_name, expressions FROM duckdb_indexes() WHERE table_name = 'tool_calls'"
+        )
+        assert [name for name, _ in indexes] == ["tool_calls_id"]
+        plan = "".join(
+            str(r[1])
+            for r in db.fetchall(
+                "EXPLAIN ANALYZE SELECT status FROM tool_calls WHERE id = ?", ["c1"]
+            )
+        )
+        assert "Index Scan" in plan
+    finally:
+        stores.close()
+
+
+def test_a_version_1_tool_call_file_is_migrated_in_place(tmp_path: Path) -> None:
+    """A file written before leases and the id index: its calls are kept, the index and
+    the ``due_at`` column are added, and the calls can take leases and deadlines."""
+    from thinkray.storage.codec import pack
+    from thinkray.storage.tool_calls import _v1
+
+    path = tmp_path / "old.duckdb"
+    db = Database(path)
+    with db.transaction() as con:
+        con.execute("CREATE TABLE schema_version (component VARCHAR, version INTEGER)")
+        con.execute("INSERT INTO schema_version VALUES ('tool_calls', 1)")
+        _v1(con)
+        con.execute(
+            "INSERT INTO tool_calls VALUES ('old', 'executing', 'render', 'r', 's', 'gpu', 5.0, ?)",
+            [pack({"input": {"scene": "dusk"}, "attempts": 1, "durable": True, "created_at": 4.0})],
+        )
+    db.close()
+    stores = open_stores(path)
+    try:
+        calls = stores.tool_calls()
+        old = calls.get("old")
+        assert old is not None
+        assert (old.status, old.executor, old.input, old.attempts) == (
+            "executing",
+            "gpu",
+            {"scene": "dusk"},
+            1,
+        )
+        assert (old.lease_until, old.deadline_at) == (None, None)
+        assert calls.next_deadline() is None
+        assert calls.renew("old", "gpu", 1000.0) is not None
+        assert [r.id for r in calls.lapse(1000.0)] == ["old"]
+        versions = dict(calls.db.fetchall("SELECT component, version FROM schema_version"))
+        assert versions["tool_calls"] == 2
+        assert calls.db.fetchall(
+            "SELECT index_name FROM duckdb_indexes() WHERE table_name = 'tool_calls'"
+        ) == [("tool_calls_id",)]
+    finally:
+        stores.close()
 
 
 def test_a_tool_call_is_claimed_once_across_connections(tmp_path: Path) -> None:

@@ -244,11 +244,14 @@ def test_calls_found_executing_on_wake_fail_or_go_back_to_pending(tmp_path):
             return {**TOOLS, "idem": idem}
 
     agent = Woken(DuckDBSessionStore(path))
-    assert agent.recovered_tool_calls == {"retried": 1, "failed": 1}
+    assert agent.recovered_tool_calls == {"retried": 1, "failed": 1, "expired": 0, "lapsed": 0}
     assert agent.get_tool_call("c-add")["status"] == "failed"
     assert "died" in agent.get_tool_call("c-add")["error"]
     assert agent.get_tool_call("c-retry")["status"] == "pending"
-    assert agent.get_tool_call("c-ext")["status"] == "executing"  # its executor lives on
+    ext = agent.get_tool_call("c-ext")
+    assert ext["status"] == "executing"  # its executor lives on, until its lease lapses
+    # written before leases and deadlines: recovery gave it both, from the tool's policy
+    assert ext["lease_until"] is not None and ext["deadline_at"] is not None
     assert agent.submit_tool_result("c-ext", "gpu-7", "late but fine") == "accepted"
     agent.store.close()
 

@@ -24,6 +24,7 @@ import contextlib
 import inspect
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Literal
 
@@ -157,14 +158,18 @@ class Think(metaclass=_StartsAfterInit):
             store.stores().tool_calls(), late_results=self.late_tool_results
         )
         # The constructor is the wake path: tool calls this agent's executors held when
-        # the old process died are failed (or put back, per tool), then runs cut off by
-        # the crash are closed, their tool calls as their durable rows say.
+        # the old process died are failed (or put back, per tool), deadlines and leases
+        # of open calls re-armed (past ones swept at once), then runs cut off by the
+        # crash are closed, their tool calls as their durable rows say.
+        self._constructed = False
+        self.tool_calls.arm = self._arm_tool_call_alarm
         self.recovered_tool_calls = self.tool_calls.recover(self._tool_policies())
         self.recovered_runs: list[RecoveredRun] = recover_interrupted_runs(
             store, self._call_outcome
         )
         self._resumes: set[asyncio.Task[Any]] = set()
         self.tool_calls.on_settled = self.on_tool_call_settled
+        self._constructed = True
 
     # -- identity ---------------------------------------------------------------------
 
@@ -700,14 +705,35 @@ class Think(metaclass=_StartsAfterInit):
 
     @remote
     async def claim_tool_calls(
-        self, tool_names: list[str], executor: str, limit: int = 1, wait: float = 0.0
+        self,
+        tool_names: list[str],
+        executor: str,
+        limit: int = 1,
+        wait: float = 0.0,
+        lease: float | None = None,
     ) -> list[dict[str, Any]]:
         """For a decoupled executor (another actor, an external worker pool): claim up
         to ``limit`` pending calls of ``tool_names`` (waiting up to ``wait`` s for one).
-        Each claimed call is ``executing`` and held by ``executor``; report it with
-        :meth:`submit_tool_result`. Two executors never get the same call."""
-        records = await self.tool_calls.claim(tool_names, executor, limit, min(wait, 60.0))
+        Each claimed call is ``executing`` and held by ``executor`` until its
+        ``lease_until`` (``lease`` seconds, default the tool policy's): renew it with
+        :meth:`renew_tool_call` while working, report with :meth:`submit_tool_result`.
+        A claim not renewed in time lapses and the call goes to the next claimant.
+        Two executors never hold the same call."""
+        records = await self.tool_calls.claim(tool_names, executor, limit, min(wait, 60.0), lease)
         return [r.to_dict() for r in records]
+
+    @remote
+    def renew_tool_call(
+        self, tool_call_id: str, executor: str, lease: float | None = None
+    ) -> dict[str, Any]:
+        """An executor's heartbeat: its claim holds ``lease`` more seconds from now
+        (default: the tool policy's). Returns the call (``lease_until`` updated).
+
+        Raises:
+            UnknownToolCallError: no such call.
+            ClaimLostError: ``executor`` no longer holds it (lapsed, claimed again,
+                cancelled or finished): stop working on it."""
+        return self.tool_calls.renew(tool_call_id, executor, lease).to_dict()
 
     @remote
     def submit_tool_result(
@@ -719,7 +745,9 @@ class Think(metaclass=_StartsAfterInit):
 
         Raises:
             UnknownToolCallError: no such call.
-            ToolCallStateError: the call finished, or another executor holds it.
+            ClaimLostError: ``executor`` does not hold it (its claim lapsed, or another
+                executor claimed it since).
+            ToolCallStateError: the call finished.
             InvalidInputError: a result that cannot be stored."""
         return self.tool_calls.submit(tool_call_id, executor, result=result, error=error)
 
@@ -869,13 +897,43 @@ class Think(metaclass=_StartsAfterInit):
 
     def on_tool_call_settled(self, record: ToolCallRecord) -> None:
         """Hook called when a tool call is settled (an approval decided, an executor's
-        result taken) with no turn waiting for it (its run was cut off by a crash):
-        with ``recover_generations = "resume"``, finish the run's calls and answer on."""
-        if self.recover_generations != "resume" or record.session_id is None:
+        result taken, a deadline passed) with no turn waiting for it (its run was cut
+        off by a crash): the call's message part gets its outcome; with
+        ``recover_generations = "resume"``, the run's calls are finished and the
+        generation answers on."""
+        if record.session_id is None:
             return
         if record.run_id and self.turns.runs.get(record.run_id) is not None:
             return  # the run is live: it takes the decision itself
+        if self.recover_generations != "resume":
+            if record.run_id is not None:
+                try:
+                    self._write_outcomes(record.session_id, record.run_id, [record.id])
+                except Exception:
+                    log.exception("could not write the outcome of tool call %s", record.id)
+            return
         self._spawn_resume(record.session_id, record.run_id)
+
+    # -- the tool-call alarm (leases and deadlines; ToolCallLedger.sweep) ---------------
+
+    _TOOL_CALL_ALARM = "sweep_tool_calls"
+
+    def _arm_tool_call_alarm(self, at: float) -> None:
+        """A one-shot schedule at ``at`` that runs :meth:`sweep_tool_calls`: schedules
+        live in the database and the namespace keeps the next one, so the sweep happens
+        even if this process dies and the agent hibernates meanwhile."""
+        scheduler = self.durable.schedules()
+        scheduler.schedule(max(0.0, at - time.time()), self._TOOL_CALL_ALARM)
+        if self._constructed:
+            with contextlib.suppress(RuntimeError):  # no loop yet: on_wake starts it
+                scheduler.start()
+
+    def sweep_tool_calls(self, payload: Any = None) -> dict[str, list[str]]:
+        """The tool-call alarm: cancel open calls past their deadline (asks included)
+        and put lapsed claims back to ``pending``; re-arms itself for what is due next.
+        Returns the ids it moved."""
+        expired, lapsed = self.tool_calls.sweep(alarm=True)
+        return {"expired": [r.id for r in expired], "lapsed": [r.id for r in lapsed]}
 
     def _spawn_resume(self, session_id: str, run_id: str | None) -> None:
         task = asyncio.ensure_future(self._resume_generation(session_id, run_id))

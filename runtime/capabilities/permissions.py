@@ -45,7 +45,9 @@ is returned as ``ToolDenial(by_user=True)``, which the loop ends as
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fnmatch
+import inspect
 import json
 import logging
 import time
@@ -57,9 +59,14 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from thinkray.runtime.errors import AccessDeniedError, InvalidArgumentError, ToolCallStateError
 from thinkray.runtime.errors import (  # re-exported: the errors live in thinkray.runtime.errors
+    ApprovalExpiredError as ApprovalExpiredError,
+)
+from thinkray.runtime.errors import (
     ApprovalNotFoundError as ApprovalNotFoundError,
 )
 from thinkray.runtime.messages import new_id
+from thinkray.runtime.tools.base import ToolPolicy
+from thinkray.runtime.tools.durable import policy_of
 from thinkray.runtime.turn.loop import ToolDenial
 from thinkray.storage.records import ToolCallRecord
 
@@ -476,9 +483,11 @@ class Permissions:
             rec = store.get(self.host.tool_calls.record_id(approval.tool_call_id, approval.run_id))
             if rec is not None:
                 return rec
-        for rec in store.rows():
-            if rec.approval and rec.approval.get("approval_id") == approval_id:
-                return rec
+        # The asks still waiting first (few rows): only a settled ask needs them all.
+        for rows in (store.rows("awaiting-approval"), store.rows()):
+            for rec in rows:
+                if rec.approval and rec.approval.get("approval_id") == approval_id:
+                    return rec
         return None
 
     def answer_approval(
@@ -497,12 +506,15 @@ class Permissions:
             raise InvalidArgumentError("answered_by must be a string or None")
         rec = self._record_of(approval_id)
         if rec is None or rec.status != "awaiting-approval":
+            if rec is not None and rec.status == "cancelled-by-timeout":
+                raise ApprovalExpiredError(f"approval {approval_id!r} expired unanswered")
             raise ApprovalNotFoundError(f"no pending approval {approval_id!r}")
         pending = _approval_of(rec)
         if not self.host.may_approve(pending, answered_by):
             raise AccessDeniedError(
                 f"{answered_by or 'an anonymous caller'} may not answer approval {approval_id!r}"
             )
+        self._refuse_if_expired(rec, approval_id)
         rule = PermissionRule(tool=rec.tool_name, action="allow")
         if decision == "session":
             self.add_session_rule(rule, rec.session_id)
@@ -519,6 +531,21 @@ class Permissions:
                 if verdict.action == "allow":
                     self._settle(other, "once", answered_by)
         return settled
+
+    def _refuse_if_expired(self, rec: ToolCallRecord, approval_id: str) -> None:
+        """An ask past its ``expires_at`` is over whatever happened to the process (the
+        coroutine that timed it may have died with it): it ends ``cancelled-by-timeout``
+        now and the answer is refused."""
+        expires = (rec.approval or {}).get("expires_at")
+        if not isinstance(expires, (int, float)) or time.time() < expires:
+            return
+        # ApprovalNotFoundError: the alarm or the waiting turn ended it first.
+        with contextlib.suppress(ApprovalNotFoundError):
+            self._settle(rec, "timeout", None, "expired unanswered")
+        raise ApprovalExpiredError(
+            f"approval {approval_id!r} expired at {expires:.3f} (epoch seconds); "
+            "the call is cancelled-by-timeout and the answer is refused"
+        )
 
     def _settle(
         self,
@@ -555,6 +582,11 @@ class Permissions:
             )
             if moved is None:
                 raise ApprovalNotFoundError(f"approval of call {rec.id!r} was settled meanwhile")
+            if approved:
+                # The ask's expiry no longer applies; the call's own deadline does.
+                ledger = self.host.tool_calls
+                deadline = ledger.deadline_for(rec.tool_name, now) if rec.durable else None
+                moved = store.set_deadline(rec.id, deadline, expect=["pending"]) or moved
             store.audit(rec.id, verdict, by=by, reason=reason or str(decision))
         live = self._approvals.get(str(approval.get("approval_id")))
         waiting = live is not None and live.future is not None and not live.future.done()
@@ -564,7 +596,9 @@ class Permissions:
             live.answered_by = by
             if live.future is not None and not live.future.done():
                 live.future.set_result(decision)  # the turn waiting for it goes on
-        if not waiting and decision in ("deny", "once", "session", "always"):
+        if approved and moved.deadline_at is not None:
+            self.host.tool_calls.arm_at(moved.deadline_at)
+        if not waiting and decision in ("deny", "once", "session", "always", "timeout"):
             # No turn waits for it (its run was cut off by a crash): the agent decides
             # whether to finish the run (generation recovery).
             settled = getattr(self.host, "on_tool_call_settled", None)
@@ -600,7 +634,8 @@ class Permissions:
             future=asyncio.get_running_loop().create_future(),
         )
         self._remember(approval)
-        rec = self._store_ask(approval)
+        policy = await self._policy_of(options, tool_name)
+        rec = self._store_ask(approval, durable=policy is not None and policy.decoupled)
         aborted = asyncio.ensure_future(options.signal.wait())
         try:
             await options.emit(
@@ -638,11 +673,31 @@ class Permissions:
             if approval.status == "pending":
                 approval.status = "aborted"
 
-    def _store_ask(self, approval: Approval) -> ToolCallRecord:
+    async def _policy_of(self, options: Any, tool_name: str) -> ToolPolicy | None:
+        """The policy of the tool a turn asks about: a tool of the turn's own, else of
+        the agent's ``get_tools``; None if neither has it."""
+        tool = (getattr(options, "tools", None) or {}).get(tool_name)
+        get_tools = getattr(self.host, "get_tools", None)
+        if tool is None and callable(get_tools):
+            try:
+                tools = get_tools()
+                if inspect.isawaitable(tools):
+                    tools = await tools
+                tool = dict(tools).get(tool_name)
+            except Exception:  # the ask still goes out; the call is taken as inline
+                log.exception("could not read the tools to ask about %s", tool_name)
+        return policy_of(tool) if tool is not None else None
+
+    def _store_ask(self, approval: Approval, *, durable: bool = False) -> ToolCallRecord:
         """The ask as its tool call's row, ``awaiting-approval`` (written before the
         request goes out: any process can list and answer it, and it survives a
-        restart)."""
-        store = self.host.tool_calls.store
+        restart), with the ask's expiry as the row's deadline and the agent's alarm
+        armed for it: an ask past ``expires_at`` ends ``cancelled-by-timeout`` even if
+        this process dies. ``durable``: the tool runs on a decoupled executor."""
+        ledger = self.host.tool_calls
+        store = ledger.store
+        if approval.expires_at is not None:
+            ledger.arm_at(approval.expires_at)
         info = {
             "approval_id": approval.approval_id,
             "requested_at": approval.requested_at,
@@ -660,12 +715,17 @@ class Permissions:
                     session_id=approval.session_id,
                     input=_plain(approval.input),
                     approval=info,
+                    durable=durable,
+                    deadline_at=approval.expires_at,
                 )
             )
-        moved = store.transition(rec.id, ["pending"], "awaiting-approval", approval=info)
-        if moved is None:
-            raise ToolCallStateError(f"tool call {rec.id!r} is {rec.status}; it cannot ask again")
-        return moved
+        with store.transaction():
+            moved = store.transition(rec.id, ["pending"], "awaiting-approval", approval=info)
+            if moved is None:
+                raise ToolCallStateError(
+                    f"tool call {rec.id!r} is {rec.status}; it cannot ask again"
+                )
+            return store.set_deadline(rec.id, approval.expires_at) or moved
 
     # -- Think hooks ----------------------------------------------------------------
 

@@ -19,7 +19,6 @@ Missed interval runs (the actor slept through several) are coalesced into one.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import inspect
 import logging
@@ -288,8 +287,13 @@ class Scheduler:
                     # Due already (launched above, or its run just ended): yield once.
                     await asyncio.sleep(0)
                     continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), timeout)
+            # Not wait_for: on Python 3.11 it swallows a cancel that lands as the wake
+            # fires, and the timer then outlives close() (hibernation waits on it).
+            waiter = asyncio.ensure_future(wake.wait())
+            try:
+                await asyncio.wait({waiter}, timeout=timeout)
+            finally:
+                waiter.cancel()
 
 
 def _resolve_time(when: float | int | timedelta | datetime, now: float) -> float:

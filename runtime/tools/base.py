@@ -15,7 +15,7 @@ from typing import Any, Literal, Protocol, get_type_hints, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from thinkray.runtime.abort import AbortSignal
-from thinkray.runtime.errors import InvalidTypeError
+from thinkray.runtime.errors import InvalidArgumentError, InvalidTypeError
 from thinkray.runtime.errors import (
     ToolExecutionError as ToolExecutionError,
 )
@@ -26,24 +26,65 @@ from thinkray.runtime.models.base import ToolSpec
 
 Executor = Literal["inline", "local", "external"]
 
+DEFAULT_EXTERNAL_TIMEOUT = 900.0
+"""Seconds an ``external`` call may take, from the moment it is written, when its
+policy names no ``timeout``: a dead or absent executor never leaves a turn waiting,
+its session busy and its agent unable to hibernate."""
+
+DEFAULT_LEASE = 30.0
+"""Seconds an external executor's claim holds without a renewal (SQS's default
+visibility timeout)."""
+
 
 @dataclass(frozen=True)
 class ToolPolicy:
     """How a tool's calls run: ``executor`` (:mod:`thinkray.runtime.tools.durable`:
     ``inline`` in the turn, ``local`` by a decoupled executor in the agent, ``external``
     by another actor or process through the agent's remote API), ``timeout`` seconds
-    before a call is ``cancelled-by-timeout`` (None: none), and what happens to a call
-    found ``executing`` after a crash: ``on_crash="fail"`` (the default: the tool may
-    have had effects) or ``"retry"`` (the tool is idempotent)."""
+    before a call is ``cancelled-by-timeout`` (None: none for inline and local calls,
+    :data:`DEFAULT_EXTERNAL_TIMEOUT` for external ones; ``math.inf``: none at all), and
+    what happens to a call found ``executing`` after a crash: ``on_crash="fail"`` (the
+    default: the tool may have had effects) or ``"retry"`` (the tool is idempotent).
+
+    ``lease``: an external executor's claim lapses this many seconds after it was made
+    or last renewed (``renew_tool_call``; :class:`~thinkray.runtime.tools.worker.ToolCallWorker`
+    renews on its own while it runs the tool); the call then goes back to ``pending``
+    for another executor. Such a call can so run more than once when an executor dies:
+    its id is the idempotency key, and ``attempts`` > 1 says it was claimed before."""
 
     executor: Executor = "inline"
     timeout: float | None = None
     on_crash: Literal["fail", "retry"] = "fail"
+    lease: float = DEFAULT_LEASE
+
+    def __post_init__(self) -> None:
+        if self.timeout is not None and not _positive(self.timeout, allow_inf=True):
+            raise InvalidArgumentError(
+                f"timeout must be a positive number or None, not {self.timeout!r}"
+            )
+        if not _positive(self.lease, allow_inf=False):
+            raise InvalidArgumentError(
+                f"lease must be a positive finite number, not {self.lease!r}"
+            )
 
     @property
     def decoupled(self) -> bool:
         """Whether the turn waits for another executor rather than running the tool."""
         return self.executor != "inline"
+
+    @property
+    def deadline(self) -> float | None:
+        """Seconds a call may take before it is ``cancelled-by-timeout`` (None: no
+        limit): ``timeout``, or the external default."""
+        if self.timeout is None:
+            return DEFAULT_EXTERNAL_TIMEOUT if self.executor == "external" else None
+        return None if self.timeout == float("inf") else float(self.timeout)
+
+
+def _positive(value: object, *, allow_inf: bool) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return False
+    return value > 0 and (allow_inf or value != float("inf"))
 
 
 @dataclass

@@ -16,11 +16,26 @@ Who executes a call is the tool's :class:`ToolPolicy`:
   pending calls of its tool names; the turn waits for the result.
 
 Exactly once: a claim is a compare-and-set ``pending → executing``, so of two racing
-executors one wins, and a tool call id never executes twice. A call found finished
-(a turn re-run after recovery) gives back its stored outcome without running again.
-A call found ``executing`` when the agent wakes had its executor die with the old
-process: it is retried only if its tool says so (``on_crash="retry"``), else it
-fails.
+executors one wins. A call found finished (a turn re-run after recovery) gives back
+its stored outcome without running again. A call an inline or local executor held
+when the agent's process died is retried only if its tool says so
+(``on_crash="retry"``), else it fails.
+
+External claims are leases (SQS's visibility timeout): a claim holds for the
+policy's ``lease`` seconds unless its executor renews it (``renew``; the built-in
+:class:`~thinkray.runtime.tools.worker.ToolCallWorker` does while it runs the tool).
+A lapsed claim goes back to ``pending`` for another executor (at the next claim, or
+when the agent's alarm fires), and the old executor's result is refused
+(:class:`~thinkray.runtime.errors.ClaimLostError`): an external call runs at least
+once, and ``attempts`` says how often it was claimed.
+
+Deadlines: every external call has one (its policy's ``deadline``: ``timeout`` or
+:data:`~thinkray.runtime.tools.base.DEFAULT_EXTERNAL_TIMEOUT`), stored on its row with
+the call. Past it the call is ``cancelled-by-timeout`` and the waiting turn goes on
+with that error, whether the turn noticed (its own timer) or the agent's alarm did
+after a crash and a wake: the ledger arms the agent's scheduler (``arm``) for the
+earliest lease or deadline of its open calls, so a hibernated agent is woken to
+sweep them. Recovery at wake re-arms every open call's deadline and lease.
 
 Cancellation: aborting the turn cancels its open calls ``cancelled-by-user``; a tool
 that runs past its ``timeout`` is ``cancelled-by-timeout``; a turn that fails
@@ -41,6 +56,7 @@ from typing import Any, Literal
 
 from thinkray.runtime.abort import AbortController, AbortError, AbortSignal
 from thinkray.runtime.errors import (
+    ClaimLostError,
     ToolCallStateError,
     ToolExecutionError,
     ToolTimeoutError,
@@ -55,6 +71,7 @@ log = logging.getLogger("thinkray.tools.durable")
 
 LatePolicy = Literal["discard", "store"]
 OPEN = ("pending", "awaiting-approval", "executing")
+MAX_LEASE = 24 * 3600.0  # the longest lease an executor may ask for
 
 
 def policy_of(t: Tool) -> ToolPolicy:
@@ -86,6 +103,14 @@ class ToolCallLedger:
         self.round_trips: list[float] = []  # submit -> waiting turn resumed (seconds)
         # Called with a call an executor finished while no turn waited for it.
         self.on_settled: Callable[[ToolCallRecord], None] | None = None
+        # The tools' policies by name (the agent's, and every tool a turn ran): a claim's
+        # lease and an approved call's deadline come from them.
+        self.policies: dict[str, ToolPolicy] = {}
+        # Asked to call :meth:`sweep` (with ``alarm=True``) at an epoch time: the agent's
+        # scheduler, whose alarms survive hibernation and crashes. None: no alarm (the
+        # turn's own timers and the claim-time sweep still apply).
+        self.arm: Callable[[float], None] | None = None
+        self._armed: float | None = None  # the earliest alarm asked for and not yet run
 
     # -- the turn's side ------------------------------------------------------------
 
@@ -94,6 +119,8 @@ class ToolCallLedger:
         output. Raises AbortError on abort, :class:`ToolTimeoutError` on timeout, and
         :class:`ToolExecutionError` (the call's error) when it failed."""
         policy = policy_of(t)
+        self.policies[t.name] = policy
+        deadline = self.deadline_for(t.name) if policy.decoupled else None
 
         def fresh(call_id: str) -> ToolCallRecord:
             # Written before anything runs. An inline call is written already claimed
@@ -108,6 +135,7 @@ class ToolCallLedger:
                 session_id=ctx.session_id,
                 input=raw_input if raw_input is not None else _plain(value),
                 durable=policy.decoupled,
+                deadline_at=deadline,
             )
 
         # A provider's call id is new: insert at once (the insert checks for the id
@@ -130,15 +158,13 @@ class ToolCallLedger:
                     call_id, ["pending"], "executing", executor=self.executor_id, claim=True
                 )
                 if claimed is None:  # another executor holds it: wait for its result
-                    return await self._wait(call_id, ctx.signal, policy.timeout)
+                    until = rec.deadline_at
+                    if until is None and policy.deadline is not None:
+                        until = time.time() + policy.deadline
+                    return await self._wait(call_id, ctx.signal, until)
         if policy.decoupled:
-            if rec.status == "pending":
-                if policy.executor == "local":
-                    self._spawn_local(t, value, ctx)
-                else:
-                    self._pending.set()
-            return await self._wait(call_id, ctx.signal, policy.timeout)
-        limit = asyncio.timeout(policy.timeout)
+            return await self._decoupled(t, value, ctx, rec, fresh_row=created)
+        limit = asyncio.timeout(policy.deadline)
         try:
             async with limit:
                 output = await run_tool(t, value, ctx)
@@ -149,12 +175,31 @@ class ToolCallLedger:
             if not limit.expired():  # the tool's own TimeoutError: an ordinary failure
                 self._failed(call_id, f"TimeoutError: {exc}")
                 raise
-            self._cancel(call_id, "cancelled-by-timeout", f"timed out after {policy.timeout} s")
-            raise ToolTimeoutError(f"tool {t.name!r} timed out after {policy.timeout} s") from None
+            self._cancel(call_id, "cancelled-by-timeout", f"timed out after {policy.deadline} s")
+            raise ToolTimeoutError(f"tool {t.name!r} timed out after {policy.deadline} s") from None
         except Exception as exc:
             self._failed(call_id, f"{type(exc).__name__}: {exc}")
             raise
         return self._finish(call_id, "completed", self.executor_id, result=output)
+
+    async def _decoupled(
+        self, t: Tool, value: Any, ctx: ToolContext, rec: ToolCallRecord, *, fresh_row: bool
+    ) -> Any:
+        """Hand a decoupled call to its executor and wait for the outcome, until the
+        call's deadline (armed on the agent's alarm too)."""
+        policy = policy_of(t)
+        deadline = self.deadline_for(t.name)
+        if not fresh_row and rec.deadline_at is None and deadline is not None:
+            # A row written before its deadline was known (an ask, an older file).
+            rec = self.store.set_deadline(rec.id, deadline) or rec
+        if rec.deadline_at is not None:
+            self.arm_at(rec.deadline_at)
+        if rec.status == "pending":
+            if policy.executor == "local":
+                self._spawn_local(t, value, ctx)
+            else:
+                self._pending.set()
+        return await self._wait(rec.id, ctx.signal, rec.deadline_at)
 
     def _failed(self, call_id: str, error: str) -> None:
         """Record that this ledger's inline execution of a call raised (the caller
@@ -178,11 +223,13 @@ class ToolCallLedger:
         scoped = f"{tool_call_id}~{run_id}"
         return scoped, self.store.get(scoped)
 
-    async def _wait(self, call_id: str, signal: AbortSignal, timeout: float | None) -> Any:
-        """Wait for a decoupled executor's result, with the tool's timeout and abort."""
+    async def _wait(self, call_id: str, signal: AbortSignal, deadline_at: float | None) -> Any:
+        """Wait for a decoupled executor's result, until the call's deadline (epoch
+        seconds; None: none) or an abort."""
         rec = self.store.get(call_id)
         if rec is not None and rec.finished:
             return _outcome(rec)
+        timeout = None if deadline_at is None else max(0.0, deadline_at - time.time())
         future = self._waiters.get(call_id)
         if future is None or future.done():
             future = asyncio.get_running_loop().create_future()
@@ -198,8 +245,11 @@ class ToolCallLedger:
             if aborted in done:
                 self._cancel(call_id, "cancelled-by-user", f"aborted: {signal.reason}")
                 raise AbortError(signal.reason or "aborted")
-            self._cancel(call_id, "cancelled-by-timeout", f"timed out after {timeout} s")
-            raise ToolTimeoutError(f"tool call {call_id!r} timed out after {timeout} s")
+            if not self._cancel(call_id, "cancelled-by-timeout", "timed out: past its deadline"):
+                settled = self.store.get(call_id)  # finished in the same instant: it holds
+                if settled is not None and settled.finished:
+                    return _outcome(settled)
+            raise ToolTimeoutError(f"tool call {call_id!r} timed out: past its deadline")
         finally:
             aborted.cancel()
             if self._waiters.get(call_id) is future:
@@ -317,25 +367,42 @@ class ToolCallLedger:
     # -- decoupled executors' side (the agent's remote API) ---------------------------
 
     async def claim(
-        self, tool_names: Iterable[str], executor: str, limit: int = 1, wait: float = 0.0
+        self,
+        tool_names: Iterable[str],
+        executor: str,
+        limit: int = 1,
+        wait: float = 0.0,
+        lease: float | None = None,
     ) -> list[ToolCallRecord]:
         """Claim up to ``limit`` pending decoupled calls of ``tool_names`` for
         ``executor`` (each claim a compare-and-set: two executors never get one call),
-        waiting up to ``wait`` seconds for one to appear."""
+        waiting up to ``wait`` seconds for one to appear. Each claim holds for ``lease``
+        seconds (default: its tool's policy) unless :meth:`renew` extends it; lapsed
+        claims and calls past their deadline are swept first, so a call whose
+        executor died is claimable again once its lease is over."""
         names = sorted(set(tool_names))
         if not names or not executor or limit < 1:
             raise InvalidInputError("claim needs tool names, an executor name and a limit >= 1")
+        _check_lease(lease)
         deadline = time.monotonic() + max(0.0, wait)
         while True:
             self._pending.clear()
+            self.sweep()
             claimed = []
             for rec in self.store.rows("pending", tool_names=names):
                 if not rec.durable:
                     continue
+                until = time.time() + self._lease(rec.tool_name, lease)
                 got = self.store.transition(
-                    rec.id, ["pending"], "executing", executor=executor, claim=True
+                    rec.id,
+                    ["pending"],
+                    "executing",
+                    executor=executor,
+                    claim=True,
+                    lease_until=until,
                 )
                 if got is not None:
+                    self.arm_at(until)
                     claimed.append(got)
                     if len(claimed) >= limit:
                         break
@@ -344,6 +411,31 @@ class ToolCallLedger:
                 return claimed
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._pending.wait(), left)
+
+    def renew(self, call_id: str, executor: str, lease: float | None = None) -> ToolCallRecord:
+        """The holder's heartbeat: its claim on ``call_id`` holds ``lease`` more seconds
+        (default: the tool's policy) from now. Returns the call.
+
+        Raises:
+            UnknownToolCallError: no such call.
+            ClaimLostError: ``executor`` does not hold the call (its claim lapsed, the
+                call was claimed again, cancelled or finished); stop working on it.
+        """
+        _check_lease(lease)
+        rec = self.store.get(call_id)
+        if rec is None:
+            raise UnknownToolCallError(f"no tool call {call_id!r}")
+        renewed = self.store.renew(
+            call_id, executor, time.time() + self._lease(rec.tool_name, lease)
+        )
+        if renewed is None:
+            now = self.store.get(call_id) or rec
+            held = f", held by {now.executor!r}" if now.executor else ""
+            raise ClaimLostError(
+                f"tool call {call_id!r} is {now.status}{held}: {executor!r} does not hold "
+                "it (its claim lapsed, or the call was claimed again, cancelled or finished)"
+            )
+        return renewed
 
     def submit(
         self, call_id: str, executor: str, *, result: Any = None, error: str | None = None
@@ -355,8 +447,9 @@ class ToolCallLedger:
 
         Raises:
             UnknownToolCallError: no such call.
-            ToolCallStateError: the call finished already, or ``executor`` does not
-                hold it; nothing changed.
+            ClaimLostError: ``executor`` does not hold the call (its claim lapsed, or
+                another executor claimed it since); nothing changed.
+            ToolCallStateError: the call finished already; nothing changed.
             InvalidInputError: a result that cannot be stored; nothing changed.
         """
         if error is not None and not isinstance(error, str):
@@ -367,11 +460,7 @@ class ToolCallLedger:
         if rec.cancelled:
             return self._late(rec, result, error)
         if rec.status != "executing" or rec.executor != executor:
-            raise ToolCallStateError(
-                f"tool call {call_id!r} is {rec.status}"
-                + (f", held by {rec.executor!r}" if rec.executor else "")
-                + f"; {executor!r} cannot report its result"
-            )
+            raise _lost(rec, executor)
         started = time.perf_counter()
         status = "completed" if error is None else "failed"
         done = self.store.transition(
@@ -381,39 +470,152 @@ class ToolCallLedger:
             now = self.store.get(call_id)
             if now is not None and now.cancelled:
                 return self._late(now, result, error)
-            raise ToolCallStateError(f"tool call {call_id!r} changed while reporting")
+            raise _lost(now or rec, executor)
         if not self._resolve(done) and self.on_settled is not None:
             self.on_settled(done)  # no turn waits (its run was cut off): the agent decides
         self.round_trips.append(time.perf_counter() - started)
         del self.round_trips[:-1000]
         return "accepted"
 
+    # -- leases, deadlines and the alarm ---------------------------------------------
+
+    def deadline_for(self, tool_name: str, now: float | None = None) -> float | None:
+        """The deadline (epoch seconds) a call of ``tool_name`` written ``now`` gets
+        from its policy, or None (no limit)."""
+        seconds = self.policies.get(tool_name, ToolPolicy()).deadline
+        if seconds is None:
+            return None
+        return (time.time() if now is None else now) + seconds
+
+    def _lease(self, tool_name: str, lease: float | None) -> float:
+        return lease if lease is not None else self.policies.get(tool_name, ToolPolicy()).lease
+
+    def arm_at(self, at: float) -> None:
+        """Make sure the agent's alarm sweeps no later than ``at`` (epoch seconds)."""
+        if self.arm is None or (self._armed is not None and self._armed <= at):
+            return
+        self._armed = at
+        try:
+            self.arm(at)
+        except Exception:  # the turn's own timers still apply; the next arm tries again
+            self._armed = None
+            log.exception("could not arm the tool-call alarm for %s", at)
+
+    def sweep(
+        self, now: float | None = None, *, alarm: bool = False
+    ) -> tuple[list[ToolCallRecord], list[ToolCallRecord]]:
+        """Cancel every open call past its deadline (``cancelled-by-timeout``; an ask's
+        audit row says ``timeout``) and put every lapsed claim back to ``pending``, in
+        one transaction; wake the turns waiting for the cancelled ones (or tell the
+        agent, ``on_settled``, when none waits) and the claimers waiting for work; arm
+        the alarm for what is due next. ``alarm``: this is the alarm firing. Returns
+        ``(expired, lapsed)``."""
+        now = time.time() if now is None else now
+        if alarm:
+            self._armed = None
+        with self.store.transaction():
+            expired = self.store.expire(now)
+            for rec in expired:
+                if rec.approval is not None and rec.approval.get("decision") == "timeout":
+                    self.store.audit(rec.id, "timeout", by=None, reason="expired unanswered")
+            lapsed = self.store.lapse(now)
+        for rec in expired:
+            local = self._local.get(rec.id)
+            if local is not None:
+                local.abort(rec.error or "timed out")
+            if not self._resolve(rec) and self.on_settled is not None:
+                try:
+                    self.on_settled(rec)
+                except Exception:
+                    log.exception("on_settled failed for expired tool call %s", rec.id)
+        if lapsed:
+            log.warning("claims lapsed (back to pending): %s", [r.id for r in lapsed])
+            self._pending.set()
+        upcoming = self.store.next_deadline()
+        if upcoming is not None:
+            self.arm_at(upcoming)
+        return expired, lapsed
+
     def recover(self, policies: dict[str, ToolPolicy]) -> dict[str, int]:
-        """After a wake: calls found ``executing`` by this agent's own executors died
-        with the old process. Each is retried (back to ``pending``) if its tool's
-        policy says ``on_crash="retry"``, else failed. Calls held by external executors
-        stay theirs (they may still report). Returns counts by outcome."""
-        counts = {"retried": 0, "failed": 0}
-        for rec in self.store.rows("executing"):
-            if rec.durable and policies.get(rec.tool_name, ToolPolicy()).executor == "external":
-                continue
+        """After a wake: calls found ``executing`` by this agent's own (inline or
+        local) executors died with the old process. Each is retried (back to
+        ``pending``) if its tool's policy says ``on_crash="retry"``, else failed.
+        External claims stay their executors' until their leases lapse; an open call
+        of an external tool without a deadline or lease (written by an older build)
+        gets one from now. Then the sweep: past deadlines (asks included) are
+        cancelled, lapsed leases put back, and the alarm armed for the rest. Returns
+        counts by outcome."""
+        self.policies.update(policies)
+        counts = {"retried": 0, "failed": 0, "expired": 0, "lapsed": 0}
+        now = time.time()
+        for rec in self.store.rows(OPEN):
             policy = policies.get(rec.tool_name, ToolPolicy())
-            if policy.on_crash == "retry":
-                # The same id again (``attempts`` counts the claims): the tool said it
-                # is safe to run twice.
-                moved = self.store.transition(rec.id, ["executing"], "pending")
-                counts["retried"] += moved is not None
-                if moved is not None and moved.durable:
-                    self._pending.set()
-            else:
-                moved = self.store.transition(
-                    rec.id,
-                    ["executing"],
-                    "failed",
-                    error="the agent's process died while the tool ran; not re-run",
-                )
-                counts["failed"] += moved is not None
+            external = rec.lease_until is not None or (
+                rec.durable and policy.executor == "external"
+            )
+            if rec.status == "executing" and not external:
+                self._recover_own(rec, policy, counts)
+            elif rec.status == "executing" and rec.lease_until is None and rec.executor:
+                self.store.renew(rec.id, rec.executor, now + policy.lease)
+            if rec.deadline_at is None:
+                self._rearm_deadline(rec, external, now)
+        expired, lapsed = self.sweep(now)
+        counts["expired"], counts["lapsed"] = len(expired), len(lapsed)
         return counts
+
+    def _rearm_deadline(self, rec: ToolCallRecord, external: bool, now: float) -> None:
+        """A deadline for an open call that has none: an ask's expiry, or an external
+        call's policy deadline from now."""
+        if rec.status == "awaiting-approval":
+            expires = (rec.approval or {}).get("expires_at")
+            if isinstance(expires, (int, float)):
+                self.store.set_deadline(rec.id, float(expires), expect=["awaiting-approval"])
+        elif external:
+            deadline = self.deadline_for(rec.tool_name, now)
+            if deadline is not None:
+                self.store.set_deadline(rec.id, deadline)
+
+    def _recover_own(self, rec: ToolCallRecord, policy: ToolPolicy, counts: dict[str, int]) -> None:
+        if policy.on_crash == "retry":
+            # The same id again (``attempts`` counts the claims): the tool said it is
+            # safe to run twice.
+            moved = self.store.transition(rec.id, ["executing"], "pending")
+            counts["retried"] += moved is not None
+            if moved is not None and moved.durable:
+                self._pending.set()
+        else:
+            moved = self.store.transition(
+                rec.id,
+                ["executing"],
+                "failed",
+                error="the agent's process died while the tool ran; not re-run",
+            )
+            counts["failed"] += moved is not None
+
+
+def _check_lease(lease: float | None) -> None:
+    if lease is None:
+        return
+    if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not 0 < lease <= MAX_LEASE:
+        raise InvalidInputError(f"lease must be a number of seconds in (0, {MAX_LEASE:g}]")
+
+
+def _lost(rec: ToolCallRecord, executor: str) -> ToolCallStateError:
+    """The error for ``executor`` acting on a call it does not hold."""
+    held = f", held by {rec.executor!r}" if rec.executor else ""
+    if rec.finished and rec.executor == executor:
+        return ToolCallStateError(
+            f"tool call {rec.id!r} is {rec.status}; {executor!r} cannot report on it again"
+        )
+    if rec.finished:
+        return ClaimLostError(
+            f"tool call {rec.id!r} is {rec.status}{held}: {executor!r} does not hold it; "
+            "its result is refused"
+        )
+    return ClaimLostError(
+        f"tool call {rec.id!r} is {rec.status}{held}: {executor!r} does not hold it (its "
+        "claim lapsed or the call was claimed again); its result is refused"
+    )
 
 
 def _outcome(rec: ToolCallRecord) -> Any:

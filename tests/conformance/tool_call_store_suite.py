@@ -26,6 +26,8 @@ from conformance.store_helpers import (
 __all__ = [
     "TestToolCallAudit",
     "TestToolCallClaims",
+    "TestToolCallDeadlines",
+    "TestToolCallLeases",
     "TestToolCallLateResults",
     "TestToolCallPersistence",
     "TestToolCallRows",
@@ -329,6 +331,174 @@ class TestToolCallClaims:
             )
 
 
+def claimed(store: ToolCallStore, cid: str, executor: str, lease_until: float | None) -> None:
+    store.insert(call(cid, durable=True))
+    got = store.transition(
+        cid, ["pending"], "executing", executor=executor, claim=True, lease_until=lease_until
+    )
+    assert got is not None and got.lease_until == lease_until
+
+
+class TestToolCallLeases:
+    """A claim's visibility timeout: renewed by its holder, lapsed back to pending."""
+
+    def test_a_claim_records_its_lease(self, tool_calls: ToolCallStore) -> None:
+        claimed(tool_calls, "c1", "w1", 1000.0)
+        stored = tool_calls.get("c1")
+        assert stored is not None and (stored.executor, stored.lease_until) == ("w1", 1000.0)
+        assert tool_calls.next_deadline() == 1000.0
+
+    def test_only_a_claim_sets_a_lease_and_bad_times_are_refused(
+        self, tool_calls: ToolCallStore
+    ) -> None:
+        before = tool_calls.insert(call("c1"))
+        with pytest.raises(InvalidInputError):
+            tool_calls.transition("c1", ["pending"], "awaiting-approval", lease_until=5.0)
+        for bad in (float("nan"), float("inf"), "soon", True):
+            with pytest.raises(InvalidInputError):
+                tool_calls.transition(
+                    "c1", ["pending"], "executing", executor="w", claim=True, lease_until=bad
+                )  # type: ignore[arg-type]
+        with pytest.raises(InvalidInputError):
+            tool_calls.insert(call("c2", deadline_at=float("nan")))
+        assert tool_calls.get("c1").to_dict() == before.to_dict()  # type: ignore[union-attr]
+        assert tool_calls.get("c2") is None
+
+    def test_the_holder_renews_and_nobody_else(self, tool_calls: ToolCallStore) -> None:
+        claimed(tool_calls, "c1", "w1", 1000.0)
+        assert tool_calls.renew("c1", "w2", 5000.0) is None
+        renewed = tool_calls.renew("c1", "w1", 2000.0)
+        assert renewed is not None and renewed.lease_until == 2000.0
+        assert tool_calls.get("c1").lease_until == 2000.0  # type: ignore[union-attr]
+        assert tool_calls.next_deadline() == 2000.0
+        assert tool_calls.renew("nope", "w1", 3000.0) is None
+
+    def test_a_lapsed_claim_goes_back_to_pending_and_another_claims_it(
+        self, tool_calls: ToolCallStore
+    ) -> None:
+        claimed(tool_calls, "c1", "w1", 1000.0)
+        claimed(tool_calls, "c2", "w1", 3000.0)
+        assert tool_calls.lapse(999.0) == []
+        [lapsed] = tool_calls.lapse(1000.0)
+        assert (lapsed.id, lapsed.status, lapsed.executor, lapsed.lease_until) == (
+            "c1",
+            "pending",
+            None,
+            None,
+        )
+        assert tool_calls.get("c1").to_dict() == lapsed.to_dict()  # type: ignore[union-attr]
+        assert status_of(tool_calls, "c2") == "executing"  # its lease is still ahead
+        # the old holder holds nothing any more: no renewal, no result
+        assert tool_calls.renew("c1", "w1", 5000.0) is None
+        assert tool_calls.transition("c1", ["executing"], "completed", executor="w1") is None
+        again = tool_calls.transition(
+            "c1", ["pending"], "executing", executor="w2", claim=True, lease_until=4000.0
+        )
+        assert again is not None and (again.executor, again.attempts) == ("w2", 2)
+        assert tool_calls.transition("c1", ["executing"], "completed", executor="w1") is None
+        done = tool_calls.transition("c1", ["executing"], "completed", executor="w2", result=1)
+        assert done is not None and done.lease_until is None
+        assert tool_calls.lapse(10_000.0) == [tool_calls.get("c2")]
+
+    def test_a_renewed_lease_does_not_lapse(self, tool_calls: ToolCallStore) -> None:
+        claimed(tool_calls, "c1", "w1", 1000.0)
+        tool_calls.renew("c1", "w1", 2000.0)
+        assert tool_calls.lapse(1500.0) == []
+        assert status_of(tool_calls, "c1") == "executing"
+
+    def test_a_claim_without_a_lease_never_lapses(self, tool_calls: ToolCallStore) -> None:
+        claimed(tool_calls, "c1", "inline", None)
+        assert tool_calls.lapse(1e12) == []
+        assert tool_calls.next_deadline() is None
+
+    def test_every_other_move_ends_the_lease(self, tool_calls: ToolCallStore) -> None:
+        claimed(tool_calls, "c1", "w1", 1000.0)
+        back = tool_calls.transition("c1", ["executing"], "pending")
+        assert back is not None and (back.lease_until, back.status) == (None, "pending")
+        assert tool_calls.next_deadline() is None and tool_calls.lapse(1e12) == []
+
+
+class TestToolCallDeadlines:
+    """An open call past its deadline is cancelled-by-timeout, an ask included."""
+
+    @pytest.mark.parametrize("status", OPEN)
+    def test_an_open_call_past_its_deadline_is_cancelled_by_timeout(
+        self, tool_calls: ToolCallStore, status: str
+    ) -> None:
+        tool_calls.insert(call("c1", status, deadline_at=1000.0, approval={"approval_id": "a"}))
+        assert tool_calls.expire(999.0) == []
+        [expired] = tool_calls.expire(1000.0)
+        assert (expired.id, expired.status) == ("c1", "cancelled-by-timeout")
+        assert expired.error and "timed out" in expired.error and expired.finished
+        assert tool_calls.get("c1").to_dict() == expired.to_dict()  # type: ignore[union-attr]
+        if status == "awaiting-approval":
+            assert expired.approval is not None
+            assert (expired.approval["decision"], expired.approval["approval_id"]) == (
+                "timeout",
+                "a",
+            )
+        assert tool_calls.expire(2000.0) == [] and tool_calls.next_deadline() is None
+
+    def test_final_calls_and_calls_without_a_deadline_never_expire(
+        self, tool_calls: ToolCallStore
+    ) -> None:
+        tool_calls.insert(call("done", "completed", deadline_at=1.0))
+        tool_calls.insert(call("open"))
+        assert tool_calls.expire(1e12) == []
+        assert tool_calls.next_deadline() is None
+        assert status_of(tool_calls, "done") == "completed"
+
+    def test_set_deadline_moves_clears_and_respects_expect(self, tool_calls: ToolCallStore) -> None:
+        tool_calls.insert(call("c1", "awaiting-approval", deadline_at=1000.0))
+        assert tool_calls.set_deadline("c1", 50.0, expect=["pending"]) is None
+        moved = tool_calls.set_deadline("c1", 3000.0)
+        assert moved is not None and (moved.deadline_at, moved.status) == (
+            3000.0,
+            "awaiting-approval",
+        )
+        assert tool_calls.next_deadline() == 3000.0
+        assert tool_calls.expire(2000.0) == []
+        cleared = tool_calls.set_deadline("c1", None)
+        assert cleared is not None and cleared.deadline_at is None
+        assert tool_calls.expire(1e12) == [] and tool_calls.next_deadline() is None
+        tool_calls.insert(call("f", "failed"))
+        assert (
+            tool_calls.set_deadline("f", 1.0) is None and tool_calls.set_deadline("x", 1.0) is None
+        )
+        with pytest.raises(InvalidInputError):
+            tool_calls.set_deadline("c1", float("inf"))
+
+    def test_next_deadline_is_the_earliest_lease_or_deadline(
+        self, tool_calls: ToolCallStore
+    ) -> None:
+        tool_calls.insert(call("a", deadline_at=5000.0))
+        claimed(tool_calls, "b", "w", 4000.0)
+        tool_calls.set_deadline("b", 6000.0)
+        tool_calls.insert(call("c", "completed", deadline_at=10.0))
+        assert tool_calls.next_deadline() == 4000.0
+        tool_calls.renew("b", "w", 7000.0)
+        assert tool_calls.next_deadline() == 5000.0
+
+    def test_a_lapsed_call_past_its_deadline_then_expires(self, tool_calls: ToolCallStore) -> None:
+        claimed(tool_calls, "c1", "w", 1000.0)
+        tool_calls.set_deadline("c1", 1500.0)
+        assert [r.id for r in tool_calls.lapse(1200.0)] == ["c1"]
+        assert [r.id for r in tool_calls.expire(1600.0)] == ["c1"]
+        assert status_of(tool_calls, "c1") == "cancelled-by-timeout"
+
+    def test_sweeps_roll_back_with_their_block(self, tool_calls: ToolCallStore) -> None:
+        claimed(tool_calls, "c1", "w", 1000.0)
+        tool_calls.insert(call("c2", deadline_at=1000.0))
+
+        def sweep() -> None:
+            tool_calls.lapse(2000.0)
+            tool_calls.expire(2000.0)
+
+        rolled_back(tool_calls, sweep)
+        assert status_of(tool_calls, "c1") == "executing"
+        assert status_of(tool_calls, "c2") == "pending"
+
+
 class TestToolCallLateResults:
     @pytest.mark.parametrize("cancelled", CANCELLED)
     def test_a_cancelled_call_keeps_a_late_result_beside_it(
@@ -515,9 +685,20 @@ class TestToolCallPersistence:
     def test_tool_calls_and_audit_survive_a_reopen(self, stores: Stores, reopen: Reopen) -> None:
         again_of = need_reopen(reopen)
         store = stores.tool_calls()
-        store.insert(call("a", run_id="r", input={"x": [1, 2]}, durable=True, created_at=1.0))
+        store.insert(
+            call(
+                "a",
+                run_id="r",
+                input={"x": [1, 2]},
+                durable=True,
+                created_at=1.0,
+                deadline_at=9000.0,
+            )
+        )
         store.insert(call("b", created_at=2.0))
-        store.transition("a", ["pending"], "executing", executor="w", claim=True)
+        store.transition(
+            "a", ["pending"], "executing", executor="w", claim=True, lease_until=8000.0
+        )
         store.transition("b", ["pending"], "cancelled-by-user")
         store.store_late("b", result="late")
         store.audit("a", "approved", by="alice", reason="ok")
@@ -526,6 +707,7 @@ class TestToolCallPersistence:
         again = again_of(stores).tool_calls()
         assert [r.to_dict() for r in again.rows()] == before
         assert again.audit_rows() == audit
+        assert again.next_deadline() == 8000.0
         with pytest.raises(InvalidInputError):
             again.insert(call("a"))
         assert again.transition("a", ["pending"], "executing", executor="w2", claim=True) is None
