@@ -195,7 +195,7 @@ def summarize(fetchall: FetchAll) -> Row:
         for model, used in by_message.get(sid, {}).items():
             _add_kinds(models.setdefault(model, _empty_kinds()), used)
             _add_kinds(kinds, used, sign=-1)
-        rest = {k: max(0, int(kinds[k] or 0)) for k in KINDS}
+        rest: dict[str, Any] = {k: max(0, int(kinds[k] or 0)) for k in KINDS}
         cost = kinds["cost_usd"]
         rest["cost_usd"] = cost if cost is not None and cost > 1e-12 else None
         if any(rest[k] for k in KINDS) or rest["cost_usd"] is not None:
@@ -229,7 +229,7 @@ def _message_usage(fetchall: FetchAll) -> dict[str, dict[str, dict[str, Any]]]:
         if not isinstance(usage, dict) or not isinstance(model, dict) or not model.get("model_id"):
             continue
         try:
-            kinds = {k: max(0, int(usage.get(k) or 0)) for k in KINDS}
+            kinds: dict[str, Any] = {k: max(0, int(usage.get(k) or 0)) for k in KINDS}
             cost = usage.get("cost_usd")
             kinds["cost_usd"] = float(cost) if cost is not None else None
         except (TypeError, ValueError):  # a hand-written metadata: left to the rollup

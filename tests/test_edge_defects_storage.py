@@ -6,16 +6,18 @@ against the one the client sent."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 from thinkray.actors.cli import main
 from thinkray.runtime import Think
+from thinkray.runtime.errors import MessageIdConflictError
 from thinkray.runtime.models.testing import ScriptedModel, reply
 from thinkray.storage import fleet_index as fi
 from thinkray.storage.errors import CorruptDatabaseError, DatabaseFileError, StorageError
 from thinkray.storage.session_store import DuckDBSessionStore
+
+from tests.conftest import Collector
 
 NS = "edges"
 
@@ -118,3 +120,110 @@ async def test_stats_after_a_model_switch_count_each_models_tokens_once(tmp_path
     for usage in stats["by_day"]:
         by_day[usage["model"]] = by_day.get(usage["model"], 0) + usage["input"]
     assert by_day == {"test/model-a": 100, "test/model-b": 1000}  # A's tokens once
+
+
+# -- item 1: a message id is the turn's idempotency key ----------------------------------
+
+
+async def test_a_resent_message_replays_its_answer_and_runs_no_second_turn(tmp_path):
+    path = tmp_path / "root" / NS / "retry.duckdb"
+    store = DuckDBSessionStore(path)
+    model = ScriptedModel([reply("the ", "first ", "answer")])  # one turn's worth only
+    agent = Think(store, model=model)
+    c1 = agent.create_session("c1").id
+    first = await agent.chat(user("Weather in Paris?", "u1"), session_id=c1)
+    live = Collector()
+    again = await agent.chat(user("Weather in Paris?", "u1"), live, session_id=c1)
+    assert len(model.requests) == 1  # the model ran once
+    assert [m["role"] for m in agent.get_history(c1)] == ["user", "assistant"]
+    assert again.replayed and not first.replayed
+    assert (again.status, again.text, again.message_id) == (
+        "completed",
+        first.text,
+        first.message_id,
+    )
+    assert again.message == agent.get_history(c1)[-1]
+    assert "".join(c.get("delta", "") for c in live.events) == "the first answer"
+    assert live.types()[0] == "start" and live.types()[-1] == "finish" and live.done == 1
+    # After a hibernation (a new agent on the file) it is the same: replayed from the
+    # run's chunk log, or rebuilt from the stored answer once that log is pruned.
+    store.close()
+    for pruned in (False, True):
+        store = DuckDBSessionStore(path)
+        if pruned:
+            store.delete_chunks(store.chunk_generations())
+        woken = Think(store, model=ScriptedModel([]))
+        streamed = [
+            c async for c in woken.stream_chat(user("Weather in Paris?", "u1"), session_id=c1)
+        ]
+        assert "".join(c.get("delta", "") for c in streamed) == "the first answer"
+        assert streamed[0] == {"type": "start", "messageId": first.message_id}
+        assert streamed[-1]["type"] == "finish"
+        assert [m["role"] for m in woken.get_history(c1)] == ["user", "assistant"]
+        store.close()
+
+
+async def test_a_message_id_used_by_another_chat_is_refused_and_nothing_is_lost(store):
+    agent = Think(store, model=ScriptedModel([reply("answer one"), reply("answer two")]))
+    c1 = agent.create_session("c1").id
+    c2 = agent.create_session("c2").id
+    await agent.chat(user("Weather in Paris?", "u1"), session_id=c1)
+    with pytest.raises(MessageIdConflictError) as caught:
+        await agent.chat(user("And in Rome?", "u1"), session_id=c2)
+    assert caught.value.message_id == "u1" and caught.value.session_id == c2
+    assert "u1" in str(caught.value) and "new id" in str(caught.value)
+    assert agent.get_history(c2) == []  # no answer to a message that is not there
+    assert [m["role"] for m in agent.get_history(c1)] == ["user", "assistant"]
+    # The same text under a fresh id is answered in c2.
+    result = await agent.chat(user("And in Rome?", "u2"), session_id=c2)
+    assert result.text == "answer one" or result.text == "answer two"
+    assert [m["id"] for m in agent.get_history(c2)][0] == "u2"
+
+
+async def test_a_rewound_message_id_is_refused_not_answered_out_of_place(store):
+    agent = Think(store, model=ScriptedModel([reply("one"), reply("two")]))
+    sid = agent.create_session("c1").id
+    await agent.chat(user("first", "u1"), session_id=sid)
+    await agent.chat(user("second", "u2"), session_id=sid)
+    agent.rewind(sid, "u2", include_target=True)  # the user edits their last message
+    with pytest.raises(MessageIdConflictError):
+        await agent.chat(user("second, edited", "u2"), session_id=sid)
+    assert [m["id"] for m in agent.get_history(sid)][:1] == ["u1"]
+
+
+@pytest.mark.ray
+def test_over_http_a_resent_id_replays_and_another_chats_id_is_a_409(ray_local, tmp_path):
+    import httpx
+
+    from tests.ingress_support import ALICE, chat_body, make_config, serve_app, sse_events
+
+    def post_chat(base: str, path: str, body: Any, headers: dict[str, str]) -> list[Any]:
+        # A first chat wakes a cold actor: on a loaded machine that takes a while.
+        with (
+            httpx.Client(timeout=180) as client,
+            client.stream("POST", base + path, json=body, headers=headers) as response,
+        ):
+            assert response.status_code == 200, response.read()
+            return list(sse_events(response.iter_lines()))
+
+    namespace = f"edges-{tmp_path.name[-10:]}".replace("_", "-")
+    with serve_app(make_config(str(tmp_path / "root"), namespace)) as base:
+        path = "/agents/chat/alice-edges/chat"
+        first = post_chat(base, path, chat_body("c1", "Weather in Paris?", "u1"), ALICE)
+        again = post_chat(base, path, chat_body("c1", "Weather in Paris?", "u1"), ALICE)
+        assert again == first  # the same stream, replayed: the model did not run twice
+        messages = f"{base}/agents/chat/alice-edges/chat/c1/messages"
+        stored = httpx.get(messages, headers=ALICE, timeout=180).json()
+        assert [m["role"] for m in stored] == ["user", "assistant"]
+        # The README's example id in a second chat: refused, with a reason, before any
+        # byte of a stream; nothing of c2 is stored.
+        answer = httpx.post(
+            base + path, json=chat_body("c2", "And in Rome?", "u1"), headers=ALICE, timeout=180
+        )
+        assert answer.status_code == 409, answer.text
+        error = answer.json()["error"]
+        assert error["type"] == "message_id_conflict" and "'u1'" in error["message"]
+        assert "Traceback" not in error["message"]
+        c2 = httpx.get(messages.replace("/c1/", "/c2/"), headers=ALICE, timeout=180)
+        assert c2.json() == []
+        assert httpx.get(messages, headers=ALICE, timeout=180).json() == stored
