@@ -56,7 +56,13 @@ from thinkray.actors.directory import (
     shard_of,
 )
 from thinkray.actors.errors import RemoteCallError
-from thinkray.actors.response import AgentResponse, AgentResponseStream, CrashPolicy, TurnKeys
+from thinkray.actors.response import (
+    AgentResponse,
+    AgentResponseStream,
+    CrashPolicy,
+    TurnKeys,
+    _own_errors,
+)
 from thinkray.actors.session_actor import DEFAULT_PRELOAD
 from thinkray.runtime.agents.think import Think
 from thinkray.runtime.messages import new_id, parse_message
@@ -571,7 +577,8 @@ class AgentHandle(Generic[A]):
             started = time.monotonic()
             while True:
                 try:
-                    self._actor, self._actor_id = ray.get(self._resolve(stale))
+                    with _own_errors():  # a wake's failure (a corrupt file) as itself
+                        self._actor, self._actor_id = ray.get(self._resolve(stale))
                     self._stale = False
                     break
                 except ray.exceptions.RayActorError as exc:
@@ -585,7 +592,8 @@ class AgentHandle(Generic[A]):
             started = time.monotonic()
             while True:
                 try:
-                    self._actor, self._actor_id = await self._resolve(stale)
+                    with _own_errors():
+                        self._actor, self._actor_id = await self._resolve(stale)
                     self._stale = False
                     break
                 except ray.exceptions.RayActorError as exc:
