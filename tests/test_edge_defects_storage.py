@@ -143,6 +143,7 @@ async def test_a_resent_message_replays_its_answer_and_runs_no_second_turn(tmp_p
         first.message_id,
     )
     assert again.message == agent.get_history(c1)[-1]
+    assert await agent.wait_run(again.run_id) == again
     assert "".join(c.get("delta", "") for c in live.events) == "the first answer"
     assert live.types()[0] == "start" and live.types()[-1] == "finish" and live.done == 1
     # After a hibernation (a new agent on the file) it is the same: replayed from the

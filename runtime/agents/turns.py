@@ -246,6 +246,9 @@ class TurnRunner:
             user_message_id=answered.message_id,
             replayed=True,
         )
+        self.results[run_id] = result  # wait_run(run_id) answers like for any run
+        while len(self.results) > max(self.agent.recent_results, 0):
+            self.results.popitem(last=False)
         run.task = asyncio.ensure_future(_deliver(stream.chunks, callback, result))
         return run
 
