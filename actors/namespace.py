@@ -56,7 +56,13 @@ from thinkray.actors.directory import (
     shard_of,
 )
 from thinkray.actors.errors import RemoteCallError
-from thinkray.actors.response import AgentResponse, AgentResponseStream, CrashPolicy, TurnKeys
+from thinkray.actors.response import (
+    AgentResponse,
+    AgentResponseStream,
+    CrashPolicy,
+    TurnKeys,
+    _own_errors,
+)
 from thinkray.actors.session_actor import DEFAULT_PRELOAD
 from thinkray.runtime.agents.think import Think
 from thinkray.runtime.messages import new_id, parse_message
@@ -508,6 +514,9 @@ class AgentHandle(Generic[A]):
         self.agent_cls = agent_cls
         self._actor: ActorHandle | None = None
         self._actor_id: str | None = None
+        # Set when a call through this handle was interrupted (its actor died): the
+        # actor it holds is dead, so the next call resolves the name again, naming it.
+        self._stale = False
 
     def __repr__(self) -> str:
         return f"AgentHandle({self.namespace}/{self.name})"
@@ -535,7 +544,12 @@ class AgentHandle(Generic[A]):
     # -- resolution (used by the responses) -------------------------------------------
 
     def _cached_actor(self) -> ActorHandle | None:
-        return self._actor
+        return None if self._stale else self._actor
+
+    def _forget_actor(self) -> None:
+        """The actor died under a call that is not re-sent: resolve anew next time
+        (otherwise every later call would go to the dead actor and be refused)."""
+        self._stale = True
 
     def _resolve(self, stale: bool) -> Any:
         # Resolving runs in the caller's thread or task: a wake it causes is traced as
@@ -558,11 +572,14 @@ class AgentHandle(Generic[A]):
         return 0.2
 
     def _actor_sync(self, stale: bool = False) -> ActorHandle:
+        stale = stale or self._stale
         if self._actor is None or stale:
             started = time.monotonic()
             while True:
                 try:
-                    self._actor, self._actor_id = ray.get(self._resolve(stale))
+                    with _own_errors():  # a wake's failure (a corrupt file) as itself
+                        self._actor, self._actor_id = ray.get(self._resolve(stale))
+                    self._stale = False
                     break
                 except ray.exceptions.RayActorError as exc:
                     time.sleep(self._directory_lost(started, exc))
@@ -570,11 +587,14 @@ class AgentHandle(Generic[A]):
         return self._actor
 
     async def _actor_async(self, stale: bool = False) -> ActorHandle:
+        stale = stale or self._stale
         if self._actor is None or stale:
             started = time.monotonic()
             while True:
                 try:
-                    self._actor, self._actor_id = await self._resolve(stale)
+                    with _own_errors():
+                        self._actor, self._actor_id = await self._resolve(stale)
+                    self._stale = False
                     break
                 except ray.exceptions.RayActorError as exc:
                     await asyncio.sleep(self._directory_lost(started, exc))

@@ -22,6 +22,7 @@ Exactly once from the caller's side:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import ray
 from thinkray.actors.errors import CallInterruptedError, RunInterruptedError, SyncInEventLoopError
 from thinkray.actors.relay import AbortReceiver, NotBoundError
+from thinkray.runtime.errors import ThinkrayError
 
 if TYPE_CHECKING:
     from thinkray.actors.namespace import AgentHandle
@@ -81,6 +83,21 @@ class CrashPolicy:
         )
 
 
+@contextlib.contextmanager
+def _own_errors() -> Iterator[None]:
+    """thinkray's own error raised in the actor, as itself: Ray hands it over wrapped
+    in a ``RayTaskError`` whose text is the remote traceback banner. The class is kept
+    (``except SessionBusyError`` works) and its message is the clean sentence; the
+    wrapper, with the remote traceback, stays reachable as ``__cause__``."""
+    try:
+        yield
+    except ray.exceptions.RayTaskError as exc:
+        cause = exc.cause
+        if isinstance(cause, ThinkrayError):
+            raise cause from exc
+        raise
+
+
 def _in_event_loop() -> bool:
     try:
         asyncio.get_running_loop()
@@ -126,7 +143,8 @@ class AgentResponse(Generic[R]):
             if self._ref is None or stale:
                 self._ref = self._send(self._handle._actor_sync(stale=stale))
             try:
-                value: R = ray.get(self._ref, timeout=timeout_s)
+                with _own_errors():
+                    value: R = ray.get(self._ref, timeout=timeout_s)
                 return value
             except RETRYABLE as exc:
                 if attempt == ATTEMPTS - 1:
@@ -146,7 +164,8 @@ class AgentResponse(Generic[R]):
             if self._ref is None or stale:
                 self._ref = self._send(await self._handle._actor_async(stale=stale))
             try:
-                value: R = await self._ref
+                with _own_errors():
+                    value: R = await self._ref
                 return value
             except RETRYABLE as exc:
                 if attempt == ATTEMPTS - 1:
@@ -172,6 +191,7 @@ def _may_resend_sync(handle: AgentHandle[Any], policy: CrashPolicy, during: str)
         return False
     turn = policy.turn
     if turn is None or turn.message_id is None:
+        handle._forget_actor()
         raise policy.interrupted(during)
     try:
         actor = handle._actor_sync(stale=True)  # wakes the agent on a fresh actor
@@ -179,6 +199,7 @@ def _may_resend_sync(handle: AgentHandle[Any], policy: CrashPolicy, during: str)
             actor.invoke.remote(handle.name, "get_message", (turn.message_id,), {})
         )
     except Exception:  # cannot tell whether the turn started: it may have
+        handle._forget_actor()
         raise policy.interrupted(during) from None
     if found is not None:
         raise policy.interrupted(during)
@@ -191,11 +212,13 @@ async def _may_resend_async(handle: AgentHandle[Any], policy: CrashPolicy, durin
         return False
     turn = policy.turn
     if turn is None or turn.message_id is None:
+        handle._forget_actor()
         raise policy.interrupted(during)
     try:
         actor = await handle._actor_async(stale=True)
         found = await actor.invoke.remote(handle.name, "get_message", (turn.message_id,), {})
     except Exception:
+        handle._forget_actor()
         raise policy.interrupted(during) from None
     if found is not None:
         raise policy.interrupted(during)
@@ -232,7 +255,8 @@ class AgentResponseStream(Generic[T]):
         for attempt in range(ATTEMPTS):
             refs = self._open(self._handle._actor_sync(stale=stale))
             try:
-                self._take_header(ray.get(next(refs)))
+                with _own_errors():
+                    self._take_header(ray.get(next(refs)))
                 self._refs = refs
                 return
             except RETRYABLE as exc:
@@ -248,7 +272,8 @@ class AgentResponseStream(Generic[T]):
         for attempt in range(ATTEMPTS):
             refs = self._open(await self._handle._actor_async(stale=stale))
             try:
-                self._take_header(await (await refs.__anext__()))
+                with _own_errors():
+                    self._take_header(await (await refs.__anext__()))
                 self._refs = refs
                 return
             except RETRYABLE as exc:
@@ -269,7 +294,9 @@ class AgentResponseStream(Generic[T]):
             self.batches += 1
 
     def _died(self) -> CallInterruptedError:
-        """The error for an actor that died after the stream opened."""
+        """The error for an actor that died after the stream opened (the handle then
+        resolves the name again on its next call)."""
+        self._handle._forget_actor()
         policy = self._policy
         if policy.turn is not None:
             header = self._header or {}
@@ -342,7 +369,8 @@ class AgentResponseStream(Generic[T]):
         while not self._buffer:
             try:
                 ref = next(self._refs)  # StopIteration ends the stream
-                self._buffer.extend(ray.get(ref))
+                with _own_errors():
+                    self._buffer.extend(ray.get(ref))
             except ray.exceptions.RayActorError:
                 raise self._died() from None
             self.batches += 1
@@ -361,7 +389,8 @@ class AgentResponseStream(Generic[T]):
         while True:
             try:
                 ref = await self._refs.__anext__()
-                batch = await ref
+                with _own_errors():
+                    batch = await ref
             except StopAsyncIteration:
                 return
             except ray.exceptions.RayActorError:

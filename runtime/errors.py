@@ -38,6 +38,7 @@ __all__ = [
     "InvalidConfigError",
     "InvalidMessageError",
     "InvalidStateError",
+    "MessageIdConflictError",
     "MessageTooLargeError",
     "ModelError",
     "ModelNotConfiguredError",
@@ -176,6 +177,20 @@ class NothingToAnswerError(UserError, ValueError):
 
 class DuplicateRunError(UserError, ValueError):
     """A run id that is already in flight was given to a new turn."""
+
+
+class MessageIdConflictError(UserError, ValueError):
+    """A turn's message id is taken by a message it cannot be: one of another session
+    (message ids are unique per agent file), or one of this session that a rewind hid
+    or later turns moved past. Nothing was written and no turn ran; send the message
+    under a new id (the AI SDK's ``useChat`` makes a fresh one per message).
+
+    ``message_id`` is the id, ``session_id`` the session the turn was for."""
+
+    def __init__(self, message: str, message_id: str = "", session_id: str = "") -> None:
+        super().__init__(message)
+        self.message_id = message_id
+        self.session_id = session_id
 
 
 class ModelSwitchError(ThinkrayError, RuntimeError):

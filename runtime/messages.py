@@ -162,9 +162,9 @@ def parse_message(message: str | dict[str, Any] | UIMessage, *, role: Role = "us
         raise InvalidMessageError(f"invalid message: {exc}") from exc
     if not model.parts:
         raise InvalidMessageError("invalid message: a message needs at least one part")
-    wire = model.wire()
-    wire.setdefault("metadata", None)
-    return wire
+    # Exactly the keys the client sent: the AI SDK's UIMessage has no ``metadata``
+    # key unless it set one, and the stored message must equal the client's.
+    return model.wire()
 
 
 def message_text(message: dict[str, Any]) -> str:

@@ -24,6 +24,10 @@ from typing import Any, ClassVar
 
 import duckdb
 from thinkray.storage.errors import (
+    CorruptDatabaseError,
+    DatabaseFileError,
+)
+from thinkray.storage.errors import (
     DatabaseClosedError as DatabaseClosedError,
 )
 from thinkray.storage.errors import (  # re-exported: the errors live in thinkray.storage.errors
@@ -34,6 +38,40 @@ from thinkray.storage.errors import (  # re-exported: the errors live in thinkra
 # default, which matters when thousands of hibernated sessions sit on shared storage.
 BLOCK_SIZE = 16384
 MEMORY_PATH = ":memory:"
+AGENT_FILE_SUFFIX = ".duckdb"
+
+# What DuckDB says of a file that is not (or no longer) a database it can read.
+_CORRUPT_SIGNS = (
+    "not a valid duckdb database",
+    "could not read enough bytes",
+    "checksum",
+    "corrupt",
+)
+
+
+def file_error(path: str, exc: BaseException) -> DatabaseFileError:
+    """DuckDB's I/O error on ``path`` as a typed error naming the agent and the file
+    (``root/<namespace>/<agent>.duckdb``): a bare ``IOException`` says neither, and
+    the caller of a wake only knows the agent's name."""
+    reason = str(exc)
+    file = Path(path)
+    agent = namespace = None
+    if file.name.endswith(AGENT_FILE_SUFFIX):
+        agent, namespace = file.name[: -len(AGENT_FILE_SUFFIX)], file.parent.name or None
+    who = f"agent {namespace}/{agent}" if agent else "database"
+    if any(sign in reason.lower() for sign in _CORRUPT_SIGNS):
+        return CorruptDatabaseError(
+            f"{who}: its file {path!r} is corrupt or truncated and cannot be read "
+            f"({reason}). thinkray does not repair or replace it: restore the file from a "
+            "backup, or move it aside to start the agent empty",
+            path,
+            agent,
+            namespace,
+            reason,
+        )
+    return DatabaseFileError(
+        f"{who}: its file {path!r} cannot be used ({reason})", path, agent, namespace, reason
+    )
 
 
 @dataclass(frozen=True)
@@ -98,12 +136,12 @@ class Database:
             try:
                 return duckdb.connect(self.path, config=config)
             except duckdb.IOException as exc:
-                if "lock" not in str(exc).lower() or time.monotonic() >= deadline:
-                    if "lock" in str(exc).lower():
-                        raise DatabaseLockedError(
-                            f"database {self.path!r} is held by another process: {exc}"
-                        ) from exc
-                    raise
+                if "lock" not in str(exc).lower():
+                    raise file_error(self.path, exc) from exc
+                if time.monotonic() >= deadline:
+                    raise DatabaseLockedError(
+                        f"database {self.path!r} is held by another process: {exc}"
+                    ) from exc
                 time.sleep(delay)
                 delay = min(delay * 2, 0.2)
 
@@ -153,20 +191,29 @@ class Database:
         Raises:
             DatabaseClosedError: the database is closed.
         """
-        with self._lock:
+        with self._lock, self._file_errors():
             if params is None:
                 return self.con.execute(sql)
             return self.con.execute(sql, params)
 
     def fetchall(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         """:meth:`execute` a query and return all its rows."""
-        with self._lock:
+        with self._lock, self._file_errors():
             return self.execute(sql, params).fetchall()
 
     def fetchone(self, sql: str, params: Sequence[Any] | None = None) -> tuple[Any, ...] | None:
         """:meth:`execute` a query and return its first row, or ``None``."""
-        with self._lock:
+        with self._lock, self._file_errors():
             return self.execute(sql, params).fetchone()
+
+    @contextmanager
+    def _file_errors(self) -> Iterator[None]:
+        """DuckDB's I/O errors on this file (a damaged block read lazily, long after
+        the open) as :class:`DatabaseFileError`."""
+        try:
+            yield
+        except duckdb.IOException as exc:
+            raise file_error(self.path, exc) from exc
 
     @contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -184,18 +231,22 @@ class Database:
             self._depth = 1
             try:
                 yield con
-            except BaseException:
+            except BaseException as exc:
                 self._depth = 0
                 self.rollbacks += 1
                 self._forget_migrations()
                 con.execute("ROLLBACK")
+                if isinstance(exc, duckdb.IOException):
+                    raise file_error(self.path, exc) from exc
                 raise
             self._depth = 0
             try:
                 con.execute("COMMIT")
-            except BaseException:
+            except BaseException as exc:
                 self.rollbacks += 1
                 self._forget_migrations()
+                if isinstance(exc, duckdb.IOException):
+                    raise file_error(self.path, exc) from exc
                 raise
             self._migrated_in_tx.clear()
 

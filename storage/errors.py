@@ -27,7 +27,9 @@ def _rebuild(cls: type[ThinkrayError], args: tuple[Any, ...], state: dict[str, A
 
 __all__ = [
     "InvalidTypeError",
+    "CorruptDatabaseError",
     "DatabaseClosedError",
+    "DatabaseFileError",
     "DatabaseLockedError",
     "FiberNotFoundError",
     "InboxMessageNotFoundError",
@@ -109,6 +111,34 @@ class NotOnPathError(InvalidInputError):
 
 class DatabaseLockedError(StorageError):
     """Another process holds the file (DuckDB allows one writer per file)."""
+
+
+class DatabaseFileError(StorageError):
+    """An agent's DuckDB file cannot be opened, read or written (DuckDB's I/O error).
+
+    ``path`` is the file, ``agent`` and ``namespace`` the agent it belongs to (from
+    ``root/<namespace>/<agent>.duckdb``; None for a file outside that layout), ``reason``
+    DuckDB's own message. Nothing was written by the call that raised it."""
+
+    def __init__(
+        self,
+        message: str,
+        path: str = "",
+        agent: str | None = None,
+        namespace: str | None = None,
+        reason: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.path = path
+        self.agent = agent
+        self.namespace = namespace
+        self.reason = reason
+
+
+class CorruptDatabaseError(DatabaseFileError):
+    """The agent's file is not a readable DuckDB database: overwritten, truncated or
+    damaged. thinkray never repairs or replaces it; restore it from a backup or move it
+    aside (the agent then starts empty)."""
 
 
 class DatabaseClosedError(StorageError):

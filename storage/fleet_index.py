@@ -31,8 +31,10 @@ tombstone row that compaction drops.
 Tokens by day: the row's ``days`` are built from deltas. At each write the agent's own
 file keeps the totals it last reported (config key :data:`REPORTED_KEY`); what grew
 since is added to today's bucket (UTC). Usage is attributed to the day it was indexed
-(the hibernation, or the live refresh, at most ``REFRESH_SECONDS`` late), and a session
-switching model mid-way counts under its current model. ``days`` keep the last
+(the hibernation, or the live refresh, at most ``REFRESH_SECONDS`` late), and each
+answer's tokens to the model that produced it (its ``metadata.model``; what a session's
+rollup holds beyond its answers counts under the session's current model), so a
+session that switches model keeps the earlier model's tokens where they were. ``days`` keep the last
 :data:`KEEP_DAYS` days.
 
 Cost: the project has no price table. A row keeps the tokens by model and kind, and
@@ -180,14 +182,24 @@ def summarize(fetchall: FetchAll) -> Row:
         )
     )
     models: dict[str, dict[str, Any]] = {}
+    by_message = _message_usage(fetchall)
     created = last = None
     for sid, created_at, updated_at, blob in sessions:
         info = unpack(blob) if blob is not None else {}
         usage = info.get("usage") or {}
         kinds = {k: usage.get(_ROLLUP_OF_KIND[k], 0) for k in KINDS}
         kinds["cost_usd"] = usage.get("cost_usd")
-        if any(kinds[k] for k in KINDS) or kinds["cost_usd"] is not None:
-            _add_kinds(models.setdefault(_model_key(info.get("model")), _empty_kinds()), kinds)
+        # Each answer's tokens count under the model that produced it; what the rollup
+        # holds beyond them (a compaction's summarizer, messages since deleted) under
+        # the session's current model.
+        for model, used in by_message.get(sid, {}).items():
+            _add_kinds(models.setdefault(model, _empty_kinds()), used)
+            _add_kinds(kinds, used, sign=-1)
+        rest: dict[str, Any] = {k: max(0, int(kinds[k] or 0)) for k in KINDS}
+        cost = kinds["cost_usd"]
+        rest["cost_usd"] = cost if cost is not None and cost > 1e-12 else None
+        if any(rest[k] for k in KINDS) or rest["cost_usd"] is not None:
+            _add_kinds(models.setdefault(_model_key(info.get("model")), _empty_kinds()), rest)
         created = created_at if created is None else min(created, created_at)
         last = updated_at if last is None else max(last, updated_at)
         counts.setdefault(sid, 0)
@@ -198,6 +210,33 @@ def summarize(fetchall: FetchAll) -> Row:
         "last_active": last,
         "models": models,
     }
+
+
+def _message_usage(fetchall: FetchAll) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{session: {model: kinds}}`` from the assistant messages that name both their
+    ``metadata.usage`` and ``metadata.model`` (what the turn that wrote them used),
+    hidden ones included: a rollup keeps the tokens of rewound turns too."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    rows = fetchall("SELECT session_id, envelope FROM messages WHERE role = 'assistant'", [])
+    for sid, blob in rows:
+        if blob is None or b"usage" not in blob:
+            continue
+        envelope = unpack(blob)
+        meta = envelope.get("metadata") if isinstance(envelope, dict) else None
+        if not isinstance(meta, dict):
+            continue
+        usage, model = meta.get("usage"), meta.get("model")
+        if not isinstance(usage, dict) or not isinstance(model, dict) or not model.get("model_id"):
+            continue
+        try:
+            kinds: dict[str, Any] = {k: max(0, int(usage.get(k) or 0)) for k in KINDS}
+            cost = usage.get("cost_usd")
+            kinds["cost_usd"] = float(cost) if cost is not None else None
+        except (TypeError, ValueError):  # a hand-written metadata: left to the rollup
+            continue
+        into = out.setdefault(sid, {}).setdefault(_model_key(model), _empty_kinds())
+        _add_kinds(into, kinds)
+    return out
 
 
 def _reported(fetchall: FetchAll) -> dict[str, Any]:

@@ -274,6 +274,12 @@ class SessionStore(Protocol):
         """The message with its parts, or ``None`` if there is no such id."""
         ...
 
+    def message_session(self, message_id: str) -> str | None:
+        """The id of the session holding message ``message_id`` (hidden or not), or
+        ``None`` if there is no such id. A read on every turn's path (a message id is
+        an idempotency key across the store): it must not drop what is cached."""
+        ...
+
     def get_message_row(self, message_id: str) -> MessageRow | None:
         """The message with its tree position (session, parent, ``seq``, hidden
         stamp), or ``None`` if there is no such id."""

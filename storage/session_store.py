@@ -1588,6 +1588,15 @@ class DuckDBSessionStore(SessionStore):
         return row.message if row is not None else None
 
     @override
+    def message_session(self, message_id: str) -> str | None:
+        _check_str(message_id, "message id")
+        with self._tx(keep_cache=True) as con:
+            row = con.execute(
+                "SELECT session_id FROM messages WHERE id = ?", [message_id]
+            ).fetchone()
+        return None if row is None else str(row[0])
+
+    @override
     def get_message_row(self, message_id: str) -> MessageRow | None:
         with self._tx() as con:
             row = con.execute(

@@ -51,7 +51,12 @@ from thinkray.actors.ingress.auth import Authenticator, BearerTokens, Principal
 from thinkray.actors.ingress.config import IngressConfig, load_object
 from thinkray.actors.response import AgentResponseStream
 from thinkray.runtime.chunks import SSE_DONE, SSE_HEADERS, to_sse
-from thinkray.runtime.errors import AccessDeniedError, ApprovalNotFoundError, SessionBusyError
+from thinkray.runtime.errors import (
+    AccessDeniedError,
+    ApprovalNotFoundError,
+    MessageIdConflictError,
+    SessionBusyError,
+)
 from thinkray.runtime.observability import tracing
 from thinkray.runtime.observability.setup import configure_from_env
 from thinkray.storage.errors import NotFoundError, ThinkrayError, UserError
@@ -82,6 +87,8 @@ def error_status(exc: BaseException) -> tuple[int, str]:
         return 403, "forbidden"
     if isinstance(exc, SessionBusyError):
         return 409, "busy"
+    if isinstance(exc, MessageIdConflictError):
+        return 409, "message_id_conflict"
     if isinstance(exc, UserError | InvalidInputError | ValueError):
         return 400, type(exc).__name__
     return 500, "internal"

@@ -102,6 +102,9 @@ class ChatResult:
     usage: dict[str, Any] = field(default_factory=dict)
     steps: int = 0
     user_message_id: str | None = None
+    # True when the user message had been answered before: nothing ran, ``message``
+    # is the stored answer (a resent message id replays its turn, never runs it again).
+    replayed: bool = False
 
     @property
     def text(self) -> str:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from thinkray.runtime.abort import AbortController, AbortError, AbortSignal, abortable
 from thinkray.runtime.agents import model_switch
+from thinkray.runtime.agents.replay import Answered, answer_chunks, check_resent
 from thinkray.runtime.agents.runs import ChatOptions, ChatResult, RunState, RunStatus
 from thinkray.runtime.agents.runs import StreamCallback as StreamCallback
 from thinkray.runtime.chunks import FinishChunk, UIChunk, is_data_chunk
@@ -202,15 +203,53 @@ class TurnRunner:
             raise NothingToAnswerError(
                 "nothing to answer: the session is empty and no message was given"
             )
+        # A message id is the turn's idempotency key: a resent one replays its answer.
+        answered = check_resent(agent.store, sid, user_msg["id"]) if user_msg else None
         run_id = run_id or new_id("run")
         if run_id in self.runs:
             raise DuplicateRunError(f"run id {run_id!r} is already in flight")
+        if answered is not None:
+            return self._replay(sid, run_id, answered, callback)
         controller = AbortController(parent=signal)
         run = RunState(run_id, sid, controller, RunStream(run_id, sid, new_id("msg")))
         self.runs[run_id] = run
         self.session_runs[sid] = run_id
         self.status.busy(sid, run_id)
         run.task = asyncio.ensure_future(self._turn(run, user_msg, callback, tools or {}))
+        return run
+
+    def _replay(
+        self, sid: str, run_id: str, answered: Answered, callback: StreamCallback | None
+    ) -> RunState:
+        """A run that runs nothing: its stream is the answer's chunks, already closed,
+        and its result the stored answer (``replayed``). It never holds the session."""
+        answer = answered.answer
+        chunks = answer_chunks(self.agent.store, list(self.last_stream.values()), answer)
+        metadata = answer.get("metadata") or {}
+        status = metadata.get("status")
+        ended = [c for c in chunks if c.get("type") == "error"]
+        error = str(ended[-1].get("errorText") or "error") if ended else None
+        stream = RunStream(run_id, sid, answer["id"])
+        for chunk in chunks:
+            stream.push(chunk)
+        stream.close(error if status == "error" else None)
+        run = RunState(run_id, sid, AbortController(), stream)
+        result = ChatResult(
+            run_id=run_id,
+            session_id=sid,
+            message_id=answer["id"],
+            status=status if status in ("completed", "aborted", "error") else "completed",
+            message=answer,
+            error=error if status == "error" else None,
+            finish_reason=metadata.get("finishReason"),
+            usage=dict(metadata.get("usage") or {}),
+            user_message_id=answered.message_id,
+            replayed=True,
+        )
+        self.results[run_id] = result  # wait_run(run_id) answers like for any run
+        while len(self.results) > max(self.agent.recent_results, 0):
+            self.results.popitem(last=False)
+        run.task = asyncio.ensure_future(_deliver(stream.chunks, callback, result))
         return run
 
     # -- the turn ---------------------------------------------------------------------
@@ -287,7 +326,7 @@ class TurnRunner:
                 agent, sid, user_msg
             )
             if user_msg is not None:
-                store.append_message(sid, user_msg)  # a repeated id is a no-op
+                _store_user_message(store, sid, user_msg)
             history = store.get_history(sid)
             if self.finalize_orphaned_tool_calls(sid, history):
                 history = store.get_history(sid)
@@ -727,6 +766,35 @@ def _finish_chunk(chunk: FinishChunk, metadata: dict[str, Any]) -> FinishChunk:
     if reason:
         out["finishReason"] = reason
     return out
+
+
+def _store_user_message(store: Any, sid: str, message: dict[str, Any]) -> None:
+    """Append the turn's user message. Stored already: by this session (a turn that
+    answers it anew), fine; by another session since ``start`` checked, refused
+    (:class:`MessageIdConflictError`), never dropped."""
+    if not store.append_message(sid, message):
+        check_resent(store, sid, message["id"])
+
+
+async def _deliver(
+    chunks: list[UIChunk], callback: StreamCallback | None, result: ChatResult
+) -> ChatResult:
+    """A replayed run's task: the chunks to the callback (as a live run would send
+    them; a failing callback detaches), then its result."""
+    for chunk in chunks if callback is not None else ():
+        try:
+            sent = callback.on_event(chunk)  # type: ignore[union-attr]
+            if inspect.isawaitable(sent):
+                await sent
+        except Exception as exc:
+            log.info("replay of run %s: callback detached (%s)", result.run_id, exc)
+            return result
+    if callback is not None:
+        if result.status == "error":
+            await _call(callback, "on_error", result.error)
+        else:
+            await _call(callback, "on_done")
+    return result
 
 
 async def _discard(chunk: UIChunk) -> None:

@@ -502,6 +502,14 @@ class TestIdempotency:
         assert store.get_message("m1") == msg("m1", text="in a")
         assert store.get_message_row("m1").session_id == a  # type: ignore[union-attr]
 
+    def test_message_session_names_the_owner_hidden_or_not(self, store: SessionStore) -> None:
+        a = store.create_session().id
+        assert store.message_session("m1") is None
+        store.append_message(a, msg("m1"))
+        store.append_message(a, msg("m2", "assistant"))
+        store.set_hidden(a, ["m2"], time.time())
+        assert (store.message_session("m1"), store.message_session("m2")) == (a, a)
+
     def test_upsert_inserts_then_replaces(self, store: SessionStore) -> None:
         sid = store.create_session().id
         chain(store, sid, "m1")
