@@ -1,0 +1,73 @@
+"""Defects of issue 26 in the runtime (no Ray), each as the scenario a user hits.
+
+Timing-dependent ones are made deterministic: the recorder's flush timer is fired by
+hand at the bad moment, an event holds a coroutine where the race needs it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from thinkray.runtime import Think, tool
+from thinkray.runtime.agents.recovery import INTERRUPTED_ERROR
+from thinkray.runtime.models.testing import FunctionModel, ScriptedModel, reply, tool_call
+from thinkray.runtime.tools.base import ToolPolicy
+from thinkray.runtime.turn.recorder import Recorder
+from thinkray.storage.session_store import DuckDBSessionStore
+
+from tests.conftest import Collector
+
+# -- item 2: a completed turn stays completed, whatever the flush timing ---------------
+
+
+class CountingAgent(Think):
+    """Answers every turn with one text; counts the model's calls."""
+
+    recover_generations = "resume"
+    calls: list[int] = []
+
+    def get_model(self) -> Any:
+        def step(request: Any, n: int) -> Any:
+            CountingAgent.calls.append(n)
+            return reply("the answer")
+
+        return FunctionModel(step, model_id="counting")
+
+
+@pytest.fixture
+def timer_after_finish(monkeypatch):
+    """The recorder's 30 ms flush timer fires right after the ``finish`` chunk was
+    recorded and before the turn's final commit (what a slow ``message_metadata`` hook
+    or a descheduled process does by chance)."""
+    original = Recorder.record
+
+    def record(self: Recorder, chunk: Any) -> None:
+        original(self, chunk)
+        if chunk["type"] == "finish":
+            self._on_timer()
+
+    monkeypatch.setattr(Recorder, "record", record)
+
+
+async def test_a_turn_flushed_early_is_not_interrupted_nor_answered_again_at_wake(
+    tmp_path, timer_after_finish
+):
+    path = tmp_path / "agent.duckdb"
+    CountingAgent.calls = []
+    agent = CountingAgent(path)
+    result = await agent.chat("question")
+    assert result.status == "completed"
+    agent.close()
+
+    woken = CountingAgent(path)  # the next wake: the constructor path
+    await woken.on_wake()
+    await asyncio.gather(*woken._resumes)
+    assert woken.recovered_runs == []
+    [_, answer] = woken.get_history()
+    assert answer["metadata"]["status"] == "completed"
+    replay = [c async for c in woken.resume(run_id=result.run_id)]
+    assert replay[-1]["type"] == "finish"
+    assert not any(c["type"] == "error" for c in replay)
+    assert CountingAgent.calls == [0]  # the model was asked once
+    woken.close()
