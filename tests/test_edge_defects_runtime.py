@@ -71,3 +71,26 @@ async def test_a_turn_flushed_early_is_not_interrupted_nor_answered_again_at_wak
     assert not any(c["type"] == "error" for c in replay)
     assert CountingAgent.calls == [0]  # the model was asked once
     woken.close()
+
+
+# -- item 8: hibernating right after schedule() -----------------------------------------
+
+
+class Scheduling(Think):
+    def ping(self, payload: Any) -> None:
+        """A scheduled method."""
+
+
+async def test_hibernating_right_after_schedule_returns(tmp_path):
+    agent = Scheduling(tmp_path / "agent.duckdb", model=ScriptedModel())
+    await agent.on_wake()
+    scheduler = agent.durable.schedules()
+    waiting = asyncio.Event()
+    scheduler.on_next_due = lambda at: waiting.set()  # told right before the timer waits
+    agent.schedule(60, "ping")
+    await waiting.wait()  # the timer now waits, with a timeout, for its next due time
+    agent.schedule(120, "ping")  # wakes it...
+    # ...and, with no pause, the close cancels the timer just as its wait finished.
+    await asyncio.wait_for(agent.aclose(), 30)
+    assert not scheduler.running
+    agent.close()

@@ -231,8 +231,10 @@ class FiberManager:
                         return  # deleted while it ran
                     delay = min(self.retry_backoff * 2 ** (attempt - 2), self.max_backoff)
                     if delay > 0:
+                        # Not wait_for: on 3.11 it can swallow the cancel of a close.
                         with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(signal.wait(), delay)
+                            async with asyncio.timeout(delay):
+                                await signal.wait()
                     if signal.aborted:
                         return
                     latest = self.store.get_fiber(fid)

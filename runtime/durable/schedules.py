@@ -288,8 +288,12 @@ class Scheduler:
                     # Due already (launched above, or its run just ended): yield once.
                     await asyncio.sleep(0)
                     continue
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the inner
+            # result when a cancel arrives just as the wait finished (a schedule()
+            # woke it), which swallows the cancel and leaves close() waiting forever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await wake.wait()
 
 
 def _resolve_time(when: float | int | timedelta | datetime, now: float) -> float:
