@@ -94,3 +94,55 @@ async def test_hibernating_right_after_schedule_returns(tmp_path):
     await asyncio.wait_for(agent.aclose(), 30)
     assert not scheduler.running
     agent.close()
+
+
+# -- item 7: a local executor's failure ends its call; the turn goes on ----------------
+
+
+@tool(policy=ToolPolicy(executor="local"))
+async def crunch(n: int) -> int:
+    """Run by the agent's local executor."""
+    return n * 2
+
+
+@tool(policy=ToolPolicy(executor="local"))
+async def fetch(url: str) -> str:
+    """A local tool whose library's task is cancelled under it."""
+    inner = asyncio.ensure_future(asyncio.sleep(3600))
+    inner.cancel()
+    return await inner  # type: ignore[return-value]
+
+
+def calling(store: Any, name: str, args: dict[str, Any]) -> Think:
+    model = ScriptedModel([reply(tool_call(name, args, id="call-1")), reply("done")])
+    agent = Think(store, model=model)
+    agent.get_tools = lambda: {crunch.name: crunch, fetch.name: fetch}  # type: ignore[method-assign]
+    return agent
+
+
+async def test_a_failing_result_write_back_cancels_the_call_by_error(store):
+    agent = calling(store, "crunch", {"n": 2})
+    submit = agent.tool_calls.submit
+
+    def write_back(call_id: str, executor: str, **outcome: Any) -> str:
+        if executor.startswith("local-"):
+            raise RuntimeError("result sink unavailable")
+        return submit(call_id, executor, **outcome)
+
+    agent.tool_calls.submit = write_back  # type: ignore[method-assign]
+    collector = Collector()
+    result = await asyncio.wait_for(agent.chat("crunch", collector), 30)
+    assert result.status == "completed" and result.text == "done"
+    call = agent.get_tool_call("call-1")
+    assert call["status"] == "cancelled-by-error"
+    assert "result sink unavailable" in call["error"]
+    [out] = [c for c in collector.events if c["type"].startswith("tool-output")]
+    assert out["type"] == "tool-output-error" and "result sink unavailable" in out["errorText"]
+
+
+async def test_a_local_tool_cancelled_from_inside_fails_its_call(store):
+    agent = calling(store, "fetch", {"url": "x"})
+    result = await asyncio.wait_for(agent.chat("fetch"), 30)
+    assert result.status == "completed"
+    call = agent.get_tool_call("call-1")
+    assert call["status"] == "failed" and "CancelledError" in call["error"]

@@ -232,24 +232,39 @@ class ToolCallLedger:
                 return  # someone else claimed it
             self._local[call_id] = controller
             try:
-                output = await run_tool(t, value, local_ctx)
-            except AbortError:
-                return  # cancelled: the call's status says so already
-            except Exception as exc:
-                with contextlib.suppress(ToolCallStateError, UnknownToolCallError):
-                    self.submit(call_id, executor, error=f"{type(exc).__name__}: {exc}")
-                return
+                outcome = await _run_local(t, value, local_ctx)
             finally:
                 self._local.pop(call_id, None)
-            with contextlib.suppress(ToolCallStateError, UnknownToolCallError):
-                try:
-                    self.submit(call_id, executor, result=output)
-                except InvalidInputError as exc:
-                    self.submit(call_id, executor, error=f"result cannot be stored: {exc}")
+            if outcome is None:
+                return  # cancelled: the call's status says so already
+            try:
+                self._report_local(call_id, executor, *outcome)
+            except Exception as exc:
+                # Writing the result back failed: without this the turn waiting for the
+                # call would wait forever. The call is cancelled by that error (the
+                # turn sees it as the call's error result).
+                log.exception("the local executor of tool call %s could not report", call_id)
+                self._cancel(
+                    call_id,
+                    "cancelled-by-error",
+                    f"the result could not be reported: {type(exc).__name__}: {exc}",
+                )
 
         task = asyncio.ensure_future(run())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _report_local(self, call_id: str, executor: str, output: Any, error: str | None) -> None:
+        """The local executor's outcome, through :meth:`submit` like any executor's. A
+        result that cannot be stored fails the call instead."""
+        with contextlib.suppress(ToolCallStateError, UnknownToolCallError):
+            if error is not None:
+                self.submit(call_id, executor, error=error)
+                return
+            try:
+                self.submit(call_id, executor, result=output)
+            except InvalidInputError as exc:
+                self.submit(call_id, executor, error=f"result cannot be stored: {exc}")
 
     def cancel_run(self, run_id: str, status: str, reason: str) -> int:
         """Cancel every open call of run ``run_id`` (``status``: one of the
@@ -414,6 +429,24 @@ class ToolCallLedger:
                 )
                 counts["failed"] += moved is not None
         return counts
+
+
+async def _run_local(t: Tool, value: Any, ctx: ToolContext) -> tuple[Any, str | None] | None:
+    """Run a local executor's tool: ``(output, None)``, ``(None, error)`` when it raised,
+    or None when the call was cancelled (its abort signal fired). A CancelledError
+    the tool raises while its executor was not cancelled (a task the tool awaited was
+    cancelled under it) is the tool's failure, never a silent end of the executor."""
+    try:
+        return await run_tool(t, value, ctx), None
+    except AbortError:
+        return None
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # the executor itself is being stopped (the agent is closing)
+        return None, f"CancelledError: {exc or 'the tool was cancelled'}"
+    except Exception as exc:
+        return None, f"{type(exc).__name__}: {exc}"
 
 
 def _outcome(rec: ToolCallRecord) -> Any:
