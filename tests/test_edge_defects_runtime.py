@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 from thinkray.runtime import Think, tool
 from thinkray.runtime.agents.recovery import INTERRUPTED_ERROR
-from thinkray.runtime.models.testing import FunctionModel, ScriptedModel, reply, tool_call
+from thinkray.runtime.models.testing import (
+    FunctionModel,
+    ScriptedModel,
+    pause,
+    reply,
+    tool_call,
+)
 from thinkray.runtime.tools.base import ToolPolicy
 from thinkray.runtime.turn.recorder import Recorder
 from thinkray.storage.session_store import DuckDBSessionStore
@@ -146,3 +152,58 @@ async def test_a_local_tool_cancelled_from_inside_fails_its_call(store):
     assert result.status == "completed"
     call = agent.get_tool_call("call-1")
     assert call["status"] == "failed" and "CancelledError" in call["error"]
+
+
+# -- item 4: a tool call reaches a consumer only once it is stored ---------------------
+
+
+@tool
+async def lookup(q: str) -> str:
+    """An inline tool."""
+    return f"found {q}"
+
+
+async def test_a_consumer_sees_a_tool_call_only_after_its_rows_are_written(store):
+    # The model produces a call, then keeps streaming for long (as a model does with
+    # parallel calls): the turn has not started executing it yet.
+    model = ScriptedModel([reply(tool_call("lookup", {"q": "x"}, id="call-1"), pause(3600))])
+    agent = Think(store, model=model)
+    agent.flush_interval = 3600.0  # no timer flush: only what the turn writes on purpose
+    agent.get_tools = lambda: {"lookup": lookup}  # type: ignore[method-assign]
+    seen: dict[str, Any] = {}
+    shown = asyncio.Event()
+
+    class Client(Collector):
+        def on_event(self, chunk: dict) -> None:
+            super().on_event(chunk)
+            if chunk["type"] == "tool-input-available":
+                # What a crash right now would leave behind:
+                [_, message] = agent.get_history()
+                seen["part"] = message["parts"][-1]
+                seen["row"] = agent.get_tool_call("call-1")
+                shown.set()
+
+    turn = asyncio.ensure_future(agent.chat("look", Client()))
+    await asyncio.wait_for(shown.wait(), 30)
+    assert seen["part"]["toolCallId"] == "call-1"
+    assert seen["part"]["state"] == "input-available" and seen["part"]["input"] == {"q": "x"}
+    assert seen["row"] is not None and seen["row"]["status"] == "pending"
+    assert seen["row"]["input"] == {"q": "x"}
+    agent.abort()
+    assert (await turn).status == "aborted"
+    assert agent.get_tool_call("call-1")["status"] == "cancelled-by-user"
+
+
+async def test_a_call_refused_by_permission_is_denied_in_the_ledger(store):
+    agent = Think(
+        store, model=ScriptedModel([reply(tool_call("lookup", {"q": "x"}, id="c")), "ok"])
+    )
+    agent.get_tools = lambda: {"lookup": lookup}  # type: ignore[method-assign]
+
+    async def refuse(name: str, value: Any, call_id: str, options: Any = None) -> str:
+        return "permission denied: not today"
+
+    agent.check_tool_permission = refuse  # type: ignore[method-assign]
+    assert (await agent.chat("look")).status == "completed"
+    call = agent.get_tool_call("c")
+    assert call["status"] == "denied" and "not today" in call["error"]

@@ -30,7 +30,11 @@ from typing import Any, Literal
 from thinkray.runtime.abort import AbortController, AbortSignal
 from thinkray.runtime.agents import model_switch
 from thinkray.runtime.agents.context import AgentContext, context_being_constructed
-from thinkray.runtime.agents.recovery import RecoveredRun, recover_interrupted_runs
+from thinkray.runtime.agents.recovery import (
+    INTERRUPTED_ERROR,
+    RecoveredRun,
+    recover_interrupted_runs,
+)
 from thinkray.runtime.agents.runs import ChatOptions, ChatResult, RunState, StreamCallback
 from thinkray.runtime.agents.sessions import (
     CURRENT_SESSION_KEY,
@@ -160,6 +164,7 @@ class Think(metaclass=_StartsAfterInit):
         # the old process died are failed (or put back, per tool), then runs cut off by
         # the crash are closed, their tool calls as their durable rows say.
         self.recovered_tool_calls = self.tool_calls.recover(self._tool_policies())
+        self.tool_calls.cancel_unreleased(store.open_generations(), INTERRUPTED_ERROR)
         self.recovered_runs: list[RecoveredRun] = recover_interrupted_runs(
             store, self._call_outcome
         )

@@ -327,6 +327,10 @@ class TurnRunner:
                 tags = {"namespace": namespace, "tool": tool_name, "outcome": outcome}
                 metrics().count("thinkray_tool_calls_total", 1, tags)
 
+            def record_call(t: Tool, call_id: str, raw: Any) -> None:
+                if not stale():
+                    agent.tool_calls.record(t, call_id, run.run_id, sid, raw)
+
             options = ChatOptions(
                 session_id=sid,
                 run_id=run.run_id,
@@ -341,6 +345,7 @@ class TurnRunner:
                     on_model_call=on_model_call if observed else None,
                     on_tool_outcome=on_tool_outcome if observed else None,
                     trace=turn_trace,
+                    record_call=record_call,
                 ),
                 result=result,
                 request_options=agent.get_request_options(),
@@ -584,6 +589,8 @@ class TurnRunner:
         chunk: UIChunk,
     ) -> StreamCallback | None:
         recorder.record(chunk)
+        if not is_data_chunk(chunk) and chunk["type"] in _DURABLE_BEFORE_RELEASE:
+            self._before_release(run, recorder, chunk)
         run.stream.push(chunk)
         if callback is None:
             return None
@@ -595,6 +602,20 @@ class TurnRunner:
         except Exception as exc:  # the consumer went away: detach, never cancel
             log.info("run %s: callback detached (%s)", run.run_id, exc)
             return None
+
+    def _before_release(self, run: RunState, recorder: Recorder, chunk: UIChunk) -> None:
+        """A tool call's chunk goes to no consumer before the call is durable: its
+        message part and chunk log are written now (its ledger row was, by the loop's
+        ``record_call``); a call the turn refused gets its row closed first."""
+        kind = chunk["type"]
+        if (
+            kind in ("tool-output-error", "tool-output-denied")
+            and not run.controller.signal.aborted
+        ):
+            reason = chunk.get("errorText") or "denied by the user"
+            self.agent.tool_calls.refuse(str(chunk["toolCallId"]), run.run_id, str(reason))
+        if not recorder.closed:
+            recorder.flush()
 
     def _end_run(self, run: RunState, status: RunStatus, error: str | None = None) -> None:
         run.sink = _discard  # a straggler's late emit goes nowhere (the message is final)
@@ -652,6 +673,11 @@ class TurnRunner:
             for mid in doomed:
                 self.persist_cache.forget(mid)
 
+
+_DURABLE_BEFORE_RELEASE = frozenset(
+    {"tool-input-start", "tool-input-available", "tool-output-error", "tool-output-denied"}
+)
+"""Tool-call chunks a consumer is given only once what they announce is stored."""
 
 CONTENT_CHUNKS = frozenset(
     {"text-delta", "reasoning-delta", "tool-input-start", "tool-input-available"}

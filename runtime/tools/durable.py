@@ -82,12 +82,70 @@ class ToolCallLedger:
         self._waiters: dict[str, asyncio.Future[ToolCallRecord]] = {}
         self._pending = asyncio.Event()  # set when a decoupled call becomes claimable
         self._local: dict[str, AbortController] = {}  # calls local executors run now
+        # Rows written when the model produced the call (record) that the turn has not
+        # released yet (permission unchecked): no executor may claim them. By
+        # (tool_call_id, run_id): the row id.
+        self._held: dict[tuple[str, str | None], str] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.round_trips: list[float] = []  # submit -> waiting turn resumed (seconds)
         # Called with a call an executor finished while no turn waited for it.
         self.on_settled: Callable[[ToolCallRecord], None] | None = None
 
     # -- the turn's side ------------------------------------------------------------
+
+    def record(
+        self, t: Tool, tool_call_id: str, run_id: str | None, session_id: str | None, input: Any
+    ) -> None:
+        """Write the row of a call the model just produced, before anyone is shown the
+        call: ``pending``, held from executors until :meth:`execute` releases it (after
+        the turn's permission check). A call that already has its row (a re-run) is
+        left as it is."""
+        durable = policy_of(t).decoupled
+
+        def held(row_id: str) -> ToolCallRecord:
+            return ToolCallRecord(
+                id=row_id,
+                tool_name=t.name,
+                run_id=run_id,
+                session_id=session_id,
+                input=input,
+                durable=durable,
+            )
+
+        row_id = tool_call_id
+        try:
+            self.store.insert(held(row_id))
+        except InvalidInputError:
+            row_id, rec = self._lookup(tool_call_id, run_id)
+            if rec is not None:
+                return
+            self.store.insert(held(row_id))
+        self._held[(tool_call_id, run_id)] = row_id
+
+    def refuse(self, tool_call_id: str, run_id: str | None, reason: str) -> None:
+        """The turn refused a call it recorded (its permission check said no): its row,
+        never released, is ``denied`` with ``reason``."""
+        self._held.pop((tool_call_id, run_id), None)
+        row_id, rec = self._lookup(tool_call_id, run_id)
+        if rec is not None and rec.status == "pending" and not rec.attempts:
+            self.store.transition(row_id, ["pending"], "denied", error=reason)
+
+    def cancel_unreleased(self, run_ids: Iterable[str], reason: str) -> int:
+        """At wake: rows recorded for runs that died before releasing them (no permission
+        decision, never claimed) are ``cancelled-by-error``: their turn failed under
+        them, and nothing may run a call nobody allowed. Returns how many."""
+        runs = set(run_ids)
+        moved = 0
+        for rec in self.store.rows("pending"):
+            if (
+                rec.run_id in runs
+                and not rec.attempts
+                and rec.executor is None
+                and rec.approval is None
+                and self.store.transition(rec.id, ["pending"], "cancelled-by-error", error=reason)
+            ):
+                moved += 1
+        return moved
 
     async def execute(self, t: Tool, value: Any, ctx: ToolContext, raw_input: Any = None) -> Any:
         """Run (or wait for) the call ``ctx.tool_call_id`` of tool ``t`` and return its
@@ -114,9 +172,15 @@ class ToolCallLedger:
         # in its own transaction); only a known id needs a look (a re-run, or a
         # scripted model repeating its ids).
         rec: ToolCallRecord | None
+        held = self._held.pop((ctx.tool_call_id, ctx.run_id), None)
         try:
-            call_id, rec = ctx.tool_call_id, self.store.insert(fresh(ctx.tool_call_id))
-            created = True
+            if held is not None:  # recorded when the model produced it: release it now
+                call_id, rec, created = held, self.store.get(held), False
+                if rec is None:
+                    raise InvalidInputError(f"tool call {held!r} is gone")
+            else:
+                call_id, rec = ctx.tool_call_id, self.store.insert(fresh(ctx.tool_call_id))
+                created = True
         except InvalidInputError:
             call_id, rec = self._lookup(ctx.tool_call_id, ctx.run_id)
             created = rec is None
@@ -344,8 +408,9 @@ class ToolCallLedger:
         while True:
             self._pending.clear()
             claimed = []
+            held = set(self._held.values())
             for rec in self.store.rows("pending", tool_names=names):
-                if not rec.durable:
+                if not rec.durable or rec.id in held:
                     continue
                 got = self.store.transition(
                     rec.id, ["pending"], "executing", executor=executor, claim=True
