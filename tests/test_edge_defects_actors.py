@@ -5,7 +5,31 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from thinkray.actors.errors import RunInterruptedError
 from thinkray.actors.session_actor import _bounded
+
+from tests.defects_agents import CallThenStall
+from tests.helpers import kill_agent_process
+
+
+def test_a_tool_call_a_client_saw_survives_a_crash_right_after(namespace_factory):
+    ns = namespace_factory(CallThenStall, idle_timeout=None)
+    agent = ns.get("seen-call")
+    stream = agent.stream_chat.remote("call")
+    for chunk in stream:
+        if chunk["type"] == "tool-input-available":
+            break
+    kill_agent_process(ns, "seen-call")  # a crash the moment the client saw the call
+    with pytest.raises(RunInterruptedError):
+        for _ in stream:
+            pass
+    # The next call wakes the agent from its file: the call left its trace.
+    calls = agent.list_tool_calls.remote().result(timeout_s=60)
+    assert [(c["tool_call_id"], c["status"]) for c in calls] == [("call-1", "cancelled-by-error")]
+    [_, message] = agent.get_history.remote().result()
+    [part] = [p for p in message["parts"] if p.get("toolCallId") == "call-1"]
+    assert part["state"] == "output-error" and part["input"] == {"q": "x"}
+    assert message["metadata"]["status"] == "interrupted"
 
 
 async def test_a_hibernation_hook_that_never_returns_is_cut_off():
@@ -25,3 +49,4 @@ async def test_a_hibernation_hook_that_never_returns_is_cut_off():
     assert await _bounded(lambda: None, 30) is True
     with pytest.raises(ValueError):
         await _bounded(lambda: (_ for _ in ()).throw(ValueError("hook failed")), 30)
+
