@@ -31,3 +31,10 @@ class CallThenStall(Think):
 
     def get_tools(self) -> dict[str, Tool]:
         return {"lookup": lookup}
+
+
+class SlowTalker(Think):
+    """Streams a long answer slowly (a word every 50 ms)."""
+
+    def get_model(self) -> Model:
+        return FunctionModel(lambda request, n: reply(*["word "] * 400, delay=0.05))

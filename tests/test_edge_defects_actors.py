@@ -7,8 +7,9 @@ import asyncio
 import pytest
 from thinkray.actors.errors import RunInterruptedError
 from thinkray.actors.session_actor import _bounded
+from thinkray.runtime.agents.recovery import INTERRUPTED_ERROR
 
-from tests.defects_agents import CallThenStall
+from tests.defects_agents import CallThenStall, SlowTalker
 from tests.helpers import kill_agent_process
 
 
@@ -50,3 +51,20 @@ async def test_a_hibernation_hook_that_never_returns_is_cut_off():
     with pytest.raises(ValueError):
         await _bounded(lambda: (_ for _ in ()).throw(ValueError("hook failed")), 30)
 
+
+def test_a_forced_hibernation_ends_the_live_stream_as_the_replay_ends(namespace_factory):
+    ns = namespace_factory(SlowTalker, idle_timeout=None)
+    agent = ns.get("talker")
+    stream = agent.stream_chat.remote("talk")
+    live = []
+    for chunk in stream:
+        live.append(chunk)
+        if chunk["type"] == "text-delta":
+            break
+    assert ns.hibernate("talker", force=True)
+    live.extend(stream)  # the rest of the live stream, to its end
+    assert live[-1] == {"type": "error", "errorText": INTERRUPTED_ERROR}
+    replay = list(agent.resume.remote(stream.session_id, stream.run_id))  # wakes the agent
+    assert replay == live
+    [_, message] = agent.get_history.remote().result()
+    assert message["metadata"]["status"] == "interrupted"

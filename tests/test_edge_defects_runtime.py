@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 from thinkray.runtime import Think, tool
-from thinkray.runtime.agents.recovery import INTERRUPTED_ERROR
 from thinkray.runtime.models.testing import (
     FunctionModel,
     ScriptedModel,
@@ -20,7 +19,6 @@ from thinkray.runtime.models.testing import (
 )
 from thinkray.runtime.tools.base import ToolPolicy
 from thinkray.runtime.turn.recorder import Recorder
-from thinkray.storage.session_store import DuckDBSessionStore
 
 from tests.conftest import Collector
 

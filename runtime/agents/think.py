@@ -965,8 +965,9 @@ class Think(metaclass=_StartsAfterInit):
         self.turns.persist_cache.forget(message["id"])
 
     def close(self) -> None:
-        """Abort every run, stop timers and close the store."""
-        self.turns.abort_all("closing")
+        """End every run in flight as interrupted (see ``TurnRunner.interrupt_all``),
+        stop timers and close the store."""
+        self.turns.interrupt_all()
         self.durable.stop()
         self.store.close()
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from thinkray.runtime.abort import AbortController, AbortError, AbortSignal, abortable
 from thinkray.runtime.agents import model_switch
+from thinkray.runtime.agents.recovery import INTERRUPTED_ERROR, close_stream_of_stopped_run
 from thinkray.runtime.agents.runs import ChatOptions, ChatResult, RunState, RunStatus
 from thinkray.runtime.agents.runs import StreamCallback as StreamCallback
 from thinkray.runtime.chunks import FinishChunk, UIChunk, is_data_chunk
@@ -52,7 +53,7 @@ from thinkray.runtime.turn.persistence import (
     enforce_row_size,
     prepare_message,
 )
-from thinkray.runtime.turn.recorder import Recorder
+from thinkray.runtime.turn.recorder import TERMINAL_CHUNKS, Recorder
 from thinkray.runtime.turn.stream import RunStream
 from thinkray.runtime.usage import Usage
 from thinkray.storage.types import ChunkPrune, PartWrite, StreamFlush
@@ -122,9 +123,42 @@ class TurnRunner:
         return run.controller.abort(reason)
 
     def abort_all(self, reason: str) -> None:
-        """Abort every run in flight (the agent is closing)."""
+        """Abort every run in flight."""
         for run in list(self.runs.values()):
             run.controller.abort(reason)
+
+    def interrupt_all(self) -> None:
+        """The agent closes under its runs (a forced hibernation): each ends now as a
+        crash would end it, with nothing more written after this. What it recorded is
+        flushed; its tool calls' rows say what a wake would say (they die with it);
+        its stream gets the chunks the wake's recovery will store for it, ending in
+        the same ``error``, so a live consumer and a later replay see one ending."""
+        runs = list(self.runs.values())
+        if not runs:
+            return
+        agent = self.agent
+        for run in runs:
+            recorder = run.recorder
+            if recorder is not None and not recorder.closed:
+                ended = bool(run.stream.chunks) and _is_terminal(run.stream.chunks[-1])
+                recorder.flush(final=ended)  # a run past its last chunk completes
+                recorder.close()
+        agent.tool_calls.recover(agent._tool_policies())
+        agent.tool_calls.cancel_unreleased([r.run_id for r in runs], INTERRUPTED_ERROR)
+        for run in runs:
+            closing: list[UIChunk] = []
+            if not (run.stream.chunks and _is_terminal(run.stream.chunks[-1])):
+                closing = close_stream_of_stopped_run(
+                    agent.store, run.session_id, run.run_id, agent._call_outcome
+                )
+            # Its task, cancelled, must write nothing more: its pending writes are stale.
+            self.clear_generation[run.session_id] = self.clear_generation.get(run.session_id, 0) + 1
+            run.controller.abort("closing")
+            for chunk in closing:
+                run.stream.push(chunk)
+            self._end_run(run, "interrupted", INTERRUPTED_ERROR if closing else None)
+            if run.task is not None:
+                run.task.cancel()
 
     @contextlib.contextmanager
     def reserve(self, session_id: str, operation: str = "reserved") -> Iterator[None]:
@@ -368,6 +402,7 @@ class TurnRunner:
                 flush_interval=agent.flush_interval,
                 is_stale=stale,
             )
+            run.recorder = recorder
             run.prepared = True
             async for chunk in abortable(agent.on_chat_message(options), signal):
                 if first_chunk is None and chunk["type"] in CONTENT_CHUNKS:
@@ -707,6 +742,10 @@ def _finish_chunk(chunk: FinishChunk, metadata: dict[str, Any]) -> FinishChunk:
     if reason:
         out["finishReason"] = reason
     return out
+
+
+def _is_terminal(chunk: UIChunk) -> bool:
+    return not is_data_chunk(chunk) and chunk["type"] in TERMINAL_CHUNKS
 
 
 async def _discard(chunk: UIChunk) -> None:
