@@ -205,3 +205,51 @@ async def test_a_call_refused_by_permission_is_denied_in_the_ledger(store):
     assert (await agent.chat("look")).status == "completed"
     call = agent.get_tool_call("c")
     assert call["status"] == "denied" and "not today" in call["error"]
+
+
+# -- item 5: a resumed generation continues its reply -----------------------------------
+
+
+class Resumer(Think):
+    """Starts answering, then stalls; asked again (its partial reply in the history),
+    it finishes."""
+
+    recover_generations = "resume"
+
+    def get_model(self) -> Any:
+        def step(request: Any, n: int) -> Any:
+            if any(m.role == "assistant" for m in request.messages):
+                return reply("the rest")
+            return reply("partial ", pause(3600))
+
+        return FunctionModel(step, model_id="resumer")
+
+
+async def test_a_resumed_generation_leaves_one_reply_to_the_user_message(tmp_path):
+    path = tmp_path / "agent.duckdb"
+    agent = Resumer(path)
+    started = asyncio.Event()
+
+    class Client(Collector):
+        def on_event(self, chunk: dict) -> None:
+            if chunk["type"] == "text-delta":
+                started.set()
+
+    turn = asyncio.ensure_future(agent.chat("question", Client()))
+    await asyncio.wait_for(started.wait(), 30)
+    agent.close()  # a forced hibernation under the run
+    with pytest.raises(asyncio.CancelledError):
+        await turn
+
+    woken = Resumer(path)
+    await woken.on_wake()
+    await asyncio.gather(*woken._resumes)
+    for run in list(woken.turns.runs.values()):
+        assert run.task is not None
+        await asyncio.wait_for(run.task, 30)
+    [user, answer] = woken.get_history()
+    assert user["role"] == "user" and answer["role"] == "assistant"
+    text = "".join(p.get("text", "") for p in answer["parts"] if p["type"] == "text")
+    assert text == "partial the rest"
+    assert answer["metadata"]["status"] == "completed" and answer["metadata"]["resumed"]
+    woken.close()

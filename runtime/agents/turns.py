@@ -152,13 +152,14 @@ class TurnRunner:
                     agent.store, run.session_id, run.run_id, agent._call_outcome
                 )
             # Its task, cancelled, must write nothing more: its pending writes are stale.
+            # Cancelled, not aborted: an abort is handled by writing (the abort chunk,
+            # the calls' cancellations), and a crash does not abort sub-agents either.
             self.clear_generation[run.session_id] = self.clear_generation.get(run.session_id, 0) + 1
-            run.controller.abort("closing")
+            if run.task is not None:
+                run.task.cancel()
             for chunk in closing:
                 run.stream.push(chunk)
             self._end_run(run, "interrupted", INTERRUPTED_ERROR if closing else None)
-            if run.task is not None:
-                run.task.cancel()
 
     @contextlib.contextmanager
     def reserve(self, session_id: str, operation: str = "reserved") -> Iterator[None]:
@@ -236,16 +237,29 @@ class TurnRunner:
             raise NothingToAnswerError(
                 "nothing to answer: the session is empty and no message was given"
             )
+        message_id = (self._interrupted_reply(sid) if user_msg is None else None) or new_id("msg")
         run_id = run_id or new_id("run")
         if run_id in self.runs:
             raise DuplicateRunError(f"run id {run_id!r} is already in flight")
         controller = AbortController(parent=signal)
-        run = RunState(run_id, sid, controller, RunStream(run_id, sid, new_id("msg")))
+        run = RunState(run_id, sid, controller, RunStream(run_id, sid, message_id))
         self.runs[run_id] = run
         self.session_runs[sid] = run_id
         self.status.busy(sid, run_id)
         run.task = asyncio.ensure_future(self._turn(run, user_msg, callback, tools or {}))
         return run
+
+    def _interrupted_reply(self, session_id: str) -> str | None:
+        """The id of the session's last message when it is an assistant reply cut off
+        by a crash (``status: interrupted``): a turn answering the history as it is
+        (a resumed generation) continues that message, so one user message keeps one
+        reply."""
+        history = self.agent.store.get_history(session_id)
+        last = history[-1] if history else None
+        if last is None or last.get("role") != "assistant":
+            return None
+        status = (last.get("metadata") or {}).get("status")
+        return str(last["id"]) if status == "interrupted" else None
 
     # -- the turn ---------------------------------------------------------------------
 
@@ -402,6 +416,8 @@ class TurnRunner:
                 flush_interval=agent.flush_interval,
                 is_stale=stale,
             )
+            if options.history and options.history[-1]["id"] == options.message_id:
+                recorder.continue_message(options.history[-1])  # see _interrupted_reply
             run.recorder = recorder
             run.prepared = True
             async for chunk in abortable(agent.on_chat_message(options), signal):

@@ -82,6 +82,16 @@ class Recorder:
         """How many chunks were recorded (the next chunk's index)."""
         return self._chunk_index
 
+    def continue_message(self, message: dict[str, Any]) -> None:
+        """Record this run into ``message``, a stored reply it continues (one cut off
+        by a crash), instead of a new one: its parts stay first, this run's follow, and
+        its metadata gains ``resumed: True`` (the final metadata wins over the rest)."""
+        self.builder.message["parts"] = [dict(p) for p in message.get("parts") or ()]
+        self.builder.message["metadata"] = {**(message.get("metadata") or {}), "resumed": True}
+        self.builder.metadata_dirty = True
+        self.parent_id = None  # it is in the tree already
+        self._inserted = True
+
     def record(self, chunk: UIChunk) -> None:
         """Fold ``chunk`` into the message and queue it for the chunk log; flushes when
         the oldest pending chunk is ``flush_interval`` old."""
