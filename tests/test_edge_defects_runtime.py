@@ -12,6 +12,7 @@ import pytest
 from thinkray.runtime import Think, tool
 from thinkray.runtime.models.testing import (
     FunctionModel,
+    fail,
     ScriptedModel,
     pause,
     reply,
@@ -253,3 +254,15 @@ async def test_a_resumed_generation_leaves_one_reply_to_the_user_message(tmp_pat
     assert text == "partial the rest"
     assert answer["metadata"]["status"] == "completed" and answer["metadata"]["resumed"]
     woken.close()
+
+
+async def test_a_turn_that_fails_after_the_model_made_a_call_cancels_it_by_error(store):
+    # Seed 003's cascading cancellation, through the public API: the model produced a
+    # call, then its stream broke; the call never ran and says why.
+    model = ScriptedModel([reply(tool_call("crunch", {"n": 1}, id="call-1"), fail("overloaded"))])
+    agent = Think(store, model=model)
+    agent.get_tools = lambda: {crunch.name: crunch}  # type: ignore[method-assign]
+    result = await asyncio.wait_for(agent.chat("crunch"), 30)
+    assert result.status == "error"
+    call = agent.get_tool_call("call-1")
+    assert call["status"] == "cancelled-by-error" and "overloaded" in call["error"]
