@@ -12,8 +12,8 @@ import pytest
 from thinkray.runtime import Think, tool
 from thinkray.runtime.models.testing import (
     FunctionModel,
-    fail,
     ScriptedModel,
+    fail,
     pause,
     reply,
     tool_call,

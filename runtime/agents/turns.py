@@ -658,13 +658,12 @@ class TurnRunner:
         """A tool call's chunk goes to no consumer before the call is durable: its
         message part and chunk log are written now (its ledger row was, by the loop's
         ``record_call``); a call the turn refused gets its row closed first."""
-        kind = chunk["type"]
-        if (
-            kind in ("tool-output-error", "tool-output-denied")
-            and not run.controller.signal.aborted
+        if chunk["type"] in ("tool-output-error", "tool-output-denied") and (
+            not run.controller.signal.aborted
         ):
-            reason = chunk.get("errorText") or "denied by the user"
-            self.agent.tool_calls.refuse(str(chunk["toolCallId"]), run.run_id, str(reason))
+            fields: dict[str, Any] = dict(chunk)
+            reason = fields.get("errorText") or "denied by the user"
+            self.agent.tool_calls.refuse(str(fields["toolCallId"]), run.run_id, str(reason))
         if not recorder.closed:
             recorder.flush()
 

@@ -168,24 +168,7 @@ class ToolCallLedger:
                 durable=policy.decoupled,
             )
 
-        # A provider's call id is new: insert at once (the insert checks for the id
-        # in its own transaction); only a known id needs a look (a re-run, or a
-        # scripted model repeating its ids).
-        rec: ToolCallRecord | None
-        held = self._held.pop((ctx.tool_call_id, ctx.run_id), None)
-        try:
-            if held is not None:  # recorded when the model produced it: release it now
-                call_id, rec, created = held, self.store.get(held), False
-                if rec is None:
-                    raise InvalidInputError(f"tool call {held!r} is gone")
-            else:
-                call_id, rec = ctx.tool_call_id, self.store.insert(fresh(ctx.tool_call_id))
-                created = True
-        except InvalidInputError:
-            call_id, rec = self._lookup(ctx.tool_call_id, ctx.run_id)
-            created = rec is None
-            if rec is None:
-                rec = self.store.insert(fresh(call_id))
+        call_id, rec, created = self._row_of(ctx, fresh)
         if not created:
             if rec.finished:
                 return _outcome(rec)  # ran before (a re-run turn): never again
@@ -219,6 +202,27 @@ class ToolCallLedger:
             self._failed(call_id, f"{type(exc).__name__}: {exc}")
             raise
         return self._finish(call_id, "completed", self.executor_id, result=output)
+
+    def _row_of(
+        self, ctx: ToolContext, fresh: Callable[[str], ToolCallRecord]
+    ) -> tuple[str, ToolCallRecord, bool]:
+        """The call's row id, its row, and whether it was just created (``fresh``)."""
+        rec: ToolCallRecord | None
+        held = self._held.pop((ctx.tool_call_id, ctx.run_id), None)
+        try:
+            if held is not None:  # recorded when the model produced it: released now
+                rec = self.store.get(held)
+                if rec is not None:
+                    return held, rec, False
+            # A provider's call id is new: insert at once (the insert checks for the id
+            # in its own transaction); only a known id needs a look (a re-run, or a
+            # scripted model repeating its ids).
+            return ctx.tool_call_id, self.store.insert(fresh(ctx.tool_call_id)), True
+        except InvalidInputError:
+            call_id, rec = self._lookup(ctx.tool_call_id, ctx.run_id)
+            if rec is None:
+                return call_id, self.store.insert(fresh(call_id)), True
+            return call_id, rec, False
 
     def _failed(self, call_id: str, error: str) -> None:
         """Record that this ledger's inline execution of a call raised (the caller
