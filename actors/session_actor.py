@@ -67,6 +67,10 @@ RELAY_COALESCE = 0.002
 RELAY_MAX_WINDOW = 0.1
 # How long a turn's stream header waits to travel with the first batch of chunks.
 HEADER_WAIT = 0.02
+# How long each of the agent's hibernation hooks (``on_hibernate``, then ``aclose``)
+# may take before the actor closes the agent anyway: a hook that never returns must
+# not keep the actor (and the agent's file) bound forever.
+HIBERNATE_STEP_TIMEOUT = 30.0
 
 ActorState = Literal["idle", "binding", "bound", "hibernating", "broken"]
 """What a session actor is doing: ``idle`` (generic: a spare), ``binding`` (a bind is
@@ -94,7 +98,12 @@ class BindSpec:
 
 
 class SessionActor:
-    """Generic host. Use through :class:`thinkray.actors.namespace.AgentNamespace` handles."""
+    """Generic host. Use through :class:`thinkray.actors.namespace.AgentNamespace` handles.
+
+    ``hibernate_timeout``: seconds each hibernation hook of the agent may take (see
+    :data:`HIBERNATE_STEP_TIMEOUT`)."""
+
+    hibernate_timeout = HIBERNATE_STEP_TIMEOUT
 
     def __init__(
         self,
@@ -371,11 +380,14 @@ class SessionActor:
     async def _hibernate_now(self) -> dict[str, Any]:
         agent, spec, remote = self.agent, self.spec, self._remote
         assert agent is not None  # hibernate checked it
+        name = self.name
         next_due = None
         row = None
+        stuck: list[str] = []
         try:
             next_due = await _maybe_await(getattr(agent, "next_alarm_at", None))
-            await _maybe_await(getattr(agent, "on_hibernate", None))
+            if not await _bounded(getattr(agent, "on_hibernate", None), self.hibernate_timeout):
+                stuck.append("on_hibernate")
             # fleet index; under an object-store root only once the commit succeeded
             row = write_index_row(agent.store, getattr(spec, "path", None), put=remote is None)
         finally:
@@ -384,7 +396,16 @@ class SessionActor:
             if self._watcher is not None:
                 self._watcher.cancel()
                 self._watcher = None
-            await _maybe_await(getattr(agent, "aclose", None))
+            if not await _bounded(getattr(agent, "aclose", None), self.hibernate_timeout):
+                stuck.append("aclose")
+            if stuck:
+                log.error(
+                    "hibernating %s: %s did not return within %g s; the agent was closed "
+                    "anyway (its timers and tasks cancelled, its file closed)",
+                    name,
+                    " and ".join(stuck),
+                    self.hibernate_timeout,
+                )
             agent.close()
         local = self._remote.local_path if self._remote is not None else None
         size = _file_bytes(local or Path(spec.path)) if spec is not None else None
@@ -394,7 +415,11 @@ class SessionActor:
                 put_index_row(spec.path, row)
         if spec is not None and spec.namespace != "warm-up":
             metrics().count("thinkray_hibernations_total", 1, {"namespace": spec.namespace})
-        return {"ok": True, "was_bound": True, "next_due_at": next_due, "bytes": size}
+        done: dict[str, Any] = {"ok": True, "was_bound": True, "next_due_at": next_due}
+        done["bytes"] = size
+        if stuck:
+            done["timed_out"] = stuck  # hooks cut off by hibernate_timeout
+        return done
 
     # -- object-store roots (thinkray.storage.objectstore) -------------------------------
 
@@ -882,6 +907,19 @@ async def _batched(items: AsyncIterator[Any]) -> AsyncIterator[list[Any]]:
                 return
     finally:
         task.cancel()
+
+
+async def _bounded(fn: Any, timeout: float) -> bool:
+    """Call ``fn`` (awaited if it returns an awaitable) for at most ``timeout`` seconds;
+    False if it had not returned by then (it is cancelled, not waited for: a hook that
+    swallows its cancel cannot hang the caller). Its own error propagates."""
+    task = asyncio.ensure_future(_maybe_await(fn))
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if not done:
+        task.cancel()
+        return False
+    task.result()
+    return True
 
 
 async def _maybe_await(fn: Any) -> Any:

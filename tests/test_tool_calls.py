@@ -85,7 +85,7 @@ async def test_an_inline_call_is_recorded_before_it_runs_and_completed_after(sto
     collector = Collector()
     result = await agent.chat("add", collector)
     assert result.status == "completed"
-    assert seen == ["executing before 0 executions"]
+    assert seen == ["pending before 0 executions"]  # written when the model made the call
     call = agent.get_tool_call("call-1")
     assert call["status"] == "completed" and call["result"] == 5
     assert call["input"] == {"a": 2, "b": 3} and call["attempts"] == 1

@@ -29,7 +29,13 @@ from thinkray.storage.types import ChunkWrite, PartWrite, StreamFlush
 
 log = logging.getLogger("thinkray.recovery")
 
-__all__ = ["INTERRUPTED_ERROR", "CallOutcome", "RecoveredRun", "recover_interrupted_runs"]
+__all__ = [
+    "INTERRUPTED_ERROR",
+    "CallOutcome",
+    "RecoveredRun",
+    "close_stream_of_stopped_run",
+    "recover_interrupted_runs",
+]
 
 INTERRUPTED_ERROR = "interrupted: the agent stopped before the turn finished"
 """The error a cut-off run ends with (its stream's ``error`` chunk, its open tool calls)."""
@@ -109,6 +115,36 @@ def recover_interrupted_runs(
         )
         recovered.append(RecoveredRun(run_id, row.session_id, row.id, tuple(still_open)))
     return recovered
+
+
+def close_stream_of_stopped_run(
+    store: SessionStore, session_id: str, run_id: str, outcome: CallOutcome | None = None
+) -> list[UIChunk]:
+    """For a run the agent stops under it (a forced hibernation, ``Think.close``): write
+    the chunks that close what its log left open, but not the final ``error``, and
+    return them followed by that ``error``: what its live consumers must be given.
+
+    The log stays without a final chunk, so the next wake still finds the run cut off:
+    :func:`recover_interrupted_runs` closes its message, may resume it, and appends
+    only the ``error`` (nothing else is left open). The stored replay then ends
+    exactly as the live stream did. Call it once the run's recorder has flushed and
+    its tool calls' rows say what a wake would (the calls died with the run)."""
+    chunks = store.get_chunks(run_id)
+    known = (lambda call_id: outcome(run_id, call_id)) if outcome is not None else _unknown
+    closing = _closing_chunks(chunks, known)
+    body = closing[:-1]
+    if body:
+        store.flush_stream(
+            StreamFlush(
+                session_id=session_id,
+                chunks=[ChunkWrite(run_id, len(chunks) + i, c) for i, c in enumerate(body)],
+            )
+        )
+    return closing
+
+
+def _unknown(call_id: str) -> None:
+    return None
 
 
 def _closing_chunks(

@@ -25,6 +25,7 @@ from thinkray.runtime.usage import Usage
 
 if TYPE_CHECKING:
     from thinkray.runtime.tools.base import Tool
+    from thinkray.runtime.turn.recorder import Recorder
 
 __all__ = ["ChatOptions", "ChatResult", "RunState", "RunStatus", "StreamCallback"]
 
@@ -143,6 +144,7 @@ class RunState:
     # ``emit`` before the stream started holds chunks here; the runner then sets ``sink``.
     pending: list[UIChunk] = field(default_factory=list, repr=False)
     sink: Callable[[UIChunk], Awaitable[None]] | None = field(default=None, repr=False)
+    recorder: Recorder | None = field(default=None, repr=False)  # once the turn prepared
 
     async def emit(self, chunk: UIChunk) -> None:
         """See :meth:`ChatOptions.emit` (which delegates here)."""

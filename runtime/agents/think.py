@@ -31,7 +31,11 @@ from typing import Any, Literal
 from thinkray.runtime.abort import AbortController, AbortSignal
 from thinkray.runtime.agents import model_switch
 from thinkray.runtime.agents.context import AgentContext, context_being_constructed
-from thinkray.runtime.agents.recovery import RecoveredRun, recover_interrupted_runs
+from thinkray.runtime.agents.recovery import (
+    INTERRUPTED_ERROR,
+    RecoveredRun,
+    recover_interrupted_runs,
+)
 from thinkray.runtime.agents.runs import ChatOptions, ChatResult, RunState, StreamCallback
 from thinkray.runtime.agents.sessions import (
     CURRENT_SESSION_KEY,
@@ -164,6 +168,7 @@ class Think(metaclass=_StartsAfterInit):
         self._constructed = False
         self.tool_calls.arm = self._arm_tool_call_alarm
         self.recovered_tool_calls = self.tool_calls.recover(self._tool_policies())
+        self.tool_calls.cancel_unreleased(store.open_generations(), INTERRUPTED_ERROR)
         self.recovered_runs: list[RecoveredRun] = recover_interrupted_runs(
             store, self._call_outcome
         )
@@ -1018,8 +1023,9 @@ class Think(metaclass=_StartsAfterInit):
         self.turns.persist_cache.forget(message["id"])
 
     def close(self) -> None:
-        """Abort every run, stop timers and close the store."""
-        self.turns.abort_all("closing")
+        """End every run in flight as interrupted (see ``TurnRunner.interrupt_all``),
+        stop timers and close the store."""
+        self.turns.interrupt_all()
         self.durable.stop()
         self.store.close()
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from thinkray.runtime.abort import AbortController, AbortError, AbortSignal, abortable
 from thinkray.runtime.agents import model_switch
+from thinkray.runtime.agents.recovery import INTERRUPTED_ERROR, close_stream_of_stopped_run
 from thinkray.runtime.agents.replay import Answered, answer_chunks, check_resent
 from thinkray.runtime.agents.runs import ChatOptions, ChatResult, RunState, RunStatus
 from thinkray.runtime.agents.runs import StreamCallback as StreamCallback
@@ -53,7 +54,7 @@ from thinkray.runtime.turn.persistence import (
     enforce_row_size,
     prepare_message,
 )
-from thinkray.runtime.turn.recorder import Recorder
+from thinkray.runtime.turn.recorder import TERMINAL_CHUNKS, Recorder
 from thinkray.runtime.turn.stream import RunStream
 from thinkray.runtime.usage import Usage
 from thinkray.storage.types import ChunkPrune, PartWrite, StreamFlush
@@ -123,9 +124,43 @@ class TurnRunner:
         return run.controller.abort(reason)
 
     def abort_all(self, reason: str) -> None:
-        """Abort every run in flight (the agent is closing)."""
+        """Abort every run in flight."""
         for run in list(self.runs.values()):
             run.controller.abort(reason)
+
+    def interrupt_all(self) -> None:
+        """The agent closes under its runs (a forced hibernation): each ends now as a
+        crash would end it, with nothing more written after this. What it recorded is
+        flushed; its tool calls' rows say what a wake would say (they die with it);
+        its stream gets the chunks the wake's recovery will store for it, ending in
+        the same ``error``, so a live consumer and a later replay see one ending."""
+        runs = list(self.runs.values())
+        if not runs:
+            return
+        agent = self.agent
+        for run in runs:
+            recorder = run.recorder
+            if recorder is not None and not recorder.closed:
+                ended = bool(run.stream.chunks) and _is_terminal(run.stream.chunks[-1])
+                recorder.flush(final=ended)  # a run past its last chunk completes
+                recorder.close()
+        agent.tool_calls.recover(agent._tool_policies())
+        agent.tool_calls.cancel_unreleased([r.run_id for r in runs], INTERRUPTED_ERROR)
+        for run in runs:
+            closing: list[UIChunk] = []
+            if not (run.stream.chunks and _is_terminal(run.stream.chunks[-1])):
+                closing = close_stream_of_stopped_run(
+                    agent.store, run.session_id, run.run_id, agent._call_outcome
+                )
+            # Its task, cancelled, must write nothing more: its pending writes are stale.
+            # Cancelled, not aborted: an abort is handled by writing (the abort chunk,
+            # the calls' cancellations), and a crash does not abort sub-agents either.
+            self.clear_generation[run.session_id] = self.clear_generation.get(run.session_id, 0) + 1
+            if run.task is not None:
+                run.task.cancel()
+            for chunk in closing:
+                run.stream.push(chunk)
+            self._end_run(run, "interrupted", INTERRUPTED_ERROR if closing else None)
 
     @contextlib.contextmanager
     def reserve(self, session_id: str, operation: str = "reserved") -> Iterator[None]:
@@ -205,13 +240,14 @@ class TurnRunner:
             )
         # A message id is the turn's idempotency key: a resent one replays its answer.
         answered = check_resent(agent.store, sid, user_msg["id"]) if user_msg else None
+        message_id = (self._interrupted_reply(sid) if user_msg is None else None) or new_id("msg")
         run_id = run_id or new_id("run")
         if run_id in self.runs:
             raise DuplicateRunError(f"run id {run_id!r} is already in flight")
         if answered is not None:
             return self._replay(sid, run_id, answered, callback)
         controller = AbortController(parent=signal)
-        run = RunState(run_id, sid, controller, RunStream(run_id, sid, new_id("msg")))
+        run = RunState(run_id, sid, controller, RunStream(run_id, sid, message_id))
         self.runs[run_id] = run
         self.session_runs[sid] = run_id
         self.status.busy(sid, run_id)
@@ -251,6 +287,18 @@ class TurnRunner:
             self.results.popitem(last=False)
         run.task = asyncio.ensure_future(_deliver(stream.chunks, callback, result))
         return run
+
+    def _interrupted_reply(self, session_id: str) -> str | None:
+        """The id of the session's last message when it is an assistant reply cut off
+        by a crash (``status: interrupted``): a turn answering the history as it is
+        (a resumed generation) continues that message, so one user message keeps one
+        reply."""
+        history = self.agent.store.get_history(session_id)
+        last = history[-1] if history else None
+        if last is None or last.get("role") != "assistant":
+            return None
+        status = (last.get("metadata") or {}).get("status")
+        return str(last["id"]) if status == "interrupted" else None
 
     # -- the turn ---------------------------------------------------------------------
 
@@ -370,6 +418,10 @@ class TurnRunner:
                 tags = {"namespace": namespace, "tool": tool_name, "outcome": outcome}
                 metrics().count("thinkray_tool_calls_total", 1, tags)
 
+            def record_call(t: Tool, call_id: str, raw: Any) -> None:
+                if not stale():
+                    agent.tool_calls.record(t, call_id, run.run_id, sid, raw)
+
             options = ChatOptions(
                 session_id=sid,
                 run_id=run.run_id,
@@ -384,6 +436,7 @@ class TurnRunner:
                     on_model_call=on_model_call if observed else None,
                     on_tool_outcome=on_tool_outcome if observed else None,
                     trace=turn_trace,
+                    record_call=record_call,
                 ),
                 result=result,
                 request_options=agent.get_request_options(),
@@ -406,6 +459,9 @@ class TurnRunner:
                 flush_interval=agent.flush_interval,
                 is_stale=stale,
             )
+            if options.history and options.history[-1]["id"] == options.message_id:
+                recorder.continue_message(options.history[-1])  # see _interrupted_reply
+            run.recorder = recorder
             run.prepared = True
             async for chunk in abortable(agent.on_chat_message(options), signal):
                 if first_chunk is None and chunk["type"] in CONTENT_CHUNKS:
@@ -661,6 +717,8 @@ class TurnRunner:
         """Record ``chunk`` and send it; a ``finish`` goes to ``held`` instead (when
         given) until the turn is durable."""
         recorder.record(chunk)
+        if not is_data_chunk(chunk) and chunk["type"] in _DURABLE_BEFORE_RELEASE:
+            self._before_release(run, recorder, chunk)
         if held is not None and chunk["type"] == "finish" and not is_data_chunk(chunk):
             held.append(chunk)
             return callback
@@ -680,6 +738,19 @@ class TurnRunner:
         except Exception as exc:  # the consumer went away: detach, never cancel
             log.info("run %s: callback detached (%s)", run.run_id, exc)
             return None
+
+    def _before_release(self, run: RunState, recorder: Recorder, chunk: UIChunk) -> None:
+        """A tool call's chunk goes to no consumer before the call is durable: its
+        message part and chunk log are written now (its ledger row was, by the loop's
+        ``record_call``); a call the turn refused gets its row closed first."""
+        if chunk["type"] in ("tool-output-error", "tool-output-denied") and (
+            not run.controller.signal.aborted
+        ):
+            fields: dict[str, Any] = dict(chunk)
+            reason = fields.get("errorText") or "denied by the user"
+            self.agent.tool_calls.refuse(str(fields["toolCallId"]), run.run_id, str(reason))
+        if not recorder.closed:
+            recorder.flush()
 
     def _end_run(self, run: RunState, status: RunStatus, error: str | None = None) -> None:
         run.sink = _discard  # a straggler's late emit goes nowhere (the message is final)
@@ -738,6 +809,11 @@ class TurnRunner:
                 self.persist_cache.forget(mid)
 
 
+_DURABLE_BEFORE_RELEASE = frozenset(
+    {"tool-input-start", "tool-input-available", "tool-output-error", "tool-output-denied"}
+)
+"""Tool-call chunks a consumer is given only once what they announce is stored."""
+
 CONTENT_CHUNKS = frozenset(
     {"text-delta", "reasoning-delta", "tool-input-start", "tool-input-available"}
 )
@@ -795,6 +871,10 @@ async def _deliver(
         else:
             await _call(callback, "on_done")
     return result
+
+
+def _is_terminal(chunk: UIChunk) -> bool:
+    return not is_data_chunk(chunk) and chunk["type"] in TERMINAL_CHUNKS
 
 
 async def _discard(chunk: UIChunk) -> None:

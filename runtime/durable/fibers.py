@@ -263,8 +263,10 @@ class FiberManager:
             return None  # deleted while it ran
         delay = min(self.retry_backoff * 2 ** (attempt - 2), self.max_backoff)
         if delay > 0:
+            # Not wait_for: on 3.11 it can swallow the cancel of a close.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(signal.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await signal.wait()
         return None if signal.aborted else attempt
 
     def _checkpoint_of(self, fiber_id: str) -> Any:

@@ -19,6 +19,7 @@ Missed interval runs (the actor slept through several) are coalesced into one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import logging
@@ -287,13 +288,12 @@ class Scheduler:
                     # Due already (launched above, or its run just ended): yield once.
                     await asyncio.sleep(0)
                     continue
-            # Not wait_for: on Python 3.11 it swallows a cancel that lands as the wake
-            # fires, and the timer then outlives close() (hibernation waits on it).
-            waiter = asyncio.ensure_future(wake.wait())
-            try:
-                await asyncio.wait({waiter}, timeout=timeout)
-            finally:
-                waiter.cancel()
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the inner
+            # result when a cancel arrives just as the wait finished (a schedule()
+            # woke it), which swallows the cancel and leaves close() waiting forever.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await wake.wait()
 
 
 def _resolve_time(when: float | int | timedelta | datetime, now: float) -> float:

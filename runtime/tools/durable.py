@@ -99,6 +99,10 @@ class ToolCallLedger:
         self._waiters: dict[str, asyncio.Future[ToolCallRecord]] = {}
         self._pending = asyncio.Event()  # set when a decoupled call becomes claimable
         self._local: dict[str, AbortController] = {}  # calls local executors run now
+        # Rows written when the model produced the call (record) that the turn has not
+        # released yet (permission unchecked): no executor may claim them. By
+        # (tool_call_id, run_id): the row id.
+        self._held: dict[tuple[str, str | None], str] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.round_trips: list[float] = []  # submit -> waiting turn resumed (seconds)
         # Called with a call an executor finished while no turn waited for it.
@@ -113,6 +117,60 @@ class ToolCallLedger:
         self._armed: float | None = None  # the earliest alarm asked for and not yet run
 
     # -- the turn's side ------------------------------------------------------------
+
+    def record(
+        self, t: Tool, tool_call_id: str, run_id: str | None, session_id: str | None, input: Any
+    ) -> None:
+        """Write the row of a call the model just produced, before anyone is shown the
+        call: ``pending``, held from executors until :meth:`execute` releases it (after
+        the turn's permission check). A call that already has its row (a re-run) is
+        left as it is."""
+        durable = policy_of(t).decoupled
+
+        def held(row_id: str) -> ToolCallRecord:
+            return ToolCallRecord(
+                id=row_id,
+                tool_name=t.name,
+                run_id=run_id,
+                session_id=session_id,
+                input=input,
+                durable=durable,
+            )
+
+        row_id = tool_call_id
+        try:
+            self.store.insert(held(row_id))
+        except InvalidInputError:
+            row_id, rec = self._lookup(tool_call_id, run_id)
+            if rec is not None:
+                return
+            self.store.insert(held(row_id))
+        self._held[(tool_call_id, run_id)] = row_id
+
+    def refuse(self, tool_call_id: str, run_id: str | None, reason: str) -> None:
+        """The turn refused a call it recorded (its permission check said no): its row,
+        never released, is ``denied`` with ``reason``."""
+        self._held.pop((tool_call_id, run_id), None)
+        row_id, rec = self._lookup(tool_call_id, run_id)
+        if rec is not None and rec.status == "pending" and not rec.attempts:
+            self.store.transition(row_id, ["pending"], "denied", error=reason)
+
+    def cancel_unreleased(self, run_ids: Iterable[str], reason: str) -> int:
+        """At wake: rows recorded for runs that died before releasing them (no permission
+        decision, never claimed) are ``cancelled-by-error``: their turn failed under
+        them, and nothing may run a call nobody allowed. Returns how many."""
+        runs = set(run_ids)
+        moved = 0
+        for rec in self.store.rows("pending"):
+            if (
+                rec.run_id in runs
+                and not rec.attempts
+                and rec.executor is None
+                and rec.approval is None
+                and self.store.transition(rec.id, ["pending"], "cancelled-by-error", error=reason)
+            ):
+                moved += 1
+        return moved
 
     async def execute(self, t: Tool, value: Any, ctx: ToolContext, raw_input: Any = None) -> Any:
         """Run (or wait for) the call ``ctx.tool_call_id`` of tool ``t`` and return its
@@ -138,18 +196,7 @@ class ToolCallLedger:
                 deadline_at=deadline,
             )
 
-        # A provider's call id is new: insert at once (the insert checks for the id
-        # in its own transaction); only a known id needs a look (a re-run, or a
-        # scripted model repeating its ids).
-        rec: ToolCallRecord | None
-        try:
-            call_id, rec = ctx.tool_call_id, self.store.insert(fresh(ctx.tool_call_id))
-            created = True
-        except InvalidInputError:
-            call_id, rec = self._lookup(ctx.tool_call_id, ctx.run_id)
-            created = rec is None
-            if rec is None:
-                rec = self.store.insert(fresh(call_id))
+        call_id, rec, created = self._row_of(ctx, fresh)
         if not created:
             if rec.finished:
                 return _outcome(rec)  # ran before (a re-run turn): never again
@@ -200,6 +247,27 @@ class ToolCallLedger:
             else:
                 self._pending.set()
         return await self._wait(rec.id, ctx.signal, rec.deadline_at)
+
+    def _row_of(
+        self, ctx: ToolContext, fresh: Callable[[str], ToolCallRecord]
+    ) -> tuple[str, ToolCallRecord, bool]:
+        """The call's row id, its row, and whether it was just created (``fresh``)."""
+        rec: ToolCallRecord | None
+        held = self._held.pop((ctx.tool_call_id, ctx.run_id), None)
+        try:
+            if held is not None:  # recorded when the model produced it: released now
+                rec = self.store.get(held)
+                if rec is not None:
+                    return held, rec, False
+            # A provider's call id is new: insert at once (the insert checks for the id
+            # in its own transaction); only a known id needs a look (a re-run, or a
+            # scripted model repeating its ids).
+            return ctx.tool_call_id, self.store.insert(fresh(ctx.tool_call_id)), True
+        except InvalidInputError:
+            call_id, rec = self._lookup(ctx.tool_call_id, ctx.run_id)
+            if rec is None:
+                return call_id, self.store.insert(fresh(call_id)), True
+            return call_id, rec, False
 
     def _failed(self, call_id: str, error: str) -> None:
         """Record that this ledger's inline execution of a call raised (the caller
@@ -282,24 +350,39 @@ class ToolCallLedger:
                 return  # someone else claimed it
             self._local[call_id] = controller
             try:
-                output = await run_tool(t, value, local_ctx)
-            except AbortError:
-                return  # cancelled: the call's status says so already
-            except Exception as exc:
-                with contextlib.suppress(ToolCallStateError, UnknownToolCallError):
-                    self.submit(call_id, executor, error=f"{type(exc).__name__}: {exc}")
-                return
+                outcome = await _run_local(t, value, local_ctx)
             finally:
                 self._local.pop(call_id, None)
-            with contextlib.suppress(ToolCallStateError, UnknownToolCallError):
-                try:
-                    self.submit(call_id, executor, result=output)
-                except InvalidInputError as exc:
-                    self.submit(call_id, executor, error=f"result cannot be stored: {exc}")
+            if outcome is None:
+                return  # cancelled: the call's status says so already
+            try:
+                self._report_local(call_id, executor, *outcome)
+            except Exception as exc:
+                # Writing the result back failed: without this the turn waiting for the
+                # call would wait forever. The call is cancelled by that error (the
+                # turn sees it as the call's error result).
+                log.exception("the local executor of tool call %s could not report", call_id)
+                self._cancel(
+                    call_id,
+                    "cancelled-by-error",
+                    f"the result could not be reported: {type(exc).__name__}: {exc}",
+                )
 
         task = asyncio.ensure_future(run())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _report_local(self, call_id: str, executor: str, output: Any, error: str | None) -> None:
+        """The local executor's outcome, through :meth:`submit` like any executor's. A
+        result that cannot be stored fails the call instead."""
+        with contextlib.suppress(ToolCallStateError, UnknownToolCallError):
+            if error is not None:
+                self.submit(call_id, executor, error=error)
+                return
+            try:
+                self.submit(call_id, executor, result=output)
+            except InvalidInputError as exc:
+                self.submit(call_id, executor, error=f"result cannot be stored: {exc}")
 
     def cancel_run(self, run_id: str, status: str, reason: str) -> int:
         """Cancel every open call of run ``run_id`` (``status``: one of the
@@ -389,8 +472,9 @@ class ToolCallLedger:
             self._pending.clear()
             self.sweep()
             claimed = []
+            held = set(self._held.values())
             for rec in self.store.rows("pending", tool_names=names):
-                if not rec.durable:
+                if not rec.durable or rec.id in held:
                     continue
                 until = time.time() + self._lease(rec.tool_name, lease)
                 got = self.store.transition(
@@ -616,6 +700,24 @@ def _lost(rec: ToolCallRecord, executor: str) -> ToolCallStateError:
         f"tool call {rec.id!r} is {rec.status}{held}: {executor!r} does not hold it (its "
         "claim lapsed or the call was claimed again); its result is refused"
     )
+
+
+async def _run_local(t: Tool, value: Any, ctx: ToolContext) -> tuple[Any, str | None] | None:
+    """Run a local executor's tool: ``(output, None)``, ``(None, error)`` when it raised,
+    or None when the call was cancelled (its abort signal fired). A CancelledError
+    the tool raises while its executor was not cancelled (a task the tool awaited was
+    cancelled under it) is the tool's failure, never a silent end of the executor."""
+    try:
+        return await run_tool(t, value, ctx), None
+    except AbortError:
+        return None
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # the executor itself is being stopped (the agent is closing)
+        return None, f"CancelledError: {exc or 'the tool was cancelled'}"
+    except Exception as exc:
+        return None, f"{type(exc).__name__}: {exc}"
 
 
 def _outcome(rec: ToolCallRecord) -> Any:

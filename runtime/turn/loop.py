@@ -115,7 +115,10 @@ class LoopHooks:
     ``on_model_call(outcome)`` after each model call (``ok``, ``aborted`` or ``error``:
     retries are calls) and ``on_tool_outcome(tool_name, outcome)`` as each tool call ends (``ok``,
     ``error`` or ``denied``). ``trace``: the turn's spans, while tracing is on (a
-    ``chat`` span per model call and an ``execute_tool`` span per tool call)."""
+    ``chat`` span per model call and an ``execute_tool`` span per tool call).
+    ``record_call(tool, tool_call_id, input)`` as soon as the model produced a valid call,
+    before its ``tool-input-available`` chunk is yielded (the turn writes the call's
+    row there, so no consumer sees a call that a crash would erase)."""
 
     on_step_finish: Callable[[int, Usage, str], Any] | None = None
     on_retry: Callable[[int, ModelError, float], Any] | None = None
@@ -124,6 +127,7 @@ class LoopHooks:
     on_model_call: Callable[[str], Any] | None = None
     on_tool_outcome: Callable[[str, str], Any] | None = None
     trace: TurnTrace | None = None
+    record_call: Callable[[Tool, str, Any], Any] | None = None
 
 
 @dataclass
@@ -233,6 +237,8 @@ async def run_loop(
                                 input=call_chunk["input"],
                             )
                         )
+                        if hooks.record_call is not None and call[3] is None:
+                            hooks.record_call(tools[call[1]], call[0], call_chunk["input"])
                         yield call_chunk
                     elif ev.type == "step-finish":
                         finish_reason = ev.finish_reason

@@ -7,6 +7,11 @@ stalls — and at the end of the run, so a chunk (or a step's usage) is durable 
 about ``flush_interval`` of its emission while storage pays one transaction per batch,
 not one per chunk. The last batch also prunes old chunk logs: the run's final message,
 its usage and the pruning commit together.
+
+The run's last chunk (``finish``, ``abort`` or ``error``) is written only by that last
+batch, flagged final: a batch the timer flushes holds it back. So a log whose final
+chunk is missing always belongs to a run whose final commit never happened (recovery
+at wake closes it as interrupted), never to one a timer happened to flush early.
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ from thinkray.storage.protocols import SessionStore
 from thinkray.storage.types import ChunkPrune, ChunkWrite, PartWrite, StreamFlush
 
 DEFAULT_FLUSH_INTERVAL = 0.03
+
+TERMINAL_CHUNKS = frozenset({"finish", "abort", "error"})
+"""The chunk types that end a run's stream: written only with the run's final batch."""
 
 
 class Recorder:
@@ -73,6 +81,16 @@ class Recorder:
     def chunk_count(self) -> int:
         """How many chunks were recorded (the next chunk's index)."""
         return self._chunk_index
+
+    def continue_message(self, message: dict[str, Any]) -> None:
+        """Record this run into ``message``, a stored reply it continues (one cut off
+        by a crash), instead of a new one: its parts stay first, this run's follow, and
+        its metadata gains ``resumed: True`` (the final metadata wins over the rest)."""
+        self.builder.message["parts"] = [dict(p) for p in message.get("parts") or ()]
+        self.builder.message["metadata"] = {**(message.get("metadata") or {}), "resumed": True}
+        self.builder.metadata_dirty = True
+        self.parent_id = None  # it is in the tree already
+        self._inserted = True
 
     def record(self, chunk: UIChunk) -> None:
         """Fold ``chunk`` into the message and queue it for the chunk log; flushes when
@@ -138,8 +156,7 @@ class Recorder:
             if self.cache.changed(message_id, idx, part):
                 writes.append(PartWrite(message_id, idx, part))
         self._dirty.clear()
-        if final and self._pending_chunks:
-            self._pending_chunks[-1].is_final = True
+        held = self._hold_terminal(final)
         # A shrink (parts_length) names its message through the envelope.
         need_envelope = (
             not self._inserted or self.builder.metadata_dirty or parts_length is not None
@@ -152,6 +169,7 @@ class Recorder:
             and parts_length is None
             and prune is None
         ):
+            self._pending_chunks = held
             self._oldest_pending = None
             return
         envelope = None
@@ -176,9 +194,23 @@ class Recorder:
         self.flushes += 1
         self._inserted = True
         self.builder.metadata_dirty = False
-        self._pending_chunks = []
+        self._pending_chunks = held
         self._pending_usage = []
         self._oldest_pending = None
+
+    def _hold_terminal(self, final: bool) -> list[ChunkWrite]:
+        """Split off what this batch must not write: from the stream's ending chunk
+        on, unless this is the final batch (which flags its last chunk final)."""
+        chunks = self._pending_chunks
+        if final:
+            if chunks:
+                chunks[-1].is_final = True
+            return []
+        for i, write in enumerate(chunks):
+            if write.chunk.get("type") in TERMINAL_CHUNKS:
+                self._pending_chunks = chunks[:i]
+                return chunks[i:]
+        return []
 
     def finish(
         self, metadata: dict[str, Any] | None = None, *, prune: ChunkPrune | None = None

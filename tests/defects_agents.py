@@ -1,0 +1,40 @@
+"""Agents of the issue-26 actor tests (importable by the actors' processes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from thinkray.runtime import Think, tool
+from thinkray.runtime.models.base import Model
+from thinkray.runtime.models.testing import FunctionModel, pause, reply, tool_call
+from thinkray.runtime.tools.base import Tool
+
+
+@tool
+async def lookup(q: str) -> str:
+    """An inline tool."""
+    return f"found {q}"
+
+
+class CallThenStall(Think):
+    """``call``: the model produces a tool call, then keeps streaming for an hour (the
+    turn has not run the call yet). Anything else: a short answer."""
+
+    def get_model(self) -> Model:
+        def step(request: Any, n: int) -> Any:
+            text = "".join(getattr(c, "text", "") for c in request.messages[-1].content)
+            if text == "call":
+                return reply(tool_call("lookup", {"q": "x"}, id="call-1"), pause(3600))
+            return reply("ok")
+
+        return FunctionModel(step, model_id="stall")
+
+    def get_tools(self) -> dict[str, Tool]:
+        return {"lookup": lookup}
+
+
+class SlowTalker(Think):
+    """Streams a long answer slowly (a word every 50 ms)."""
+
+    def get_model(self) -> Model:
+        return FunctionModel(lambda request, n: reply(*["word "] * 400, delay=0.05))
