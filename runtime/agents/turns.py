@@ -158,6 +158,14 @@ class TurnRunner:
             return self.runs[run_id].stream
         return self.last_stream.get(session_id)
 
+    def _check_new_run_id(self, run_id: str) -> None:
+        """A caller-chosen run id must be new: a run in flight, a recent result or a
+        stored chunk log under it would mix two runs' chunks (DuplicateRunError)."""
+        if run_id in self.runs:
+            raise DuplicateRunError(f"run id {run_id!r} is already in flight")
+        if run_id in self.results or run_id in self.agent.store.chunk_generations():
+            raise DuplicateRunError(f"run id {run_id!r} was used by an earlier run: pick a new one")
+
     def stream_of(self, run_id: str) -> RunStream | None:
         """The stream of a run in flight or of a session's last finished run."""
         run = self.runs.get(run_id)
@@ -202,9 +210,9 @@ class TurnRunner:
             raise NothingToAnswerError(
                 "nothing to answer: the session is empty and no message was given"
             )
+        if run_id is not None:
+            self._check_new_run_id(run_id)
         run_id = run_id or new_id("run")
-        if run_id in self.runs:
-            raise DuplicateRunError(f"run id {run_id!r} is already in flight")
         controller = AbortController(parent=signal)
         run = RunState(run_id, sid, controller, RunStream(run_id, sid, new_id("msg")))
         self.runs[run_id] = run
