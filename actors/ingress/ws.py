@@ -106,7 +106,15 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
-from thinkray.actors.ingress.access import Ingress, Upgrade, agent_of, ingress, ws_upgrade
+from thinkray.actors.ingress.access import (
+    Ingress,
+    Upgrade,
+    agent_of,
+    ingress,
+    may_open,
+    ws_upgrade,
+)
+from thinkray.actors.ingress.agents import NotVisibleError
 from thinkray.actors.ingress.auth import Principal
 from thinkray.actors.ingress.common import (
     HTTPError,
@@ -322,11 +330,16 @@ def chunk_frame(run_id: str, chunk: dict[str, Any], replay: bool = False) -> dic
 
 
 async def own_agent(conn: Connection) -> Any | None:
-    """The connection's agent if its principal owns it, None while it is not a member
-    (nobody owns the name yet). Goes through :func:`.access.agent_of`, the one
-    ownership check."""
+    """The connection's agent if its principal owns it; None while nobody does, or
+    once another principal does (the socket hears nothing of it). Goes through
+    :func:`.access.agent_of`, the one ownership check."""
     if not conn.hub.joined(conn):
-        return None
+        try:
+            if not await may_open(conn.state, conn.slug, conn.name, conn.principal):
+                return None  # nobody owns the name yet
+        except NotVisibleError:
+            return None  # another principal's now: this socket sees nothing of it
+        conn.hub.join(conn)  # it became this principal's meanwhile (an HTTP chat claimed it)
     return await agent_of(conn.state, conn.slug, conn.name, conn.principal, claim=False)
 
 
