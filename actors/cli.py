@@ -250,11 +250,37 @@ def _pairs(values: list[str], what: str) -> list[tuple[str, str]]:
     return out
 
 
-def serve_config(args: argparse.Namespace) -> tuple[IngressConfig, str | None]:
-    """The :class:`IngressConfig` of ``thinkray serve``'s options, and the token it
-    generated (None when ``--token`` gave some). Raises ValueError for bad options."""
+def serve_tokens(args: argparse.Namespace) -> tuple[dict[str, str], str | None]:
+    """``thinkray serve``'s bearer tokens (token -> principal): ``--token-file``'s, else
+    ``$THINKRAY_TOKENS``'s, else one generated for principal ``user`` (returned second,
+    to print). Never from the command line, where ``ps`` shows it to every user of the
+    machine: ``--token`` is refused. Raises ValueError."""
     import secrets
 
+    from thinkray.actors.ingress.config import TOKENS_ENV, parse_token_pairs, read_tokens_file
+
+    if getattr(args, "token", None):
+        raise ValueError(
+            "--token would show the token to anyone who can list processes (ps): put "
+            f"PRINCIPAL=TOKEN lines in a file for --token-file, or set ${TOKENS_ENV}"
+        )
+    token_file = getattr(args, "token_file", None)
+    if token_file:
+        tokens = read_tokens_file(token_file)
+        if not tokens:
+            raise ValueError(f"--token-file {token_file!r} holds no PRINCIPAL=TOKEN line")
+        return tokens, None
+    tokens = parse_token_pairs(os.environ.get(TOKENS_ENV, ""), f"${TOKENS_ENV}")
+    if tokens:
+        return tokens, None
+    generated = secrets.token_urlsafe(24)
+    return {generated: "user"}, generated
+
+
+def serve_config(args: argparse.Namespace) -> tuple[IngressConfig, str | None]:
+    """The :class:`IngressConfig` of ``thinkray serve``'s options, and the token it
+    generated (None when a file or the environment gave some). Raises ValueError for
+    bad options."""
     from thinkray.actors.ingress.config import AgentRoute, IngressConfig
     from thinkray.storage.layout import default_storage_root
 
@@ -269,15 +295,7 @@ def serve_config(args: argparse.Namespace) -> tuple[IngressConfig, str | None]:
             raise ValueError(f"--agent {slug!r} given twice")
         # The slug names the namespace too: a later `thinkray serve` finds its agents.
         agents[slug] = AgentRoute(agent_cls=cls, namespace=slug)
-    tokens: dict[str, str] = {}
-    generated = None
-    for principal, token in _pairs(args.token or [], "token"):
-        if token in tokens:
-            raise ValueError("two --token options share a token")
-        tokens[token] = principal
-    if not tokens:
-        generated = secrets.token_urlsafe(24)
-        tokens[generated] = "user"
+    tokens, generated = serve_tokens(args)
     from thinkray.storage.layout import normalize_root
 
     config = IngressConfig(
@@ -323,7 +341,7 @@ def serve(args: argparse.Namespace) -> int:
     for slug, route in config.agents.items():
         print(f"agent class {slug!r}: {route.agent_cls} at /agents/{slug}/<name>/chat")
     if generated:
-        print(f"no --token given: principal 'user' has bearer token {generated}")
+        print(f"no token configured: principal 'user' has bearer token {generated}")
     serve_local(config, host=args.host, port=args.port, replicas=args.replicas, blocking=True)
     return 0
 
@@ -355,11 +373,13 @@ def main(argv: list[str] | None = None) -> int:
         help=f"an agent class served at /agents/SLUG/<name> (repeatable; default {DEFAULT_AGENT})",
     )
     p_serve.add_argument(
-        "--token",
-        action="append",
-        metavar="PRINCIPAL=TOKEN",
-        help="a bearer token and who it is (repeatable; default: one generated and printed)",
+        "--token-file",
+        metavar="PATH",
+        help="a file of PRINCIPAL=TOKEN lines (default: $THINKRAY_TOKENS, else one token "
+        "generated and printed); tokens are never taken from the command line",
     )
+    # Refused with a pointer to --token-file: argv is visible to every user (ps).
+    p_serve.add_argument("--token", action="append", help=argparse.SUPPRESS)
     p_serve.add_argument("--replicas", type=int, default=1, help="ingress replicas (default 1)")
     p_serve.add_argument(
         "--cors-origin",

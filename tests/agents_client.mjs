@@ -5,8 +5,9 @@
 //
 //   node --experimental-websocket client.mjs <scenario> <host:port> <agent name> <token>
 //
-// Only the packages' public API: `AgentClient` (agents/client) connects with the token in
-// the query string (what a browser must do), `WebSocketChatTransport` (agents/chat) sends
+// Only the packages' public API: `AgentClient` (agents/client) connects with a ticket in
+// the query string (a browser's WebSocket cannot send headers; the ticket comes from an
+// authenticated `POST .../ws-ticket`), `WebSocketChatTransport` (agents/chat) sends
 // the chat request, cancels and resumes, with the wiring `useAgentChat` does for resume
 // frames; `readUIMessageStream` (ai) folds the chunks into the message a UI shows;
 // `agentFetch` reads `get-messages`. Scenarios:
@@ -29,12 +30,24 @@ const version = (pkg) =>
   JSON.parse(readFileSync(new URL(`./node_modules/${pkg}/package.json`, import.meta.url), 'utf8'))
     .version;
 
+/** A short-lived ticket for this agent's socket, from an authenticated HTTP call: the
+ * bearer token itself never goes into the socket's URL. */
+async function ticket() {
+  const response = await fetch(
+    `http://${host}/agents/${AGENT}/${encodeURIComponent(name)}/ws-ticket`,
+    { method: 'POST', headers: { authorization: `Bearer ${token}` } },
+  );
+  if (!response.ok) throw new Error(`ws-ticket answered ${response.status}`);
+  return (await response.json()).ticket;
+}
+
 function connect(onFrame) {
   const client = new AgentClient({
     host,
     agent: AGENT,
     name,
-    query: { token },
+    // A function: PartySocket calls it on every (re)connect, so each gets a fresh ticket.
+    query: async () => ({ ticket: await ticket() }),
     maxRetries: 0,
   });
   if (onFrame) {

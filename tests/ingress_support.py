@@ -42,7 +42,14 @@ def make_config(root: str, namespace: str, **overrides: Any) -> IngressConfig:
 @contextlib.contextmanager
 def serve_app(config: IngressConfig) -> Iterator[str]:
     """Serve ``build_app(config)`` on 127.0.0.1 (a free port); yields its base URL."""
-    app = build_app(config)
+    with serve_built(build_app(config)) as base:
+        yield base
+
+
+@contextlib.contextmanager
+def serve_built(app: Any) -> Iterator[str]:
+    """Serve an app :func:`build_app` made (a test may look at its state); yields its
+    base URL."""
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
     )
@@ -70,6 +77,18 @@ def sse_events(lines: Iterator[str]) -> Iterator[Any]:
         if line.startswith("data: "):
             data = line[len("data: ") :]
             yield data if data == "[DONE]" else json.loads(data)
+
+
+def ws_url(base: str, agent: str, name: str, query: str = "") -> str:
+    """The WebSocket URL of agent ``agent``/``name`` on ``base``."""
+    return "ws" + base[len("http") :] + f"/agents/{agent}/{name}" + query
+
+
+def ws_ticket(base: str, agent: str, name: str, headers: dict[str, str]) -> str:
+    """A WebSocket ticket for ``agent``/``name`` (what a browser opens the socket with)."""
+    r = httpx.post(f"{base}/agents/{agent}/{name}/ws-ticket", headers=headers, timeout=30)
+    assert r.status_code == 200, r.text
+    return str(r.json()["ticket"])
 
 
 def user_message(text: str, message_id: str) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Cloudflare's ``agents`` npm client against the ingress's WebSocket protocol
-(issue 11, item 3): ``AgentClient`` connects (token in the query string, as a browser
-must), ``WebSocketChatTransport`` chats, cancels and resumes, ``readUIMessageStream``
+(issue 11, item 3): ``AgentClient`` connects (a ticket from ``POST .../ws-ticket`` in the
+query string, as a browser must), ``WebSocketChatTransport`` chats, cancels and resumes, ``readUIMessageStream``
 (``ai``) folds the chunks, ``agentFetch`` reads ``get-messages``.
 
 Needs ``node`` (>= 20; run with ``--experimental-websocket``, the browser WebSocket the

@@ -22,6 +22,7 @@ from tests.ingress_support import (
     post_chat,
     serve_app,
     sse_events,
+    ws_ticket,
 )
 
 pytestmark = pytest.mark.ray
@@ -208,12 +209,13 @@ def test_no_token_or_a_wrong_token_is_401_and_writes_nothing(server, tmp_path):
         # A token in the query string is for the WebSocket upgrade only.
         r = httpx.post(f"{base}/agents/chat/alice-7/chat?token=token-alice", json=body)
         assert r.status_code == 401
-        # ... and for the `agents` package's get-messages fetch, which sends the
-        # socket's query string.
+        # ... and so is the agent's WebSocket ticket, which the `agents` package's
+        # get-messages fetch also sends (the socket's query string).
         post_chat(base, "/agents/chat/alice-7b/chat", body, ALICE)
-        r = httpx.get(f"{base}/agents/chat/alice-7b/get-messages?token=token-alice")
+        ticket = ws_ticket(base, "chat", "alice-7b", ALICE)
+        r = httpx.get(f"{base}/agents/chat/alice-7b/get-messages?ticket={ticket}")
         assert r.status_code == 200 and [m["id"] for m in r.json()][0] == "u1"
-        r = httpx.get(f"{base}/agents/chat/alice-7b/chat/c1/messages?token=token-alice")
+        r = httpx.get(f"{base}/agents/chat/alice-7b/chat/c1/messages?ticket={ticket}")
         assert r.status_code == 401
         written = [p.name for p in (tmp_path / "root").rglob("*")]
         assert "alice-7" not in written and "alice-7.duckdb" not in written

@@ -244,8 +244,10 @@ def test_tokens_on_the_upgrade(server, tmp_path):
             open_ws(base, "alice-7", headers=None, query="?token=wrong")
         assert refused.value.response.status_code == 401
         assert not list((tmp_path / "root").rglob("alice-7*"))
-        # A browser cannot set headers on a WebSocket: the query string carries it.
-        with open_ws(base, "alice-7", headers=None, query="?token=token-alice") as ws:
+        # A browser cannot set headers on a WebSocket: a short-lived ticket for this
+        # agent, from an authenticated call, rides in the query string.
+        ticket = httpx.post(f"{base}/agents/chat/alice-7/ws-ticket", headers=ALICE).json()
+        with open_ws(base, "alice-7", headers=None, query=f"?ticket={ticket['ticket']}") as ws:
             assert greeting(ws)[0]["name"] == "alice-7"
             ws.send(chat_request("req1", "hi", "u1"))
             assert text_of(chunks_of(read_until(ws, is_done("req1")), "req1")) == FULL

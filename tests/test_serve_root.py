@@ -11,8 +11,13 @@ import pytest
 from thinkray.actors.cli import serve_config
 
 
+@pytest.fixture(autouse=True)
+def _tokens(monkeypatch):
+    monkeypatch.setenv("THINKRAY_TOKENS", "alice=t1-not-a-real-token")
+
+
 def _args(root: str | None) -> argparse.Namespace:
-    return argparse.Namespace(storage_root=root, agent=None, token=["alice=t1"], cors_origin=None)
+    return argparse.Namespace(storage_root=root, agent=None, token_file=None, cors_origin=None)
 
 
 @pytest.mark.parametrize(

@@ -33,24 +33,15 @@ class Authenticator(Protocol):
         ...
 
 
-def bearer_token(conn: HTTPConnection, allow_query: bool = False) -> str | None:
-    """The request's bearer token: the ``Authorization: Bearer`` header, or, for a
-    WebSocket upgrade only (a browser's WebSocket API cannot set headers), the
-    ``token`` query parameter."""
+def bearer_token(conn: HTTPConnection) -> str | None:
+    """The request's ``Authorization: Bearer`` token. Never one from the query string
+    (URLs end up in proxies' and servers' logs): a browser's WebSocket, which cannot set
+    headers, opens with a short-lived ticket instead (:mod:`.tickets`)."""
     header = conn.headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
     if scheme.lower() == "bearer" and value.strip():
         return value.strip()
-    if allow_query:
-        return conn.query_params.get("token") or None
     return None
-
-
-def query_token_allowed(conn: HTTPConnection) -> bool:
-    """Where a token may come in the query string: only where the client cannot send
-    headers — a WebSocket upgrade (the browser's WebSocket API), and the ``agents``
-    package's ``get-messages`` fetch, which sends the socket's query string."""
-    return conn.scope.get("type") == "websocket" or conn.url.path.endswith("/get-messages")
 
 
 class BearerTokens:
@@ -61,7 +52,7 @@ class BearerTokens:
 
     async def authenticate(self, conn: HTTPConnection) -> Principal | None:
         """The principal of the request's bearer token, or None."""
-        token = bearer_token(conn, allow_query=query_token_allowed(conn))
+        token = bearer_token(conn)
         if token is None:
             return None
         for known, principal in self._tokens.items():

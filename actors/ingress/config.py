@@ -5,10 +5,23 @@ config file's ``args`` validate with clear errors before any replica starts."""
 from __future__ import annotations
 
 import importlib
+import os
+import re
 from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 from thinkray.storage.layout import validate_name
+
+TOKENS_ENV = "THINKRAY_TOKENS"
+"""The environment variable with ``PRINCIPAL=TOKEN`` pairs (separated by spaces,
+commas or newlines), read when the configuration names neither ``tokens`` nor
+``tokens_file``."""
+
+PLACEHOLDER = re.compile(
+    r"change[-_]?me|replace[-_]?me|placeholder|your[-_]?token|example|xxxx", re.IGNORECASE
+)
+"""What the token of an example file looks like: refused, so an example config copied
+to a server never serves with a guessable token."""
 
 
 class AgentRoute(BaseModel):
@@ -38,7 +51,17 @@ class IngressConfig(BaseModel):
     storage_root: str
     agents: dict[str, AgentRoute]
     tokens: dict[str, str] = Field(
-        default_factory=dict, description="bearer token -> principal (the default authenticator)"
+        default_factory=dict,
+        description="bearer token -> principal (the default authenticator); for code that "
+        "builds the app itself: a Serve config's args refuse it (Serve shows args to anyone "
+        "who can read its REST config), use tokens_file or $THINKRAY_TOKENS",
+    )
+    tokens_file: str | None = Field(
+        default=None,
+        description="a file of PRINCIPAL=TOKEN lines ('#' comments), read by every replica",
+    )
+    ticket_ttl: float = Field(
+        default=60.0, gt=0, description="seconds a WebSocket ticket stays valid"
     )
     authenticator: str | None = Field(
         default=None,
@@ -50,6 +73,13 @@ class IngressConfig(BaseModel):
         default=30.0, description="seconds a stream may wait on a client before detaching"
     )
     default_agent: str | None = Field(default=None, description="the slug the web page uses")
+
+    @field_validator("tokens")
+    @classmethod
+    def _tokens(cls, value: dict[str, str]) -> dict[str, str]:
+        for token in value:
+            check_token(token)
+        return value
 
     @field_validator("agents")
     @classmethod
@@ -63,6 +93,55 @@ class IngressConfig(BaseModel):
     def page_agent(self) -> str:
         """The agent slug the web chat page talks to."""
         return self.default_agent or next(iter(self.agents))
+
+
+def check_token(token: str) -> str:
+    """``token`` unless it is empty or an example's placeholder (ValueError)."""
+    if not token.strip():
+        raise ValueError("an empty bearer token")
+    if PLACEHOLDER.search(token):
+        raise ValueError(
+            "a bearer token looks like an example's placeholder: generate real ones "
+            "(python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+        )
+    return token
+
+
+def parse_token_pairs(text: str, where: str) -> dict[str, str]:
+    """``PRINCIPAL=TOKEN`` pairs (whitespace, comma or newline separated; ``#`` starts a
+    comment) as token -> principal. ValueError naming ``where`` (never the token)."""
+    tokens: dict[str, str] = {}
+    for line in text.splitlines():
+        for pair in re.split(r"[\s,]+", line.partition("#")[0]):
+            if not pair:
+                continue
+            principal, sep, token = pair.partition("=")
+            if not sep or not principal or not token:
+                raise ValueError(f"{where}: want PRINCIPAL=TOKEN pairs, got one without '='")
+            if token in tokens:
+                raise ValueError(f"{where}: two principals share a token")
+            tokens[check_token(token)] = principal
+    return tokens
+
+
+def resolve_tokens(config: IngressConfig) -> dict[str, str]:
+    """The bearer tokens the default authenticator accepts: ``tokens``, else
+    ``tokens_file``'s, else ``$THINKRAY_TOKENS``'s (none: every request is 401)."""
+    if config.tokens:
+        return dict(config.tokens)
+    if config.tokens_file:
+        return read_tokens_file(config.tokens_file)
+    return parse_token_pairs(os.environ.get(TOKENS_ENV, ""), f"${TOKENS_ENV}")
+
+
+def read_tokens_file(path: str) -> dict[str, str]:
+    """The ``PRINCIPAL=TOKEN`` lines of ``path`` as token -> principal (ValueError)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise ValueError(f"cannot read the tokens file {path!r}: {exc}") from exc
+    return parse_token_pairs(text, f"tokens file {path!r}")
 
 
 def load_object(path: str) -> Any:

@@ -14,8 +14,8 @@ import signal
 import time
 from typing import Any
 
-from thinkray.actors.ingress.app import build_app
-from thinkray.actors.ingress.config import IngressConfig
+from thinkray.actors.ingress.app import build_app, ticket_key
+from thinkray.actors.ingress.config import TOKENS_ENV, IngressConfig
 
 DEPLOYMENT = "thinkray-ingress"
 APP_NAME = "thinkray"
@@ -30,11 +30,15 @@ def ingress_app(config: IngressConfig, replicas: int = 1) -> Any:
     """The Serve application (``serve.run`` it, or return it from a builder)."""
     from ray import serve
 
+    # One ticket key for the application: a WebSocket ticket one replica issued opens
+    # a socket on any other. It travels in the deployment's code, never in its args.
+    key = ticket_key(None)
+
     # A plain function: Serve calls a builder only if ``inspect.isfunction`` says so
     # (a ``functools.partial`` would be taken for the ASGI app itself). It travels to
     # the replicas with ``config`` and runs there.
     def build() -> Any:
-        return build_app(config)
+        return build_app(config, key)
 
     asgi = serve.ingress(build)(IngressReplica)
     deployment = serve.deployment(
@@ -50,8 +54,15 @@ def ingress_app(config: IngressConfig, replicas: int = 1) -> Any:
 
 def app_builder(args: dict[str, Any]) -> Any:
     """Serve's application builder: ``args`` are :class:`IngressConfig`'s fields and
-    optionally ``replicas``."""
+    optionally ``replicas``. Tokens are refused here: Serve shows an application's args
+    to whoever reads its REST config; name a ``tokens_file`` or set ``$THINKRAY_TOKENS``
+    on the cluster."""
     args = dict(args)
+    if args.get("tokens"):
+        raise ValueError(
+            "bearer tokens in a Serve config's args are readable through Serve's REST "
+            f"API: use tokens_file (PRINCIPAL=TOKEN lines) or ${TOKENS_ENV} instead"
+        )
     replicas = int(args.pop("replicas", 1))
     return ingress_app(IngressConfig.model_validate(args), replicas)
 

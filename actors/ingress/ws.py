@@ -9,6 +9,15 @@ The frames, as read in github.com/cloudflare/agents (``packages/agents/src``:
 ``chat/resumable-stream.ts``, ``chat/ws-chat-transport.ts``, ``client.ts``;
 ``packages/think/src/think.ts``; ``packages/ai-chat/src/index.ts``):
 
+Opening: ``GET /agents/{agent}/{name}`` upgraded, with the ``Authorization`` header
+(or whatever the configured authenticator reads), or, from a browser (whose WebSocket
+API sets no headers), ``?ticket=`` from ``POST /agents/{agent}/{name}/ws-ticket``
+(:mod:`.tickets`: one agent, short-lived). An upgrade whose ``Origin`` is neither the
+page's own nor in ``cors_origins`` is refused (403): a site the user visits cannot
+open a socket with their cookies. A name nobody owns yet is accepted, but the socket
+hears nothing of the agent (no broadcast, no run, no clear) until its principal owns
+the name (its first chat claims it); another principal's name is 404 like a missing one.
+
 On connect (server -> client)::
 
     {"type": "cf_agent_identity", "name": <name>, "agent": <slug>}
@@ -45,7 +54,8 @@ Resume (``chat/resume-handshake.ts``)::
 
 The request id is the run id (``stream_chat(run_id=...)``), so a cancel or a resume
 that reaches another replica finds the run through the session actor: replicas keep
-no state a reconnect needs.
+no state a reconnect needs. A request id an earlier run of the agent used is refused
+(its chunk log is that run's).
 
 Broadcasts (the chunks of a run to the agent's other tabs, ``cf_agent_chat_messages``
 and ``cf_agent_chat_clear``) reach the connections *this replica* holds. Fanning them
@@ -89,19 +99,31 @@ import json
 import logging
 import re
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI
+from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
-from thinkray.actors.ingress.agents import Agents, NotVisibleError
-from thinkray.actors.ingress.app import HTTPError, error_status, jsonable, rewind_for_regenerate
-from thinkray.actors.ingress.auth import Authenticator, Principal
-from thinkray.actors.ingress.config import IngressConfig
+from thinkray.actors.ingress.access import (
+    Ingress,
+    Upgrade,
+    agent_of,
+    ingress,
+    may_open,
+    ws_upgrade,
+)
+from thinkray.actors.ingress.agents import NotVisibleError
+from thinkray.actors.ingress.auth import Principal
+from thinkray.actors.ingress.common import (
+    HTTPError,
+    error_text,
+    jsonable,
+    parse_turn,
+    rewind_for_regenerate,
+)
 from thinkray.storage.errors import NotFoundError, ThinkrayError
-from thinkray.storage.layout import validate_name
-from thinkray.storage.types import InvalidInputError
 
 log = logging.getLogger("thinkray.ingress.ws")
 
@@ -133,6 +155,8 @@ REQUEST_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
 _EMPTY_MCP: dict[str, Any] = {"prompts": [], "resources": [], "servers": {}, "tools": []}
 
+Key = tuple[str, str]
+
 
 @dataclass(eq=False)
 class Connection:
@@ -145,6 +169,7 @@ class Connection:
     name: str
     principal: Principal
     timeout: float
+    ing: Ingress | None = None
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     outbox: asyncio.Queue[str | None] = field(
         default_factory=lambda: asyncio.Queue(maxsize=OUTBOX_FRAMES)
@@ -157,9 +182,21 @@ class Connection:
     main: asyncio.Task[Any] | None = None
 
     @property
-    def key(self) -> tuple[str, str]:
+    def key(self) -> Key:
         """The agent this connection talks to: (slug, name)."""
         return (self.slug, self.name)
+
+    @property
+    def state(self) -> Ingress:
+        """The replica's shared state (set for every accepted connection)."""
+        assert self.ing is not None
+        return self.ing
+
+    @property
+    def hub(self) -> Hub:
+        """The replica's connections."""
+        hub: Hub = self.state.hub
+        return hub
 
     def send(self, frame: dict[str, Any]) -> None:
         """Queue ``frame``; never waits. A full outbox drops the connection."""
@@ -201,33 +238,76 @@ class Connection:
 
 
 class Hub:
-    """The connections this replica holds, by agent."""
+    """The connections this replica holds, by agent, and the runs it fans out.
+
+    Only the owner's connections to an agent are its *members*, and every fan-out
+    (a run's chunks, the stored messages, a clear) goes to members only. A connection
+    opened on a name nobody owns yet *waits*: it joins when its principal owns the
+    name (its own chat claimed it, or a member of the same principal fans out), never
+    when another principal claims it."""
 
     def __init__(self) -> None:
-        self.groups: dict[tuple[str, str], dict[str, Connection]] = {}
+        self.groups: dict[Key, dict[str, Connection]] = {}
+        self.waiting: dict[Key, dict[str, Connection]] = {}
+        self.owners: dict[Key, str] = {}
+        self.pumps: dict[Key, set[asyncio.Task[Any]]] = {}
 
-    def add(self, conn: Connection) -> None:
-        """Hold ``conn`` (accepted)."""
-        self.groups.setdefault(conn.key, {})[conn.id] = conn
+    def add(self, conn: Connection, owned: bool) -> None:
+        """Hold ``conn`` (accepted): a member if its principal owns the agent."""
+        if owned:
+            self.join(conn)
+        else:
+            self.waiting.setdefault(conn.key, {})[conn.id] = conn
+
+    def join(self, conn: Connection) -> None:
+        """``conn``'s principal owns its agent now (it was checked): it and that
+        principal's other waiting connections become members."""
+        owner = self.owners.setdefault(conn.key, conn.principal.id)
+        if owner != conn.principal.id or conn.closed:
+            return
+        group = self.groups.setdefault(conn.key, {})
+        waiting = self.waiting.get(conn.key, {})
+        waiting.pop(conn.id, None)
+        group[conn.id] = conn
+        for other in [c for c in waiting.values() if c.principal.id == owner]:
+            group[waiting.pop(other.id).id] = other
+        if not waiting:
+            self.waiting.pop(conn.key, None)
+
+    def joined(self, conn: Connection) -> bool:
+        """Whether ``conn`` is a member (hears its agent's fan-out)."""
+        return conn.id in self.groups.get(conn.key, {})
 
     def remove(self, conn: Connection) -> None:
-        """Forget ``conn`` (closed)."""
-        group = self.groups.get(conn.key, {})
-        group.pop(conn.id, None)
-        if not group:
-            self.groups.pop(conn.key, None)
+        """Forget ``conn`` (closed). The last connection to an agent here takes the
+        runs it fanned out with it (they detach; the runs go on in the actor)."""
+        for table in (self.groups, self.waiting):
+            group = table.get(conn.key, {})
+            group.pop(conn.id, None)
+            if not group:
+                table.pop(conn.key, None)
+        if conn.key not in self.groups and conn.key not in self.waiting:
+            self.owners.pop(conn.key, None)
+            for task in self.pumps.pop(conn.key, set()):
+                task.cancel()
 
-    def members(self, key: tuple[str, str]) -> list[Connection]:
-        """The open connections to agent ``key``."""
+    def track(self, key: Key, task: asyncio.Task[Any]) -> None:
+        """Keep a run's fan-out task referenced until it ends or is cancelled."""
+        tasks = self.pumps.setdefault(key, set())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    def members(self, key: Key) -> list[Connection]:
+        """The owner's open connections to agent ``key``."""
         return [c for c in self.groups.get(key, {}).values() if not c.closed]
 
-    def live_targets(self, key: tuple[str, str], run_id: str) -> list[Connection]:
+    def live_targets(self, key: Key, run_id: str) -> list[Connection]:
         """Who gets a run's live frames: not waiting on a resume ack, not reading the
         run on its own."""
         return [c for c in self.members(key) if not c.pending_resume and run_id not in c.following]
 
-    def broadcast(self, key: tuple[str, str], frame: dict[str, Any], exclude: Any = ()) -> None:
-        """Send ``frame`` to agent ``key``'s connections but ``exclude``."""
+    def broadcast(self, key: Key, frame: dict[str, Any], exclude: Any = ()) -> None:
+        """Send ``frame`` to agent ``key``'s members but ``exclude``."""
         for conn in self.members(key):
             if conn not in exclude:
                 conn.send(frame)
@@ -246,399 +326,460 @@ def chunk_frame(run_id: str, chunk: dict[str, Any], replay: bool = False) -> dic
     return response(run_id, json.dumps(chunk), **flags)
 
 
-def error_text(exc: BaseException) -> str:
-    """What a client is told about a refused request (internal errors are logged)."""
-    status, _ = error_status(exc)
-    if status >= 500:
-        log.error("WebSocket request failed", exc_info=exc)
-        return f"internal error ({type(exc).__name__})"
-    # An error raised in the actor arrives wrapped (Ray's ``RayTaskError`` subclass of
-    # it, whose text is the remote traceback): tell the original message.
-    cause = getattr(exc, "cause", None)
-    return str(cause if isinstance(cause, BaseException) else exc)
+# -- the agent, as a connection's principal may see it --------------------------------------
 
 
-def add_websocket_routes(
-    app: FastAPI, agents: Agents, authenticator: Authenticator, config: IngressConfig
-) -> None:
-    """Serve the ``cf_agent_*`` protocol at ``/agents/{agent}/{name}``."""
-    hub = Hub()
-    app.state.ws_hub = hub
-
-    async def visible(slug: str, name: str, who: Principal) -> Any:
-        """The caller's agent handle, None for a name nobody owns yet (the first chat
-        claims it), NotVisibleError for an unknown class or another principal's."""
-        validate_name(name, "agent name")
-        route = config.agents.get(slug)
-        if route is None:
-            raise NotVisibleError(f"unknown agent class {slug!r}")
-        owner = await agents.owner_of(slug, name)
-        if owner is None:
-            return None
-        if owner != who.id:
-            raise NotVisibleError(f"no agent {name!r} of class {slug!r}")
-        return await agents.agent(slug, name, who, claim=False)
-
-    async def existing(conn: Connection) -> Any:
-        """The handle of the connection's agent if it exists and is live (never wakes a
-        hibernated one: it runs nothing), else None."""
-        handle = await visible(conn.slug, conn.name, conn.principal)
-        if handle is None or not await agents.live(conn.slug, conn.name):
-            return None
-        return handle
-
-    async def history(handle: Any, session_id: str | None) -> list[Any]:
-        if handle is None:
-            return []
-        if session_id is None:
-            session_id = await handle.get_current_session_id.remote()
-            if session_id is None:
-                return []
+async def own_agent(conn: Connection) -> Any | None:
+    """The connection's agent if its principal owns it; None while nobody does, or
+    once another principal does (the socket hears nothing of it). Goes through
+    :func:`.access.agent_of`, the one ownership check."""
+    if not conn.hub.joined(conn):
         try:
-            return list(jsonable(await handle.get_history.remote(session_id)))
-        except NotFoundError:
-            return []
+            if not await may_open(conn.state, conn.slug, conn.name, conn.principal):
+                return None  # nobody owns the name yet
+        except NotVisibleError:
+            return None  # another principal's now: this socket sees nothing of it
+        conn.hub.join(conn)  # it became this principal's meanwhile (an HTTP chat claimed it)
+    return await agent_of(conn.state, conn.slug, conn.name, conn.principal, claim=False)
 
-    async def deny(ws: WebSocket, status: int, message: str) -> None:
-        # Refused before accept: an HTTP answer where the server can send one, else
-        # a close before accept (which servers answer with 403).
-        if "websocket.http.response" in ws.scope.get("extensions", {}):
-            kind = "unauthorized" if status == 401 else "not_found"
-            headers = {"www-authenticate": "Bearer"} if status == 401 else None
-            body = {"error": {"type": kind, "message": message}}
-            await ws.send_denial_response(JSONResponse(body, status_code=status, headers=headers))
-        else:
-            await ws.close(code=1008)
 
-    # -- connect -----------------------------------------------------------------------
+async def live_agent(conn: Connection) -> Any | None:
+    """:func:`own_agent` if it is live now (never wakes a hibernated one: it runs
+    nothing), else None."""
+    handle = await own_agent(conn)
+    if handle is None or not await conn.state.agents.live(conn.slug, conn.name):
+        return None
+    return handle
 
-    async def endpoint(websocket: WebSocket, agent: str, name: str) -> None:
-        principal = await authenticator.authenticate(websocket)
-        if principal is None:
-            await deny(websocket, 401, "missing or invalid bearer token")
-            return
-        try:
-            handle = await visible(agent, name, principal)
-        except (NotVisibleError, InvalidInputError) as exc:
-            await deny(websocket, 404, str(exc))
-            return
-        await websocket.accept()
-        conn = Connection(websocket, agent, name, principal, config.slow_consumer_timeout)
-        # Out of live broadcasts until on_connect knows whether to offer a resume: a
-        # chunk sent meanwhile would come before the offer (and out of the replay).
-        conn.pending_resume = True
-        conn.main = asyncio.current_task()
-        hub.add(conn)
-        writer = asyncio.ensure_future(conn.write_loop())
-        try:
-            conn.send({"type": IDENTITY, "name": name, "agent": agent})
-            conn.send({"type": MCP_SERVERS, "mcp": _EMPTY_MCP})
-            await on_connect(conn, handle)
-            while True:
-                message = await websocket.receive()
-                if message["type"] == "websocket.disconnect":
-                    break
-                text = message.get("text")
-                if text is not None:
-                    await dispatch(conn, text)
-        except (WebSocketDisconnect, asyncio.CancelledError):
-            pass
-        finally:
-            conn.closed = True
-            hub.remove(conn)
-            for task in list(conn.tasks):
-                task.cancel()  # detach: the runs go on
-            with contextlib.suppress(asyncio.QueueFull):
-                conn.outbox.put_nowait(None)
-            writer.cancel()
-            with contextlib.suppress(Exception):
-                code = CLOSE_TRY_AGAIN if conn.dropped else 1000
-                await asyncio.wait_for(websocket.close(code=code), 1.0)
 
-    app.add_api_websocket_route("/agents/{agent}/{name}", endpoint)
-
-    async def on_connect(conn: Connection, handle: Any) -> None:
-        if handle is not None and await agents.live(conn.slug, conn.name):
-            run_id = await handle.active_run.remote()
-            if run_id is not None:
-                conn.pending_resume = True
-                conn.send({"type": STREAM_RESUMING, "id": run_id})
-                return
-        conn.pending_resume = False
-        conn.send({"type": CHAT_MESSAGES, "messages": await history(handle, None)})
-
-    # -- frames ------------------------------------------------------------------------
-
-    async def dispatch(conn: Connection, text: str) -> None:
-        try:
-            frame = json.loads(text)
-        except ValueError:
-            return  # not JSON: the package hands it to onMessage (a no-op)
-        if not isinstance(frame, dict):
-            return
-        kind = frame.get("type")
-        try:
-            if kind == USE_CHAT_REQUEST:
-                conn.spawn(chat_request(conn, frame))
-            elif kind == CHAT_REQUEST_CANCEL:
-                await cancel(conn, frame)
-            elif kind == CHAT_CLEAR:
-                await clear(conn)
-            elif kind == STREAM_RESUME_REQUEST:
-                await resume_request(conn, frame)
-            elif kind == STREAM_RESUME_ACK:
-                run_id = frame.get("id")
-                if isinstance(run_id, str) and run_id not in conn.following:
-                    conn.pending_resume = False
-                    conn.spawn(follow(conn, run_id))
-            elif kind == TOOL_APPROVAL:
-                await tool_approval(conn, frame)
-            elif kind == TOOL_RESULT:
-                call_id = frame.get("toolCallId")
-                if isinstance(call_id, str):
-                    conn.send(
-                        response(
-                            call_id,
-                            "thinkray runs every tool on the server: no client tool "
-                            f"call {call_id!r} is waiting for a result",
-                            done=True,
-                            error=True,
-                        )
-                    )
-            elif kind == RPC:
-                rpc_id, method = frame.get("id"), frame.get("method")
-                if isinstance(rpc_id, str):
-                    conn.send(
-                        {
-                            "type": RPC,
-                            "id": rpc_id,
-                            "success": False,
-                            "error": f"Method {method} is not callable",
-                        }
-                    )
-            elif kind == STATE:
-                conn.send({"type": STATE_ERROR, "error": "this agent has no client state"})
-            # CHAT_MESSAGES (client-pushed transcripts) and unknown types: ignored.
-        except Exception as exc:  # one bad frame must not end the connection
-            log.warning("WebSocket frame %r failed: %s", kind, error_text(exc))
-
-    async def chat_request(conn: Connection, frame: dict[str, Any]) -> None:
-        request_id, init = frame.get("id"), frame.get("init")
-        if not isinstance(request_id, str) or not isinstance(init, dict):
-            return
-        if init.get("method") != "POST":
-            return  # the package handles POST requests only
-        body_text = init.get("body")
-        if not isinstance(body_text, str) or not body_text:
-            return  # the package ignores an empty body
-        try:
-            if len(body_text.encode()) > config.max_body_bytes:
-                raise HTTPError(413, f"body over {config.max_body_bytes} bytes", "too_large")
-            if not REQUEST_ID.match(request_id):
-                raise HTTPError(400, "a request id is 1-128 letters, digits, '_' or '-'")
-            try:
-                body = json.loads(body_text)
-            except ValueError:
-                return  # the package ignores a body that is not JSON
-            if not isinstance(body, dict):
-                raise HTTPError(400, "the request body must be a JSON object")
-            stream = await start_turn(conn, request_id, body)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            conn.send(response(request_id, error_text(exc), done=True, error=True))
-            return
-        # The run belongs to the agent's connections, not to this one: it keeps
-        # streaming to the others (and to nobody: it detaches) if this one goes.
-        asyncio.ensure_future(pump(conn, request_id, stream))
-
-    async def start_turn(conn: Connection, run_id: str, body: dict[str, Any]) -> Any:
-        messages = body.get("messages")
-        trigger = body.get("trigger", "submit-message")
-        if not isinstance(messages, list):
-            raise HTTPError(400, "'messages' must be a list of UI messages")
-        if trigger not in ("submit-message", "regenerate-message"):
-            raise HTTPError(400, f"unknown trigger {trigger!r}")
-        message: dict[str, Any] | None = None
-        if trigger == "submit-message":
-            if not messages or not isinstance(messages[-1], dict):
-                raise HTTPError(400, "submit-message needs the new message last in 'messages'")
-            message = messages[-1]
-            if message.get("role") != "user":
-                raise HTTPError(400, "the message to submit must have role 'user'")
-        # Only a valid submit may create the agent; a regenerate needs one already.
-        claim = message is not None
-        handle: Any = await agents.agent(conn.slug, conn.name, conn.principal, claim=claim)
+async def history(handle: Any, session_id: str | None) -> list[Any]:
+    """A session's stored messages (the current session's without ``session_id``)."""
+    if handle is None:
+        return []
+    if session_id is None:
         session_id = await handle.get_current_session_id.remote()
-        if message is None:
-            if session_id is None:
-                raise HTTPError(400, "nothing to regenerate: no conversation yet")
-            await rewind_for_regenerate(handle, session_id, body.get("messageId"))
-        stream = handle.stream_chat.remote(message, session_id=session_id, run_id=run_id)
-        await stream.start()  # busy, invalid: refused here, before any chunk
-        return stream
+        if session_id is None:
+            return []
+    try:
+        return list(jsonable(await handle.get_history.remote(session_id)))
+    except NotFoundError:
+        return []
 
-    async def pump(origin: Connection, run_id: str, stream: Any) -> None:
-        """Fan a run's chunks out to the agent's connections on this replica."""
-        key = origin.key
-        first = True
-        try:
-            async for chunk in stream:
-                if first:
-                    first = False
-                    # The others learn of the new user message before its answer (the
-                    # answer, which may be stored in part already, comes as chunks).
-                    others = [c for c in hub.members(key) if c is not origin]
-                    if others:
-                        handle = await visible(origin.slug, origin.name, origin.principal)
-                        stored = await history(handle, stream.session_id)
-                        frame = {
-                            "type": CHAT_MESSAGES,
-                            "messages": [m for m in stored if m.get("id") != stream.message_id],
-                        }
-                        for c in others:
-                            c.send(frame)
-                targets = hub.live_targets(key, run_id)
-                if not targets:
-                    return  # nobody left to read it: detach (the run goes on)
-                out = chunk_frame(run_id, chunk)
-                for c in targets:
-                    c.send(out)
-        except ThinkrayError as exc:  # the actor died mid-run: say so in the protocol
-            for c in hub.live_targets(key, run_id):
-                c.send(response(run_id, str(exc), done=True, error=True))
-            return
-        except Exception:
-            log.exception("WebSocket stream of run %s failed", run_id)
-            for c in hub.live_targets(key, run_id):
-                c.send(response(run_id, "internal error", done=True, error=True))
-            return
-        for c in hub.live_targets(key, run_id):
-            c.send(response(run_id, done=True))
-        await broadcast_messages(origin, stream.session_id)
 
-    async def broadcast_messages(conn: Connection, session_id: str | None) -> None:
-        """The stored messages, after a run, to every connection of the agent here."""
-        try:
-            handle = await visible(conn.slug, conn.name, conn.principal)
-            frame = {"type": CHAT_MESSAGES, "messages": await history(handle, session_id)}
-        except Exception as exc:
-            log.warning("could not read the messages to broadcast: %s", error_text(exc))
-            return
-        hub.broadcast(conn.key, frame)
+# -- connect -----------------------------------------------------------------------------
 
-    async def cancel(conn: Connection, frame: dict[str, Any]) -> None:
-        run_id = frame.get("id")
-        if not isinstance(run_id, str):
+ws_routes = APIRouter()
+
+
+async def deny(ws: WebSocket, status: int, message: str) -> None:
+    """Refuse an upgrade before accept: an HTTP answer where the server can send one,
+    else a close before accept (which servers answer with 403)."""
+    if "websocket.http.response" in ws.scope.get("extensions", {}):
+        kind = {401: "unauthorized", 403: "forbidden"}.get(status, "not_found")
+        headers = {"www-authenticate": "Bearer"} if status == 401 else None
+        body = {"error": {"type": kind, "message": message}}
+        await ws.send_denial_response(JSONResponse(body, status_code=status, headers=headers))
+    else:
+        await ws.close(code=1008)
+
+
+@ws_routes.websocket("/agents/{agent}/{name}")
+async def endpoint(
+    websocket: WebSocket,
+    agent: str,
+    name: str,
+    upgrade: Annotated[Upgrade, Depends(ws_upgrade)],
+    ing: Annotated[Ingress, Depends(ingress)],
+) -> None:
+    """Serve one connection: greet, then its frames until it closes."""
+    if upgrade.principal is None:
+        await deny(websocket, upgrade.status, upgrade.message)
+        return
+    await websocket.accept()
+    timeout = ing.config.slow_consumer_timeout
+    conn = Connection(websocket, agent, name, upgrade.principal, timeout, ing=ing)
+    # Out of live broadcasts until greet knows whether to offer a resume: a chunk
+    # sent meanwhile would come before the offer (and out of the replay).
+    conn.pending_resume = True
+    conn.main = asyncio.current_task()
+    ing.hub.add(conn, upgrade.owned)
+    writer = asyncio.ensure_future(conn.write_loop())
+    try:
+        await greet(conn)
+        while True:
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                break
+            text = message.get("text")
+            if text is not None:
+                await dispatch(conn, text)
+    except (WebSocketDisconnect, asyncio.CancelledError):
+        pass
+    finally:
+        await close(conn, writer)
+
+
+async def close(conn: Connection, writer: asyncio.Task[Any]) -> None:
+    """Detach a closed connection: its tasks end, the runs go on."""
+    conn.closed = True
+    conn.hub.remove(conn)
+    for task in list(conn.tasks):
+        task.cancel()
+    with contextlib.suppress(asyncio.QueueFull):
+        conn.outbox.put_nowait(None)
+    writer.cancel()
+    with contextlib.suppress(Exception):
+        code = CLOSE_TRY_AGAIN if conn.dropped else 1000
+        await asyncio.wait_for(conn.ws.close(code=code), 1.0)
+
+
+async def greet(conn: Connection) -> None:
+    """Identity, MCP servers, then a resume offer for a run in flight, else the
+    current session's messages."""
+    conn.send({"type": IDENTITY, "name": conn.name, "agent": conn.slug})
+    conn.send({"type": MCP_SERVERS, "mcp": _EMPTY_MCP})
+    handle = await live_agent(conn)
+    if handle is not None:
+        run_id = await handle.active_run.remote()
+        if run_id is not None:
+            conn.pending_resume = True
+            conn.send({"type": STREAM_RESUMING, "id": run_id})
             return
-        handle = await existing(conn)
+    conn.pending_resume = False
+    conn.send({"type": CHAT_MESSAGES, "messages": await history(await own_agent(conn), None)})
+
+
+# -- frames ------------------------------------------------------------------------------
+
+FrameHandler = Callable[[Connection, dict[str, Any]], Awaitable[None]]
+
+
+async def dispatch(conn: Connection, text: str) -> None:
+    """Handle one text frame; bad frames are ignored, as the package does."""
+    try:
+        frame = json.loads(text)
+    except ValueError:
+        return  # not JSON: the package hands it to onMessage (a no-op)
+    if not isinstance(frame, dict):
+        return
+    kind = frame.get("type")
+    # CHAT_MESSAGES (client-pushed transcripts) and unknown types: ignored.
+    handler = HANDLERS.get(kind) if isinstance(kind, str) else None
+    if handler is None:
+        return
+    try:
+        await handler(conn, frame)
+    except Exception as exc:  # one bad frame must not end the connection
+        log.warning("WebSocket frame %r failed: %s", kind, error_text(exc))
+
+
+async def on_chat_request(conn: Connection, frame: dict[str, Any]) -> None:
+    """Start the turn in the background (it awaits the actor)."""
+    conn.spawn(chat_request(conn, frame))
+
+
+def chat_body(conn: Connection, frame: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """A chat request's id and body; None for what the package ignores (not a POST, an
+    empty or non-JSON body); HTTPError for what it refuses."""
+    request_id, init = frame.get("id"), frame.get("init")
+    if not isinstance(request_id, str) or not isinstance(init, dict):
+        return None
+    body_text = init.get("body")
+    if init.get("method") != "POST" or not isinstance(body_text, str) or not body_text:
+        return None
+    limit = conn.state.config.max_body_bytes
+    if len(body_text.encode()) > limit:
+        raise HTTPError(413, f"body over {limit} bytes", "too_large")
+    if not REQUEST_ID.match(request_id):
+        raise HTTPError(400, "a request id is 1-128 letters, digits, '_' or '-'")
+    try:
+        body = json.loads(body_text)
+    except ValueError:
+        return None
+    if not isinstance(body, dict):
+        raise HTTPError(400, "the request body must be a JSON object")
+    return request_id, body
+
+
+async def chat_request(conn: Connection, frame: dict[str, Any]) -> None:
+    """Validate and start a turn, then fan its chunks out."""
+    try:
+        parsed = chat_body(conn, frame)
+        if parsed is None:
+            return
+        request_id, body = parsed
+        stream = await start_turn(conn, request_id, body)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        conn.send(response(str(frame.get("id")), error_text(exc), done=True, error=True))
+        return
+    # The run belongs to the agent's connections, not to this one: it keeps
+    # streaming to the others if this one goes (the hub holds it until they all do).
+    conn.hub.track(conn.key, asyncio.ensure_future(pump(conn, request_id, stream)))
+
+
+async def start_turn(conn: Connection, run_id: str, body: dict[str, Any]) -> Any:
+    """Claim (a submit) or find (a regenerate) the agent, join its fan-out, start."""
+    turn = parse_turn(body)  # all of it checked before anything is claimed or written
+    handle = await agent_of(conn.state, conn.slug, conn.name, conn.principal, claim=turn.claims)
+    conn.hub.join(conn)  # its principal owns the name now
+    session_id = await handle.get_current_session_id.remote()
+    if turn.message is None:
+        if session_id is None:
+            raise HTTPError(400, "nothing to regenerate: no conversation yet")
+        await rewind_for_regenerate(handle, session_id, turn.regenerate_id)
+    stream = handle.stream_chat.remote(turn.message, session_id=session_id, run_id=run_id)
+    await stream.start()  # busy, invalid, a reused run id: refused here, before any chunk
+    return stream
+
+
+async def announce(origin: Connection, stream: Any) -> None:
+    """The other tabs learn of the new user message before its answer (the answer,
+    which may be stored in part already, comes as chunks)."""
+    others = [c for c in origin.hub.members(origin.key) if c is not origin]
+    if not others:
+        return
+    stored = await history(await own_agent(origin), stream.session_id)
+    frame = {
+        "type": CHAT_MESSAGES,
+        "messages": [m for m in stored if m.get("id") != stream.message_id],
+    }
+    for c in others:
+        c.send(frame)
+
+
+async def pump(origin: Connection, run_id: str, stream: Any) -> None:
+    """Fan a run's chunks out to the agent's members on this replica."""
+    hub, key = origin.hub, origin.key
+    first = True
+    try:
+        async for chunk in stream:
+            if first:
+                first = False
+                await announce(origin, stream)
+            targets = hub.live_targets(key, run_id)
+            if not targets:
+                return  # nobody left to read it: detach (the run goes on)
+            out = chunk_frame(run_id, chunk)
+            for c in targets:
+                c.send(out)
+    except ThinkrayError as exc:  # the actor died mid-run: say so in the protocol
+        end_run(hub, key, run_id, str(exc))
+        return
+    except Exception:
+        log.exception("WebSocket stream of run %s failed", run_id)
+        end_run(hub, key, run_id, "internal error")
+        return
+    for c in hub.live_targets(key, run_id):
+        c.send(response(run_id, done=True))
+    await broadcast_messages(origin, stream.session_id)
+
+
+def end_run(hub: Hub, key: Key, run_id: str, why: str) -> None:
+    """A run that failed mid-stream, as the protocol's error frame."""
+    for c in hub.live_targets(key, run_id):
+        c.send(response(run_id, why, done=True, error=True))
+
+
+async def broadcast_messages(conn: Connection, session_id: str | None) -> None:
+    """The stored messages, after a run, to every member of the agent here."""
+    try:
+        handle = await own_agent(conn)
+        frame = {"type": CHAT_MESSAGES, "messages": await history(handle, session_id)}
+    except Exception as exc:
+        log.warning("could not read the messages to broadcast: %s", error_text(exc))
+        return
+    conn.hub.broadcast(conn.key, frame)
+
+
+async def cancel(conn: Connection, frame: dict[str, Any]) -> None:
+    """``cf_agent_chat_request_cancel``: abort that run."""
+    run_id = frame.get("id")
+    if not isinstance(run_id, str):
+        return
+    handle = await live_agent(conn)
+    if handle is not None:
+        await handle.abort.remote(run_id=run_id, reason="cancelled by the client")
+
+
+async def clear(conn: Connection, frame: dict[str, Any]) -> None:
+    """``cf_agent_chat_clear``: empty the current session; the other members hear it.
+    A connection that is not a member (nobody owns the name yet) clears nothing."""
+    handle = await own_agent(conn)
+    if handle is None:
+        return
+    session_id = await handle.get_current_session_id.remote()
+    if session_id is not None:
+        await handle.clear_messages.remote(session_id)  # aborts a run in flight
+    for other in conn.hub.members(conn.key):
+        other.pending_resume = False
+    conn.hub.broadcast(conn.key, {"type": CHAT_CLEAR}, exclude=(conn,))
+
+
+async def resume_request(conn: Connection, frame: dict[str, Any]) -> None:
+    """``cf_agent_stream_resume_request``: offer the run in flight, or say idle."""
+    probe = frame.get("probeId")
+    echo = {"probeId": probe} if isinstance(probe, str) and probe else {}
+    handle = await live_agent(conn)
+    run_id = await handle.active_run.remote() if handle is not None else None
+    if run_id is None:
+        conn.send({"type": STREAM_RESUME_NONE, "reason": "idle", **echo})
+        return
+    conn.pending_resume = True
+    conn.send({"type": STREAM_RESUMING, "id": run_id, **echo})
+
+
+async def resume_ack(conn: Connection, frame: dict[str, Any]) -> None:
+    """``cf_agent_stream_resume_ack``: replay the run, then its live tail."""
+    run_id = frame.get("id")
+    if isinstance(run_id, str) and run_id not in conn.following:
+        conn.pending_resume = False
+        conn.spawn(follow(conn, run_id))
+
+
+async def follow(conn: Connection, run_id: str) -> None:
+    """After an ack: the run from chunk 0 (flagged ``replay``), ``replayComplete``,
+    the live tail, ``done``; read through the session actor, so a run started
+    through another replica resumes here."""
+    conn.following.add(run_id)
+    try:
+        handle = await own_agent(conn)
+        stream = None
         if handle is not None:
-            await handle.abort.remote(run_id=run_id, reason="cancelled by the client")
-
-    async def clear(conn: Connection) -> None:
-        handle = await visible(conn.slug, conn.name, conn.principal)
-        if handle is not None:
-            session_id = await handle.get_current_session_id.remote()
-            if session_id is not None:
-                await handle.clear_messages.remote(session_id)  # aborts a run in flight
-        for other in hub.members(conn.key):
-            other.pending_resume = False
-        hub.broadcast(conn.key, {"type": CHAT_CLEAR}, exclude=(conn,))
-
-    async def resume_request(conn: Connection, frame: dict[str, Any]) -> None:
-        probe = frame.get("probeId")
-        echo = {"probeId": probe} if isinstance(probe, str) and probe else {}
-        handle = await existing(conn)
-        run_id = await handle.active_run.remote() if handle is not None else None
-        if run_id is None:
-            conn.send({"type": STREAM_RESUME_NONE, "reason": "idle", **echo})
+            stream = await handle.resume.remote(None, run_id).start()
+        if stream is None or stream.run_id != run_id:
+            conn.send(response(run_id, done=True, replay=True))  # nothing to replay
             return
-        conn.pending_resume = True
-        conn.send({"type": STREAM_RESUMING, "id": run_id, **echo})
-
-    async def follow(conn: Connection, run_id: str) -> None:
-        """After an ack: the run from chunk 0 (flagged ``replay``), ``replayComplete``,
-        the live tail, ``done``; read through the session actor, so a run started
-        through another replica resumes here."""
-        conn.following.add(run_id)
-        try:
-            handle = await visible(conn.slug, conn.name, conn.principal)
-            stream = None
-            if handle is not None:
-                stream = await handle.resume.remote(None, run_id).start()
-            if stream is None or stream.run_id != run_id:
-                conn.send(response(run_id, done=True, replay=True))  # nothing to replay
-                return
-            live = stream.live
-            items: asyncio.Queue[Any] = asyncio.Queue()
-            end = object()
-
-            async def read() -> None:
-                # A batch's items arrive here in one go: the first Ray batch is what
-                # was stored when the ack came (the replay); later ones are live.
-                try:
-                    async for chunk in stream:
-                        items.put_nowait((stream.batches, chunk))
-                except Exception as exc:
-                    items.put_nowait(exc)
-                finally:
-                    items.put_nowait(end)
-
-            reader = asyncio.ensure_future(read())
-            replaying = True
-            try:
-                while (item := await items.get()) is not end:
-                    if isinstance(item, Exception):
-                        conn.send(response(run_id, error_text(item), done=True, error=True))
-                        return
-                    batch, chunk = item
-                    if replaying and live and batch > 1:
-                        conn.send(response(run_id, replay=True, replayComplete=True))
-                        replaying = False
-                    conn.send(chunk_frame(run_id, chunk, replay=replaying))
-                    if replaying and live and items.empty():
-                        conn.send(response(run_id, replay=True, replayComplete=True))
-                        replaying = False
-            finally:
-                reader.cancel()
-            flags: dict[str, Any] = {"replay": True} if replaying else {}
-            conn.send(response(run_id, done=True, **flags))
-            if live:
-                conn.send(
-                    {"type": CHAT_MESSAGES, "messages": await history(handle, stream.session_id)}
-                )
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            conn.send(response(run_id, error_text(exc), done=True, error=True))
-        finally:
-            conn.following.discard(run_id)
-
-    async def tool_approval(conn: Connection, frame: dict[str, Any]) -> None:
-        call_id, approved = frame.get("toolCallId"), frame.get("approved")
-        if not isinstance(call_id, str):
+        replaying = await relay(conn, run_id, stream)
+        if replaying is None:
             return
-        why = f"no pending approval for tool call {call_id!r}"
-        handle = await existing(conn)
-        if handle is not None and isinstance(approved, bool):
-            try:
-                pending = await handle.pending_approvals.remote()
-            except Exception as exc:  # an agent class without approvals
-                log.debug("pending_approvals failed: %s", exc)
-                pending = []
-                why = "this agent has no tool approvals"
-            for ask in pending:
-                # The row id is the model's call id, or ``<call id>~<run id>`` when an
-                # earlier run used the same id.
-                row = str(ask.get("tool_call_id", ask.get("toolCallId")))
-                if row == call_id or row.startswith(f"{call_id}~"):
-                    decision = "once" if approved else "deny"
-                    try:
-                        await handle.answer_approval.remote(
-                            ask.get("approval_id"), decision, conn.principal.id
-                        )
-                        return
-                    except Exception as exc:  # refused by may_approve, or decided meanwhile
-                        why = error_text(exc)
-                    break
+        flags: dict[str, Any] = {"replay": True} if replaying else {}
+        conn.send(response(run_id, done=True, **flags))
+        if stream.live:
+            messages = await history(handle, stream.session_id)
+            conn.send({"type": CHAT_MESSAGES, "messages": messages})
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        conn.send(response(run_id, error_text(exc), done=True, error=True))
+    finally:
+        conn.following.discard(run_id)
+
+
+async def read_batches(stream: Any, items: asyncio.Queue[Any], end: object) -> None:
+    """Queue a resumed stream's chunks with the number of the Ray batch each came in:
+    the first batch is what was stored when the ack came (the replay); later ones are
+    live."""
+    try:
+        async for chunk in stream:
+            items.put_nowait((stream.batches, chunk))
+    except Exception as exc:
+        items.put_nowait(exc)
+    finally:
+        items.put_nowait(end)
+
+
+async def relay(conn: Connection, run_id: str, stream: Any) -> bool | None:
+    """Send a resumed run's chunks, the replay flagged, ``replayComplete`` between
+    replay and live tail. Returns whether it ended still replaying; None after an
+    error frame."""
+    items: asyncio.Queue[Any] = asyncio.Queue()
+    end = object()
+    reader = asyncio.ensure_future(read_batches(stream, items, end))
+    replaying = True
+    try:
+        while (item := await items.get()) is not end:
+            if isinstance(item, Exception):
+                conn.send(response(run_id, error_text(item), done=True, error=True))
+                return None
+            batch, chunk = item
+            if replaying and stream.live and batch > 1:
+                conn.send(response(run_id, replay=True, replayComplete=True))
+                replaying = False
+            conn.send(chunk_frame(run_id, chunk, replay=replaying))
+            if replaying and stream.live and items.empty():
+                conn.send(response(run_id, replay=True, replayComplete=True))
+                replaying = False
+    finally:
+        reader.cancel()
+    return replaying
+
+
+def matching_ask(pending: list[dict[str, Any]], call_id: str) -> dict[str, Any] | None:
+    """The pending ask for tool call ``call_id``: its row id is the model's call id, or
+    ``<call id>~<run id>`` when an earlier run used the same id."""
+    for ask in pending:
+        row = str(ask.get("tool_call_id", ask.get("toolCallId")))
+        if row == call_id or row.startswith(f"{call_id}~"):
+            return ask
+    return None
+
+
+async def answer_ask(conn: Connection, call_id: str, approved: Any) -> str | None:
+    """Answer the pending ask of ``call_id``; None when answered, else why not."""
+    handle = await live_agent(conn)
+    if handle is None or not isinstance(approved, bool):
+        return f"no pending approval for tool call {call_id!r}"
+    try:
+        pending = await handle.pending_approvals.remote()
+    except Exception as exc:  # an agent class without approvals
+        log.debug("pending_approvals failed: %s", exc)
+        return "this agent has no tool approvals"
+    ask = matching_ask(pending, call_id)
+    if ask is None:
+        return f"no pending approval for tool call {call_id!r}"
+    decision = "once" if approved else "deny"
+    try:
+        await handle.answer_approval.remote(ask.get("approval_id"), decision, conn.principal.id)
+    except Exception as exc:  # refused by may_approve, or decided meanwhile
+        return error_text(exc)
+    return None
+
+
+async def tool_approval(conn: Connection, frame: dict[str, Any]) -> None:
+    """``cf_agent_tool_approval``: answer a pending ask (as the connection's
+    principal); refused ones get the error frame addressed by the call id."""
+    call_id = frame.get("toolCallId")
+    if not isinstance(call_id, str):
+        return
+    why = await answer_ask(conn, call_id, frame.get("approved"))
+    if why is not None:
         conn.send(response(call_id, why, done=True, error=True))
+
+
+async def tool_result(conn: Connection, frame: dict[str, Any]) -> None:
+    """``cf_agent_tool_result``: no client tool call is ever waiting."""
+    call_id = frame.get("toolCallId")
+    if isinstance(call_id, str):
+        why = (
+            "thinkray runs every tool on the server: no client tool "
+            f"call {call_id!r} is waiting for a result"
+        )
+        conn.send(response(call_id, why, done=True, error=True))
+
+
+async def rpc(conn: Connection, frame: dict[str, Any]) -> None:
+    """``rpc``: no method is callable here."""
+    rpc_id, method = frame.get("id"), frame.get("method")
+    if isinstance(rpc_id, str):
+        error = f"Method {method} is not callable"
+        conn.send({"type": RPC, "id": rpc_id, "success": False, "error": error})
+
+
+async def state(conn: Connection, frame: dict[str, Any]) -> None:
+    """``cf_agent_state``: this agent has no client state."""
+    conn.send({"type": STATE_ERROR, "error": "this agent has no client state"})
+
+
+HANDLERS: dict[str, FrameHandler] = {
+    USE_CHAT_REQUEST: on_chat_request,
+    CHAT_REQUEST_CANCEL: cancel,
+    CHAT_CLEAR: clear,
+    STREAM_RESUME_REQUEST: resume_request,
+    STREAM_RESUME_ACK: resume_ack,
+    TOOL_APPROVAL: tool_approval,
+    TOOL_RESULT: tool_result,
+    RPC: rpc,
+    STATE: state,
+}

@@ -194,6 +194,14 @@ class TurnRunner:
             return self.runs[run_id].stream
         return self.last_stream.get(session_id)
 
+    def _check_new_run_id(self, run_id: str) -> None:
+        """A caller-chosen run id must be new: a run in flight, a recent result or a
+        stored chunk log under it would mix two runs' chunks (DuplicateRunError)."""
+        if run_id in self.runs:
+            raise DuplicateRunError(f"run id {run_id!r} is already in flight")
+        if run_id in self.results or run_id in self.agent.store.chunk_generations():
+            raise DuplicateRunError(f"run id {run_id!r} was used by an earlier run: pick a new one")
+
     def stream_of(self, run_id: str) -> RunStream | None:
         """The stream of a run in flight or of a session's last finished run."""
         run = self.runs.get(run_id)
@@ -238,14 +246,17 @@ class TurnRunner:
             raise NothingToAnswerError(
                 "nothing to answer: the session is empty and no message was given"
             )
-        # A message id is the turn's idempotency key: a resent one replays its answer.
+        # A message id is the turn's idempotency key: a resent one replays its answer
+        # (under the caller's run id too: a replay writes no chunk log to mix).
         answered = check_resent(agent.store, sid, user_msg["id"]) if user_msg else None
         message_id = (self._interrupted_reply(sid) if user_msg is None else None) or new_id("msg")
-        run_id = run_id or new_id("run")
-        if run_id in self.runs:
+        if run_id is not None and run_id in self.runs:
             raise DuplicateRunError(f"run id {run_id!r} is already in flight")
         if answered is not None:
-            return self._replay(sid, run_id, answered, callback)
+            return self._replay(sid, run_id or new_id("run"), answered, callback)
+        if run_id is not None:
+            self._check_new_run_id(run_id)
+        run_id = run_id or new_id("run")
         controller = AbortController(parent=signal)
         run = RunState(run_id, sid, controller, RunStream(run_id, sid, message_id))
         self.runs[run_id] = run
