@@ -113,9 +113,32 @@ async def read_json(request: Request, limit: int) -> Any:
         if len(body) > limit:
             raise HTTPError(413, f"body over {limit} bytes", "too_large")
     try:
-        return json.loads(body or b"null")
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return loads_bounded(body or b"null")
+    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise HTTPError(400, f"malformed JSON: {exc}", "malformed_json") from exc
+
+
+MAX_JSON_DEPTH = 64
+"""How deeply a request's JSON may nest: far beyond any UI message, and shallow enough
+that nothing downstream (validation, msgpack, the store) recurses near Python's limit."""
+
+
+def loads_bounded(data: str | bytes | bytearray) -> Any:
+    """``json.loads``, refusing JSON nested deeper than :data:`MAX_JSON_DEPTH` with a
+    ``ValueError`` (a body of ``[`` x 100,000 makes the parser itself recurse too deep)."""
+    try:
+        value = json.loads(data)
+    except RecursionError:
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:  # iterative: the check itself must not recurse
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > MAX_JSON_DEPTH:
+                raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return value
 
 
 def need_dict(value: Any, what: str = "body") -> dict[str, Any]:

@@ -52,6 +52,46 @@ log = logging.getLogger("thinkray.ingress")
 
 PAGE = Path(__file__).with_name("page")
 DECISIONS = ("once", "session", "always", "deny")  # how an approval may be answered
+
+
+def json_body_doc(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
+    """The OpenAPI request body of a route that reads its JSON itself (through
+    :func:`json_body`, so FastAPI cannot infer it): clients and fuzzers (Schemathesis)
+    learn its shape from ``/openapi.json``."""
+    schema: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = required
+    content = {"application/json": {"schema": schema}}
+    return {"requestBody": {"required": bool(required), "content": content}}
+
+
+_TEXT = {"type": "string"}
+_UI_MESSAGE = {
+    "type": "object",
+    "required": ["id", "role", "parts"],
+    "properties": {
+        "id": _TEXT,
+        "role": {"type": "string", "enum": ["user", "assistant", "system"]},
+        "parts": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["type"],
+                "properties": {"type": _TEXT, "text": _TEXT},
+            },
+        },
+        "metadata": {"type": "object"},
+    },
+}
+CHAT_BODY = json_body_doc(
+    {
+        "id": _TEXT,
+        "trigger": {"type": "string", "enum": ["submit-message", "regenerate-message"]},
+        "messageId": _TEXT,
+        "messages": {"type": "array", "items": _UI_MESSAGE},
+    },
+    ["id", "messages"],
+)
 APPROVAL_METHODS = ("pending_approvals", "get_approval", "answer_approval")
 BASE = "/agents/{agent}/{name}"
 
@@ -78,7 +118,6 @@ def router() -> APIRouter:
     return APIRouter(
         route_class=GuardedRoute,
         dependencies=[Depends(principal), Depends(path_ids)],
-        include_in_schema=False,
     )
 
 
@@ -161,7 +200,7 @@ async def chat_agent(
     return await agent_of(ing, agent, name, who, claim=chat.turn.claims)
 
 
-@chat_routes.post(f"{BASE}/chat")
+@chat_routes.post(f"{BASE}/chat", openapi_extra=CHAT_BODY)
 async def chat(
     chat: Annotated[ChatRequest, Depends(chat_request)],
     handle: Annotated[Any, Depends(chat_agent)],
@@ -285,10 +324,13 @@ async def new_session(body: Annotated[dict[str, Any], Depends(optional_body)]) -
     title = body.get("name", "New Chat")
     if not isinstance(title, str):
         raise HTTPError(400, "'name' must be a string")
-    return NewSession(title, need_str(body, "id", optional=True))
+    session_id = body.get("id")
+    if session_id is not None:  # checked before the name is claimed: a 400 writes nothing
+        need_id(session_id, "session id")
+    return NewSession(title, session_id)
 
 
-@session_routes.post(f"{BASE}/sessions")
+@session_routes.post(f"{BASE}/sessions", openapi_extra=json_body_doc({"name": _TEXT, "id": _TEXT}))
 async def create_session(
     new: Annotated[NewSession, Depends(new_session)], handle: Annotated[Any, Depends(claimed_agent)]
 ) -> Response:
@@ -297,7 +339,9 @@ async def create_session(
     return JSONResponse(jsonable(info), status_code=201)
 
 
-@session_routes.patch(f"{BASE}/sessions/{{sid}}")
+@session_routes.patch(
+    f"{BASE}/sessions/{{sid}}", openapi_extra=json_body_doc({"name": _TEXT}, ["name"])
+)
 async def rename_session(
     sid: str,
     body: Annotated[dict[str, Any], Depends(json_body)],
@@ -316,7 +360,10 @@ async def delete_session(sid: str, handle: Annotated[Any, Depends(owned_agent)])
     return Response(status_code=204)
 
 
-@session_routes.post(f"{BASE}/sessions/{{sid}}/branch")
+@session_routes.post(
+    f"{BASE}/sessions/{{sid}}/branch",
+    openapi_extra=json_body_doc({"messageId": _TEXT, "name": _TEXT}, ["messageId"]),
+)
 async def branch(
     sid: str,
     body: Annotated[dict[str, Any], Depends(json_body)],
@@ -329,7 +376,12 @@ async def branch(
     return JSONResponse(jsonable(info), status_code=201)
 
 
-@session_routes.post(f"{BASE}/sessions/{{sid}}/rewind")
+@session_routes.post(
+    f"{BASE}/sessions/{{sid}}/rewind",
+    openapi_extra=json_body_doc(
+        {"messageId": _TEXT, "includeTarget": {"type": "boolean"}}, ["messageId"]
+    ),
+)
 async def rewind(
     sid: str,
     body: Annotated[dict[str, Any], Depends(json_body)],
@@ -453,7 +505,13 @@ async def decision_of(body: Annotated[dict[str, Any], Depends(json_body)]) -> st
     return str(decision)
 
 
-@approval_routes.post(f"{BASE}/approvals/{{approval_id}}", dependencies=APPROVALS)
+@approval_routes.post(
+    f"{BASE}/approvals/{{approval_id}}",
+    dependencies=APPROVALS,
+    openapi_extra=json_body_doc(
+        {"decision": {"type": "string", "enum": list(DECISIONS)}}, ["decision"]
+    ),
+)
 async def answer_approval(
     approval_id: str,
     decision: Annotated[str, Depends(decision_of)],

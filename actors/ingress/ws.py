@@ -120,6 +120,7 @@ from thinkray.actors.ingress.common import (
     HTTPError,
     error_text,
     jsonable,
+    loads_bounded,
     parse_turn,
     rewind_for_regenerate,
 )
@@ -150,7 +151,7 @@ OUTBOX_FRAMES = 4096
 CLOSE_TRY_AGAIN = 1013
 """Dropping a slow consumer: not a terminal code, so ``AgentClient`` reconnects."""
 
-REQUEST_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+REQUEST_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")  # fullmatch: "$" allows a final newline
 """Request ids become run ids (``nanoid`` ids and uuids fit)."""
 
 _EMPTY_MCP: dict[str, Any] = {"prompts": [], "resources": [], "servers": {}, "tools": []}
@@ -457,9 +458,9 @@ FrameHandler = Callable[[Connection, dict[str, Any]], Awaitable[None]]
 async def dispatch(conn: Connection, text: str) -> None:
     """Handle one text frame; bad frames are ignored, as the package does."""
     try:
-        frame = json.loads(text)
+        frame = loads_bounded(text)
     except ValueError:
-        return  # not JSON: the package hands it to onMessage (a no-op)
+        return  # not JSON (or absurdly nested): the package hands it to onMessage (a no-op)
     if not isinstance(frame, dict):
         return
     kind = frame.get("type")
@@ -490,10 +491,10 @@ def chat_body(conn: Connection, frame: dict[str, Any]) -> tuple[str, dict[str, A
     limit = conn.state.config.max_body_bytes
     if len(body_text.encode()) > limit:
         raise HTTPError(413, f"body over {limit} bytes", "too_large")
-    if not REQUEST_ID.match(request_id):
+    if not REQUEST_ID.fullmatch(request_id):
         raise HTTPError(400, "a request id is 1-128 letters, digits, '_' or '-'")
     try:
-        body = json.loads(body_text)
+        body = loads_bounded(body_text)
     except ValueError:
         return None
     if not isinstance(body, dict):
