@@ -127,7 +127,7 @@ _STARTS = {"ray_inits": 0, "ray_worker_processes": 0, "namespaces": 0, "pool_spa
 
 
 def pytest_collection_modifyitems(config, items):
-    """Under ``-n 2 --dist loadgroup`` (the README's command) every test on the shared
+    """Under ``-n 2 --dist loadgroup`` (pyproject.toml's addopts) every test on the shared
     session Ray runs in one xdist worker, one after another, as without xdist; the
     rest (storage, units, tests with their own Ray in a subprocess) run in the other
     worker beside them."""
