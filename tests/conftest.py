@@ -142,6 +142,7 @@ def pytest_sessionfinish(session):
         workeroutput["thinkray_starts"] = dict(_STARTS)
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest without xdist has none
 def pytest_testnodedown(node, error):
     for key, value in getattr(node, "workeroutput", {}).get("thinkray_starts", {}).items():
         _STARTS[key] += value
