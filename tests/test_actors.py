@@ -368,7 +368,10 @@ def test_alarm_wakes_hibernated_agent(namespace_factory):
     agent = ns.get("alarmed")
     agent.schedule.remote(1.0, "note_alarm", "ding").result()
     assert ns.hibernate("alarmed")
-    assert "alarmed" in ns.stats()["alarms"]
+    # the directory holds the alarm of the hibernated agent (on a loaded machine the
+    # 1 s may be over already, and the directory's wake is what the counter records)
+    stats = ns.stats()
+    assert "alarmed" in stats["alarms"] or stats["counters"].get("alarm_wakes", 0) >= 1
     # the directory wakes it when due, before anyone calls it
     wait_until(lambda: ns.stats()["counters"].get("alarm_wakes", 0) >= 1, timeout=10)
     assert wait_until(lambda: agent.alarms_fired.remote().result(), timeout=10) == ["ding"]
