@@ -126,6 +126,7 @@ _REPO = __import__("pathlib").Path(__file__).resolve().parent.parent
 _STARTS = {"ray_inits": 0, "ray_worker_processes": 0, "namespaces": 0, "pool_spares": 0}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     """Under ``-n 2 --dist loadgroup`` (pyproject.toml's addopts) every test on the shared
     session Ray runs in one xdist worker, one after another, as without xdist; the
