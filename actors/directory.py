@@ -233,6 +233,9 @@ class NamespaceConfig:
     shard: int = 0  # this directory's shard (see the module)
     shards: int = 1  # how many directory shards the namespace has
     detached: bool = True  # session actors outlive the directory's process (named)
+    # each new pooled actor runs one throwaway turn before it is a spare (SessionActor.
+    # _warm_up); off where actors are cheap to keep cold (tests, short scripts)
+    warm_up: bool = True
 
 
 @dataclass
@@ -573,7 +576,9 @@ class Directory:
             options.pop("resources", None)
         # The agent class's module too: deserializing the first BindSpec imports it.
         module = self.cfg.agent_cls.__module__
-        return RemoteSessionActor.options(**options).remote(self.cfg.preload, True, module)
+        return RemoteSessionActor.options(**options).remote(
+            self.cfg.preload, self.cfg.warm_up, module
+        )
 
     async def _start_actor(self, node_id: str | None = None) -> PooledActor:
         handle = self._new_actor(node_id)

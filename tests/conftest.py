@@ -20,10 +20,10 @@ def store(tmp_path):
 # -- object storage: a real S3 API (moto's server on loopback), started on first use -----
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def moto_server():
     """moto's S3 server on a free loopback port (with dummy AWS credentials in the
-    environment while the module runs): ``{"server", "port", "endpoint"}``."""
+    environment while the session runs; each test takes its own bucket): ``{"server", "port", "endpoint"}``."""
     import os
     import socket
 
@@ -121,6 +121,49 @@ def collector():
 
 _REPO = __import__("pathlib").Path(__file__).resolve().parent.parent
 
+# What the suite started, printed at its end (summed over xdist workers): the costs
+# that decide its time on 2 cores are process starts, not the tests' own work.
+_STARTS = {"ray_inits": 0, "ray_worker_processes": 0, "namespaces": 0, "pool_spares": 0}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Under ``-n 2 --dist loadgroup`` (pyproject.toml's addopts) every test on the shared
+    session Ray runs in one xdist worker, one after another, as without xdist; the
+    rest (storage, units, tests with their own Ray in a subprocess) run in the other
+    worker beside them."""
+    for item in items:
+        if "ray_local" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
+
+def pytest_sessionfinish(session):
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: hand the counts to the controller
+        workeroutput["thinkray_starts"] = dict(_STARTS)
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest without xdist has none
+def pytest_testnodedown(node, error):
+    for key, value in getattr(node, "workeroutput", {}).get("thinkray_starts", {}).items():
+        _STARTS[key] += value
+
+
+def pytest_terminal_summary(terminalreporter):
+    if any(_STARTS.values()):
+        terminalreporter.write_line(
+            "started: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in _STARTS.items())
+        )
+
+
+def _count_ray_workers() -> int:
+    """Worker processes the session's Ray started (each writes its own core-worker log)."""
+    import ray
+
+    node = ray._private.worker._global_node
+    logs = __import__("pathlib").Path(node.get_session_dir_path()) / "logs"
+    return len(list(logs.glob("python-core-worker-*.log")))
+
 
 @pytest.fixture(scope="session")
 def ray_local():
@@ -140,8 +183,20 @@ def ray_local():
                 }
             },
         )
+        _STARTS["ray_inits"] += 1
     yield ray
+    with contextlib.suppress(Exception):
+        _STARTS["ray_worker_processes"] += _count_ray_workers()
     ray.shutdown()
+
+
+# A test's namespace keeps one spare, cold: each spare is a process importing Ray, DuckDB
+# and thinkray, and a warm-up turn only saves a first turn's CPU. Tests of the pool's
+# policy or of the warm-up pass their own pool_size / warm_up. The variables set other
+# defaults, to measure what they cost (THINKRAY_TEST_POOL_SIZE=2 THINKRAY_TEST_WARM_UP=1
+# were the defaults before).
+TEST_POOL_SIZE = int(__import__("os").environ.get("THINKRAY_TEST_POOL_SIZE", "1"))
+TEST_WARM_UP = __import__("os").environ.get("THINKRAY_TEST_WARM_UP", "0") == "1"
 
 
 @pytest.fixture
@@ -156,9 +211,12 @@ def namespace_factory(ray_local, tmp_path):
         from tests.agents import ScriptAgent
 
         kwargs.setdefault("storage_root", str(tmp_path / "root"))
-        kwargs.setdefault("pool_size", 2)
+        kwargs.setdefault("pool_size", TEST_POOL_SIZE)
+        kwargs.setdefault("warm_up", TEST_WARM_UP)
         name = kwargs.pop("name", f"t{next(counter)}-{tmp_path.name[-12:]}".replace("_", "-"))
         ns = AgentNamespace(name, agent_cls or ScriptAgent, **kwargs)
+        _STARTS["namespaces"] += 1
+        _STARTS["pool_spares"] += kwargs["pool_size"]
         made.append(ns)
         return ns
 

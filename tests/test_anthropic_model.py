@@ -6,7 +6,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -626,10 +625,9 @@ async def test_cancel_mid_stream_closes_the_connection(fake, claude) -> None:
     task = asyncio.create_task(consume())
     await asyncio.wait_for(first_delta.wait(), 5)
     task.cancel()
-    started = time.monotonic()
+    # the server hangs after its chunks (hang=True): only the cancel can end the stream
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert time.monotonic() - started < 1.0
     assert "step-finish" not in types(seen)
     # The server notices: its next write on the closed connection fails.
     assert await asyncio.to_thread(fake.client_disconnected.wait, 5)

@@ -119,10 +119,9 @@ async def test_stdio_list_call_errors_and_timeouts():
         assert await conn.call_tool("add", {"a": 2, "b": 40}) == "42"
         with pytest.raises(McpToolError, match="nope"):  # an isError result
             await conn.call_tool("fail", {"reason": "nope"})
-        started = time.monotonic()
+        # "hang" never answers: only the call's own 1 s timeout can end it
         with pytest.raises(McpTimeoutError, match="timed out after 1s"):
             await conn.call_tool("hang", {})
-        assert time.monotonic() - started < 3
         with pytest.raises(McpProtocolError, match="not MCP.*this is not JSON-RPC"):
             await conn.call_tool("garbage", {})
         with pytest.raises(McpToolError, match="Unknown tool"):
@@ -139,8 +138,12 @@ async def test_killed_server_is_reconnected_on_next_call():
     try:
         pid = int(await conn.call_tool("pid"))
         os.kill(pid, signal.SIGKILL)
-        await asyncio.sleep(0.5)
-        assert not conn.connected  # noticed when its stream closed
+        # noticed when its stream closed (no call needed): waited for, not slept on
+        for _ in range(400):
+            if not conn.connected:
+                break
+            await asyncio.sleep(0.05)
+        assert not conn.connected
         new_pid = int(await conn.call_tool("pid"))
         assert new_pid != pid and conn.status()["connects"] == 2
     finally:
@@ -153,10 +156,9 @@ async def test_unreachable_server_backs_off_and_garbage_at_connect_is_clear():
     )
     with pytest.raises(McpUnavailableError, match="connection failed"):
         await missing.call_tool("x")
-    started = time.monotonic()
     with pytest.raises(McpUnavailableError, match="next reconnect attempt in"):
         await missing.call_tool("x")
-    assert time.monotonic() - started < 0.5  # backing off: no second spawn
+    assert missing._failures == 1  # backing off: no second spawn was tried
     assert missing.status()["retry_in"] > 0
     script = "import sys,time; print('hello', flush=True); print('oops', file=sys.stderr); time.sleep(30)"
     not_mcp = McpServerConnection(
@@ -174,10 +176,9 @@ async def test_hanging_connect_is_bounded():
             "mute", {"command": sys.executable, "args": ["-c", script], "connect_timeout": 1}
         )
     )
-    started = time.monotonic()
+    # the server sleeps 30 s without a word: only the 1 s connect timeout ends this
     with pytest.raises(McpUnavailableError, match="did not connect within 1s"):
         await silent.connect()
-    assert time.monotonic() - started < 6
     await silent.close()
 
 

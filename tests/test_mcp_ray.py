@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 
 import pytest
 
@@ -133,9 +132,8 @@ def test_mcp_failures_are_output_errors_and_the_turn_goes_on(mcp_orchestrator):
         [{"text": "survived"}],
     )
     boss.create_subagent.remote("tester", {"model": broken}, mcp={"calc": None}).result()
-    started = time.monotonic()
+    # "hang" never answers: the turn goes on only through the call's 1 s timeout
     done = boss.delegate.remote("tester", "try", wait=True).result()
-    assert time.monotonic() - started < 20  # the hang is bounded by the timeout
     failed, hung, junk, invalid, ok = tool_parts(done.message)
     assert failed["state"] == "output-error" and "server says no" in failed["errorText"]
     assert hung["state"] == "output-error" and "timed out after 1s" in hung["errorText"]

@@ -72,10 +72,9 @@ def test_blocking_and_fire_and_forget_delegation_share_a_workspace(orchestrator)
     _, boss = orchestrator
     boss.create_subagent.remote("writer", {"model": WRITE_PLAN}).result()
     boss.create_subagent.remote("reader", {"model": READ_PLAN}, access="read").result()
-    started = time.perf_counter()
     pending = boss.delegate.remote("reader", "read the plan", wait=False).result()
+    # returned while the reader waits for a file that only the writer's turn below makes
     assert pending.status == "running"
-    assert time.perf_counter() - started < 5  # returned at once, while it waits
     done = boss.delegate.remote("writer", "write the plan", wait=True).result()
     assert done.status == "completed" and done.text == "I wrote the plan."
     assert done.message["role"] == "assistant"

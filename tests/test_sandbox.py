@@ -86,10 +86,8 @@ async def test_exception_comes_back_as_error():
 async def test_timeout_kills_and_the_next_run_works():
     sandbox = CodeSandbox(None, timeout=1.0)
     before = children()
-    loop = asyncio.get_running_loop()
-    started = loop.time()
+    # the code never ends by itself: only the 1 s timeout's kill ends the run
     out = await sandbox.run("print('spinning', flush=True)\nwhile True:\n    pass")
-    assert loop.time() - started < 10
     assert not out.ok and out.timed_out
     assert out.error == "timed out after 1 s (the process was killed)"
     if out.stdout:  # partial output survives (unless the machine was too slow to start)

@@ -47,6 +47,7 @@ def test_an_orchestrator_turn_is_one_trace_across_its_sub_agents(
     ns = namespace_factory(
         Orchestrator,
         pool_size=1,
+        warm_up=True,  # the warm-up turn runs, to check below that it is not traced
         idle_timeout=None,
         actor_options={"runtime_env": {"env_vars": env}},
     )
