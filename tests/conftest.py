@@ -4,10 +4,30 @@ once per test session, only when a Ray test asks for it."""
 from __future__ import annotations
 
 import contextlib
+import functools
 
+import httpx
 import pytest
 from thinkray.runtime.models.testing import ScriptedModel
 from thinkray.storage.session_store import DuckDBSessionStore
+
+# httpx's module functions wait 5 s by default; the first request to an ingress binds a
+# cold agent, which a loaded 2-core machine can take longer than that to do. Tests that
+# name no timeout get 60 s: a hang still fails, a slow machine no longer does.
+HTTP_TIMEOUT = 60.0
+
+
+def _patient(call):
+    @functools.wraps(call)
+    def patient(*args, **kwargs):
+        kwargs.setdefault("timeout", HTTP_TIMEOUT)
+        return call(*args, **kwargs)
+
+    return patient
+
+
+for _verb in ("request", "stream", "get", "post", "put", "patch", "delete", "head", "options"):
+    setattr(httpx, _verb, _patient(getattr(httpx, _verb)))
 
 
 @pytest.fixture
