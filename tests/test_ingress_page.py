@@ -309,3 +309,32 @@ def test_approving_and_denying_a_tool_call_on_the_page(ray_local, tmp_path, brow
         finally:
             context.close()
         assert problems == []
+
+
+def test_a_wrong_token_disables_send_and_the_page_asks_for_nothing_missing(
+    ray_local, tmp_path, browser
+):
+    # Issue 26, item 16: after a refused token the page kept Send enabled, and it asked
+    # for a favicon the ingress does not have (a 404 on every load).
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=TIMEOUT)
+    namespace = f"pagetok-{tmp_path.name[-10:]}".replace("_", "-")
+    with serve_app(make_config(str(tmp_path / "root"), namespace)) as base:
+        context = browser.new_context()
+        page = context.new_page()
+        missing: list[str] = []
+        page.on("response", lambda r: missing.append(r.url) if r.status == 404 else None)
+        try:
+            page.goto(f"{base}/?token=wrong-token&agent=alice-tok")
+            expect(page.locator("#settings")).to_be_visible()  # asks for a token again
+            expect(page.get_by_role("button", name="Send", exact=True)).to_be_disabled()
+            page.get_by_label("Message", exact=True).fill("hello")
+            expect(page.get_by_role("button", name="Send", exact=True)).to_be_disabled()
+            # A good token enables it again.
+            page.locator("#token").fill("token-alice")
+            page.locator("#settings button[type=submit]").click()
+            expect(page.get_by_role("button", name="Send", exact=True)).to_be_enabled()
+        finally:
+            context.close()
+        assert missing == [], missing
