@@ -33,7 +33,9 @@ def home(tmp_path, monkeypatch):
 
 
 def _serve_root() -> str:
-    args = argparse.Namespace(storage_root=None, agent=None, token=["alice=t1"], cors_origin=None)
+    args = argparse.Namespace(
+        storage_root=None, agent=None, token=None, token_file=None, cors_origin=None
+    )
     return serve_config(args)[0].storage_root
 
 
