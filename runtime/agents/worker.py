@@ -41,8 +41,8 @@ import inspect
 import json
 import logging
 import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -107,7 +107,7 @@ from thinkray.runtime.tools.base import (
 )
 from thinkray.runtime.turn.builder import MessageBuilder
 from thinkray.runtime.turn.context import to_model_messages
-from thinkray.runtime.turn.loop import LoopResult, RetryPolicy, run_loop
+from thinkray.runtime.turn.loop import LoopChunk, LoopResult, RetryPolicy, run_loop
 from thinkray.runtime.turn.persistence import PersistCache, prepare_message
 from thinkray.runtime.turn.recorder import Recorder
 from thinkray.runtime.usage import Usage
@@ -364,134 +364,159 @@ class WorkerAgent(Generic[T]):
             )
         prompt = await self._prompt(value)
         model = self.get_model()
-        run_id = new_id("wrk")
-        controller = AbortController()
-        # The caller's reason is kept (AbortSignal.follow would say "aborted by parent").
-        unfollow = signal.add_listener(controller.abort) if signal is not None else None
-        timed_out = False
-        timer: asyncio.TimerHandle | None = None
-        if self.timeout is not None:
-
-            def on_timeout() -> None:
-                nonlocal timed_out
-                timed_out = True
-                controller.abort(f"worker {self.name!r} timed out after {self.timeout}s")
-
-            timer = asyncio.get_running_loop().call_later(self.timeout, on_timeout)
-
-        trace = (
-            _Trace(session_store, self, run_id, dict(parent or {}), value, prompt)
-            if session_store is not None
-            else None
-        )
-        outputs: list[Any] = []
-        tools = self._tools_for_run()
-        tool_context = {
-            "agent": self,
-            "run_id": run_id,
-            "session_id": trace.session_id if trace else None,
-            "worker": self.name,
-            "worker_depth": depth,
-            "worker_outputs": outputs,
-            "session_store": session_store,
-        }
-        history = list(prompt)
-        steps = 0
-        usage = Usage()
-        last_problem: str | None = None
-        status, error = "error", None
-        recorder: Recorder | None = None
-        builder: MessageBuilder | None = None
+        run = self._start_run(value, prompt, signal, session_store, parent, depth)
         try:
-            while steps < self.max_steps:
-                message_id = new_id("msg")
-                recorder = trace.recorder(message_id) if trace else None
-                builder = recorder.builder if recorder else MessageBuilder(message_id)
-                loop_result = LoopResult()
-                step_text: list[str] = []
-                step_called = False
-                gen = run_loop(
-                    model,
-                    system=self.instructions,
-                    messages=history,
-                    tools=tools,
-                    signal=controller.signal,
-                    max_steps=self.max_steps - steps,
-                    message_id=message_id,
-                    retry=self.retry,
-                    result=loop_result,
-                    tool_context=tool_context,
-                )
-                async with contextlib.aclosing(gen):
-                    async for chunk in gen:
-                        if recorder is not None:
-                            recorder.record(chunk)
-                        else:
-                            builder.apply(chunk)
-                        if chunk["type"] == "text-delta":
-                            step_text.append(chunk["delta"])
-                        elif chunk["type"] == "start-step":
-                            step_text, step_called = [], False
-                        elif chunk["type"] == "tool-input-available":
-                            step_called = True
-                        elif chunk["type"] == "tool-input-error":
-                            step_called = True
-                            if chunk["toolName"] == FINAL_RESULT_TOOL:
-                                last_problem = chunk["errorText"]
-                        elif chunk["type"] == "finish-step" and outputs:
-                            break  # the output is in: end here, like pydantic-ai
-                steps += loop_result.steps
-                usage = usage + loop_result.usage
-                history.extend(to_model_messages([builder.snapshot()]))
-                if trace is not None and recorder is not None:
-                    trace.finish_message(recorder, {"status": "completed"})
-                    recorder = None
-                if outputs:
-                    status = "completed"
-                    return self._result(outputs[0], run_id, steps, usage, history, trace)
-                if step_called:
-                    break  # the step budget ran out while the model was still calling tools
-                if not self.structured:
-                    status = "completed"
-                    return self._result("".join(step_text), run_id, steps, usage, history, trace)
-                last_problem = "the model answered in text instead of calling final_result"
-                if steps >= self.max_steps:
-                    break
-                nudge = ModelMessage(role="user", content=[TextContent(text=_NUDGE)])
-                history.append(nudge)
-                if trace is not None:
-                    trace.user(_NUDGE)
-            error = f"worker {self.name!r} produced no valid output within {self.max_steps} steps"
-            if last_problem:
-                error += f"; last problem: {last_problem}"
-            raise WorkerOutputError(error)
+            return await self._steps(run, model)
         except AbortError as exc:
-            status, error = "aborted", exc.reason
-            self._finalize_aborted(recorder, builder, exc.reason)
-            if timed_out:
-                status = "timeout"
+            run.status, run.error = "aborted", exc.reason
+            self._finalize_aborted(run.recorder, run.builder, exc.reason)
+            if run.timed_out:
+                run.status = "timeout"
                 raise WorkerTimeoutError(exc.reason) from exc
             raise
         except asyncio.CancelledError:
-            status, error = "aborted", "cancelled"
-            self._finalize_aborted(recorder, builder, "cancelled")
+            run.status, run.error = "aborted", "cancelled"
+            self._finalize_aborted(run.recorder, run.builder, "cancelled")
             raise
         except WorkerOutputError:
             raise
         except Exception as exc:
-            status, error = "error", f"{type(exc).__name__}: {exc}"
-            if recorder is not None:
-                recorder.record({"type": "error", "errorText": error})
+            run.status, run.error = "error", f"{type(exc).__name__}: {exc}"
+            if run.recorder is not None:
+                run.recorder.record({"type": "error", "errorText": run.error})
             raise
         finally:
-            if timer is not None:
-                timer.cancel()
-            if unfollow is not None:
-                unfollow()
-            if trace is not None:
-                if recorder is not None:
-                    trace.finish_message(recorder, {"status": status})
-                trace.close(status, steps, usage, error)
+            self._end_run(run)
+
+    def _start_run(
+        self,
+        value: Any,
+        prompt: list[ModelMessage],
+        signal: AbortSignal | None,
+        session_store: Any,
+        parent: Mapping[str, Any] | None,
+        depth: int,
+    ) -> _RunState:
+        """A run's state: its abort controller following ``signal``, the timeout timer,
+        the trace session when a store is given, and the tools' context."""
+        run = _RunState(run_id=new_id("wrk"), history=list(prompt))
+        controller = run.controller
+        if signal is not None:
+            # The caller's reason is kept (AbortSignal.follow would say "aborted by parent").
+            run.unfollow = signal.add_listener(controller.abort)
+        if self.timeout is not None:
+
+            def on_timeout() -> None:
+                run.timed_out = True
+                controller.abort(f"worker {self.name!r} timed out after {self.timeout}s")
+
+            run.timer = asyncio.get_running_loop().call_later(self.timeout, on_timeout)
+        if session_store is not None:
+            run.trace = _Trace(session_store, self, run.run_id, dict(parent or {}), value, prompt)
+        run.tools = self._tools_for_run()
+        run.tool_context = {
+            "agent": self,
+            "run_id": run.run_id,
+            "session_id": run.trace.session_id if run.trace else None,
+            "worker": self.name,
+            "worker_depth": depth,
+            "worker_outputs": run.outputs,
+            "session_store": session_store,
+        }
+        return run
+
+    async def _steps(self, run: _RunState, model: Model) -> WorkerResult[Any]:
+        """Model steps until an output is in (text, or a valid ``final_result`` call),
+        nudging a structured worker that answered in text, within ``max_steps``."""
+        while run.steps < self.max_steps:
+            step_text, step_called = await self._step(run, model)
+            if run.outputs:
+                run.status = "completed"
+                return self._result(run.outputs[0], run)
+            if step_called:
+                break  # the step budget ran out while the model was still calling tools
+            if not self.structured:
+                run.status = "completed"
+                return self._result("".join(step_text), run)
+            run.last_problem = "the model answered in text instead of calling final_result"
+            if run.steps >= self.max_steps:
+                break
+            nudge = ModelMessage(role="user", content=[TextContent(text=_NUDGE)])
+            run.history.append(nudge)
+            if run.trace is not None:
+                run.trace.user(_NUDGE)
+        run.error = f"worker {self.name!r} produced no valid output within {self.max_steps} steps"
+        if run.last_problem:
+            run.error += f"; last problem: {run.last_problem}"
+        raise WorkerOutputError(run.error)
+
+    async def _step(self, run: _RunState, model: Model) -> tuple[list[str], bool]:
+        """One call of the agentic loop (it may take several model steps) into a new
+        assistant message; the last step's text and whether that step called a tool."""
+        message_id = new_id("msg")
+        run.recorder = run.trace.recorder(message_id) if run.trace else None
+        builder = run.recorder.builder if run.recorder else MessageBuilder(message_id)
+        run.builder = builder
+        loop_result = LoopResult()
+        gen = run_loop(
+            model,
+            system=self.instructions,
+            messages=run.history,
+            tools=run.tools,
+            signal=run.controller.signal,
+            max_steps=self.max_steps - run.steps,
+            message_id=message_id,
+            retry=self.retry,
+            result=loop_result,
+            tool_context=run.tool_context,
+        )
+        step = await self._consume(run, builder, gen)
+        run.steps += loop_result.steps
+        run.usage = run.usage + loop_result.usage
+        run.history.extend(to_model_messages([builder.snapshot()]))
+        if run.trace is not None and run.recorder is not None:
+            run.trace.finish_message(run.recorder, {"status": "completed"})
+            run.recorder = None
+        return step
+
+    async def _consume(
+        self, run: _RunState, builder: MessageBuilder, gen: AsyncGenerator[LoopChunk, None]
+    ) -> tuple[list[str], bool]:
+        """Record the loop's chunks; the last step's text and whether it called a tool.
+        Stops at the end of the step that delivered the output, like pydantic-ai."""
+        step_text: list[str] = []
+        step_called = False
+        async with contextlib.aclosing(gen):
+            async for chunk in gen:
+                if run.recorder is not None:
+                    run.recorder.record(chunk)
+                else:
+                    builder.apply(chunk)
+                if chunk["type"] == "text-delta":
+                    step_text.append(chunk["delta"])
+                elif chunk["type"] == "start-step":
+                    step_text, step_called = [], False
+                elif chunk["type"] == "tool-input-available":
+                    step_called = True
+                elif chunk["type"] == "tool-input-error":
+                    step_called = True
+                    if chunk["toolName"] == FINAL_RESULT_TOOL:
+                        run.last_problem = chunk["errorText"]
+                elif chunk["type"] == "finish-step" and run.outputs:
+                    break
+        return step_text, step_called
+
+    def _end_run(self, run: _RunState) -> None:
+        """Stop the timer, stop following the caller's signal, and close the trace
+        with the run's outcome."""
+        if run.timer is not None:
+            run.timer.cancel()
+        if run.unfollow is not None:
+            run.unfollow()
+        if run.trace is not None:
+            if run.recorder is not None:
+                run.trace.finish_message(run.recorder, {"status": run.status})
+            run.trace.close(run.status, run.steps, run.usage, run.error)
 
     def _finalize_aborted(
         self, recorder: Recorder | None, builder: MessageBuilder | None, reason: str
@@ -503,22 +528,14 @@ class WorkerAgent(Generic[T]):
             recorder.record(tool_output_error(call_id, f"aborted: {reason}"))
         recorder.record({"type": "abort", "reason": reason})
 
-    def _result(
-        self,
-        output: Any,
-        run_id: str,
-        steps: int,
-        usage: Usage,
-        history: list[ModelMessage],
-        trace: _Trace | None,
-    ) -> WorkerResult[Any]:
+    def _result(self, output: Any, run: _RunState) -> WorkerResult[Any]:
         return WorkerResult(
             output=output,
-            run_id=run_id,
-            steps=steps,
-            usage=usage,
-            messages=history,
-            session_id=trace.session_id if trace else None,
+            run_id=run.run_id,
+            steps=run.steps,
+            usage=run.usage,
+            messages=run.history,
+            session_id=run.trace.session_id if run.trace else None,
         )
 
     # -- as a tool -----------------------------------------------------------------------
@@ -671,6 +688,31 @@ class WorkerTool:
             "status": job.status,
             "note": "running in the background: call check_job with this job_id for the result",
         }
+
+
+@dataclass
+class _RunState:
+    """One run of :meth:`WorkerAgent.run_detailed`, shared by its helpers: what the
+    outcome is recorded from (steps, usage, status, error) and what must be undone at
+    the end (the timer, the listener on the caller's signal, the open trace message)."""
+
+    run_id: str
+    history: list[ModelMessage]
+    controller: AbortController = field(default_factory=AbortController)
+    unfollow: Callable[[], None] | None = None
+    timer: asyncio.TimerHandle | None = None
+    timed_out: bool = False
+    trace: _Trace | None = None
+    tools: dict[str, Tool] = field(default_factory=dict)
+    tool_context: dict[str, Any] = field(default_factory=dict)
+    outputs: list[Any] = field(default_factory=list)
+    steps: int = 0
+    usage: Usage = field(default_factory=Usage)
+    last_problem: str | None = None
+    status: str = "error"
+    error: str | None = None
+    recorder: Recorder | None = None
+    builder: MessageBuilder | None = None
 
 
 # -- tracing into a session store ---------------------------------------------------------
