@@ -55,7 +55,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from thinkray.runtime.agents.context import AgentContext, context_being_constructed
 from thinkray.runtime.agents.think import ChatOptions, ChatResult, Think
-from thinkray.runtime.agents.worker import JobRegistry
+from thinkray.runtime.durable.jobs import JobRegistry
 from thinkray.runtime.errors import (
     AgentClosedError as AgentClosedError,
 )
@@ -669,7 +669,7 @@ def persistent_agent_tools(
 
 
 def inbox_notifier(target: Any, *, sender: str = "jobs") -> Any:
-    """A :class:`~thinkray.runtime.agents.worker.JobRegistry` listener that pushes each finished job
+    """A :class:`~thinkray.runtime.durable.jobs.JobRegistry` listener that pushes each finished job
     into a persistent agent's inbox (seed 003 §1.5 "push": the status appears in the
     conversation and triggers the agent's loop). Idempotent per job."""
 

@@ -47,6 +47,7 @@ from thinkray.runtime.agents.sessions import (
 from thinkray.runtime.agents.turns import ORPHAN_ERROR, TurnRunner
 from thinkray.runtime.chunks import UIChunk, from_chunk_log
 from thinkray.runtime.durable.fibers import FiberManager
+from thinkray.runtime.durable.jobs import JobRegistry
 from thinkray.runtime.durable.schedules import Scheduler
 from thinkray.runtime.durable.services import DurableServices
 from thinkray.runtime.errors import (  # re-exported: the errors live in thinkray.runtime.errors
@@ -674,8 +675,6 @@ class Think(metaclass=_StartsAfterInit):
     def get_job(self, job_id: str) -> dict[str, Any] | None:
         """One job's row (status, progress, result or error, the tool call that started
         it in ``parent``); None if unknown."""
-        from thinkray.runtime.agents.worker import JobRegistry
-
         record = JobRegistry.for_agent(self).get(job_id)
         return record.to_dict() if record is not None else None
 
@@ -683,8 +682,6 @@ class Think(metaclass=_StartsAfterInit):
     @remote
     def list_jobs(self, status: str | None = None) -> list[dict[str, Any]]:
         """Jobs oldest first, optionally only those with ``status``."""
-        from thinkray.runtime.agents.worker import JobRegistry
-
         return [r.to_dict() for r in JobRegistry.for_agent(self).jobs(status)]
 
     @idempotent
@@ -697,8 +694,6 @@ class Think(metaclass=_StartsAfterInit):
         Raises:
             UnknownJobError: no such job.
         """
-        from thinkray.runtime.agents.worker import JobRegistry
-
         registry = JobRegistry.for_agent(self)
         registry.cancel(job_id, reason)
         record = registry.get(job_id)

@@ -11,14 +11,12 @@ hibernate then) and when to wake the agent next.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from thinkray.runtime.durable.fibers import FiberManager
+from thinkray.runtime.durable.jobs import JobRegistry
 from thinkray.runtime.durable.schedules import Scheduler
 from thinkray.storage.protocols import FiberStore
-
-if TYPE_CHECKING:
-    from thinkray.runtime.agents.worker import JobRegistry
 
 __all__ = ["DurableServices"]
 
@@ -45,8 +43,6 @@ class DurableServices:
 
     def jobs(self) -> JobRegistry:
         """The agent's background jobs (async tools), created on first use."""
-        from thinkray.runtime.agents.worker import JobRegistry
-
         return JobRegistry.for_agent(self.host)
 
     async def start(self) -> None:
@@ -63,8 +59,6 @@ class DurableServices:
 
     def has_pending_work(self) -> bool:
         """True while fibers, due schedules or background jobs run."""
-        from thinkray.runtime.agents.worker import JobRegistry
-
         jobs = JobRegistry.existing(self.host)
         return bool(
             self.fibers.has_work or self.scheduler.busy or (jobs is not None and jobs.has_running())
@@ -76,8 +70,6 @@ class DurableServices:
 
     async def aclose(self) -> None:
         """Stop fibers, timers and jobs without marking them finished (hibernation)."""
-        from thinkray.runtime.agents.worker import JobRegistry
-
         if not self.fibers.closed:
             await self.fibers.close()
         await self.scheduler.close()
