@@ -2,7 +2,7 @@
 imports duckdb.
 
 The seams are the Protocols (:class:`SessionStore` and the :class:`Stores` it hands
-out); the DuckDB implementations pass the conformance suites in ``tests/conformance``.
+out); the DuckDB implementations pass the conformance suites in ``thinkray.storage.testing``.
 Records, errors and protocols import without DuckDB; the DuckDB classes load it on
 first use (``from thinkray.storage import DuckDBSessionStore``).
 """

@@ -1,4 +1,4 @@
-"""The storage seams. Every implementation must pass ``tests/conformance``.
+"""The storage seams. Every implementation must pass ``thinkray.storage.testing``.
 
 All methods are synchronous: a store lives inside one actor, is used by one writer,
 and its calls take microseconds to a few milliseconds. Callers in an event loop call
@@ -482,7 +482,7 @@ class FiberStore(Protocol):
     """Durable fibers (long-running method calls that survive eviction) and schedules
     (method calls due once, every N seconds, or on a cron expression) of one database.
 
-    Contract (checked by ``tests/conformance/fiber_store_suite.py``):
+    Contract (checked by ``thinkray.storage.testing.fiber_store_suite``):
 
     - **Validation before writes.** A bad method name, status, kind, retry count,
       interval or cron expression, or a payload, checkpoint or result msgpack cannot
@@ -685,7 +685,7 @@ class FiberStore(Protocol):
 class JobStore(Protocol):
     """Background jobs (the work an async tool started and returned from at once).
 
-    Contract (checked by ``tests/conformance/job_store_suite.py``):
+    Contract (checked by ``thinkray.storage.testing.job_store_suite``):
 
     - **Statuses.** ``running`` → ``completed`` | ``failed`` | ``cancelled``; a job
       found ``running`` by a new incarnation becomes ``interrupted``
@@ -792,7 +792,7 @@ class JobStore(Protocol):
 class InboxStore(Protocol):
     """The inbox of a persistent agent: messages sent to it, answered by its loop.
 
-    Contract (checked by ``tests/conformance/inbox_store_suite.py``):
+    Contract (checked by ``thinkray.storage.testing.inbox_store_suite``):
 
     - **Statuses.** ``pending`` → ``processing`` (claimed by a generation cycle) →
       ``done`` (reply on the row) | ``failed`` (error on the row).
@@ -910,7 +910,7 @@ class InboxStore(Protocol):
 class RegistryStore(Protocol):
     """An orchestrator's registry of sub-agents, keyed by name.
 
-    Contract (checked by ``tests/conformance/registry_store_suite.py``):
+    Contract (checked by ``thinkray.storage.testing.registry_store_suite``):
 
     - **Add refuses duplicates.** :meth:`add` with a name that exists raises
       :class:`~thinkray.storage.errors.InvalidInputError` and writes nothing.
@@ -974,7 +974,7 @@ class RegistryStore(Protocol):
 class KeyValueStore(Protocol):
     """String keys to msgpack-serializable values (e.g. a bridge's grants).
 
-    Contract (checked by ``tests/conformance/kv_store_suite.py``):
+    Contract (checked by ``thinkray.storage.testing.kv_store_suite``):
 
     - :meth:`set` replaces (last write wins); :meth:`delete` of a missing key is a
       no-op; :meth:`get` of a missing key returns ``default`` (no error).
@@ -1014,7 +1014,7 @@ class KeyValueStore(Protocol):
 class WorkspaceStore(Protocol):
     """Files and directories of one namespace: a small durable filesystem.
 
-    Contract (checked by ``tests/conformance/workspace_store_suite.py``):
+    Contract (checked by ``thinkray.storage.testing.workspace_store_suite``):
 
     - **Canonical paths.** Paths are relative, ``/``-separated, without ``.``/``..``
       or empty segments, a leading or trailing ``/``, or NUL; anything else raises
@@ -1151,7 +1151,7 @@ class ToolCallStore(Protocol):
     """Durable tool calls (seed 003 §1.1-1.7): every tool call of a generation is a row,
     written ``pending`` before it runs, moved by atomic compare-and-set transitions.
 
-    Contract (checked by ``tests/conformance/tool_call_store_suite.py``):
+    Contract (checked by ``thinkray.storage.testing.tool_call_store_suite``):
 
     - **Statuses and moves** are :data:`~thinkray.storage.records.TOOL_CALL_STATUSES`
       and :data:`~thinkray.storage.records.TOOL_CALL_TRANSITIONS`. A move the table does
@@ -1313,7 +1313,7 @@ class Stores(Protocol):
     session store: what :meth:`SessionStore.stores` returns, or what
     :func:`thinkray.storage.stores.open_stores` opens on a file of its own.
 
-    Contract (checked by ``tests/conformance/stores_suite.py``):
+    Contract (checked by ``thinkray.storage.testing.stores_suite``):
 
     - **One object per kind.** :meth:`fibers`, :meth:`jobs`, :meth:`inbox`,
       :meth:`registry` and :meth:`kv` return the same store on every call;

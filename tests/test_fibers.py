@@ -1,5 +1,5 @@
 """Durable fibers (seed 000): spawn, stash, cancel, retries, recovery (the fiber
-store itself: ``conformance/fiber_store_suite.py``)."""
+store itself: ``thinkray.storage.testing.fiber_store_suite``)."""
 
 from __future__ import annotations
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 import thinkray.storage.session_store as session_store_module
-from conformance.session_store_suite import *  # noqa: F403
-from conformance.session_store_suite import chain, envelope, ids, msg
 from thinkray.storage.db import Database, DatabaseClosedError
 from thinkray.storage.protocols import SessionStore
 from thinkray.storage.session_store import DuckDBSessionStore
+from thinkray.storage.testing.session_store_suite import *  # noqa: F403
+from thinkray.storage.testing.session_store_suite import chain, envelope, ids, msg
 from thinkray.storage.types import (
     ChunkWrite,
     InvalidInputError,

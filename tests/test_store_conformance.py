@@ -13,19 +13,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conformance.fiber_store_suite import *  # noqa: F403
-from conformance.inbox_store_suite import *  # noqa: F403
-from conformance.job_store_suite import *  # noqa: F403
-from conformance.kv_store_suite import *  # noqa: F403
-from conformance.registry_store_suite import *  # noqa: F403
-from conformance.stores_suite import *  # noqa: F403
-from conformance.tool_call_store_suite import *  # noqa: F403
-from conformance.workspace_store_suite import *  # noqa: F403
 from thinkray.storage.db import Database, DatabaseClosedError
 from thinkray.storage.protocols import Stores
 from thinkray.storage.records import ToolCallRecord
 from thinkray.storage.session_store import DuckDBSessionStore
 from thinkray.storage.stores import DuckDBStores, open_stores
+from thinkray.storage.testing.fiber_store_suite import *  # noqa: F403
+from thinkray.storage.testing.inbox_store_suite import *  # noqa: F403
+from thinkray.storage.testing.job_store_suite import *  # noqa: F403
+from thinkray.storage.testing.kv_store_suite import *  # noqa: F403
+from thinkray.storage.testing.registry_store_suite import *  # noqa: F403
+from thinkray.storage.testing.stores_suite import *  # noqa: F403
+from thinkray.storage.testing.tool_call_store_suite import *  # noqa: F403
+from thinkray.storage.testing.workspace_store_suite import *  # noqa: F403
 
 BACKENDS = ["file", "memory", "session"]
 """``file``/``memory``: :func:`open_stores`; ``session``: the stores of a session store

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conformance.session_store_suite import chain, ids, msg
 from thinkray.runtime import SessionBusyError, Think
 from thinkray.runtime.models.testing import ScriptedModel, reply
 from thinkray.storage.session_store import DuckDBSessionStore
+from thinkray.storage.testing.session_store_suite import chain, ids, msg
 from thinkray.storage.types import (
     InvalidInputError,
     NotOnPathError,

@@ -1,5 +1,5 @@
 """The durable workspace: LocalWorkspace and the seven tools (the store itself:
-``conformance/workspace_store_suite.py``)."""
+``thinkray.storage.testing.workspace_store_suite``)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
 """Conformance suite for :class:`thinkray.storage.protocols.ToolCallStore`. Fixtures: see
-:mod:`conformance.store_helpers`; the suite's own ``tool_calls`` fixture is
+:mod:`thinkray.storage.testing.store_helpers`; the suite's own ``tool_calls`` fixture is
 ``stores.tool_calls()``."""
 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 from thinkray.storage.errors import InvalidInputError
@@ -14,8 +15,7 @@ from thinkray.storage.records import (
     TOOL_CALL_STATUSES,
     TOOL_CALL_TRANSITIONS,
 )
-
-from conformance.store_helpers import (
+from thinkray.storage.testing.store_helpers import (
     Reopen,
     inner_failure_caught,
     need_reopen,
@@ -354,11 +354,13 @@ class TestToolCallLeases:
         before = tool_calls.insert(call("c1"))
         with pytest.raises(InvalidInputError):
             tool_calls.transition("c1", ["pending"], "awaiting-approval", lease_until=5.0)
-        for bad in (float("nan"), float("inf"), "soon", True):
+        # deliberately ill-typed: the store must refuse what a caller's types let through
+        bad_leases: tuple[Any, ...] = (float("nan"), float("inf"), "soon", True)
+        for bad in bad_leases:
             with pytest.raises(InvalidInputError):
                 tool_calls.transition(
                     "c1", ["pending"], "executing", executor="w", claim=True, lease_until=bad
-                )  # type: ignore[arg-type]
+                )
         with pytest.raises(InvalidInputError):
             tool_calls.insert(call("c2", deadline_at=float("nan")))
         assert tool_calls.get("c1").to_dict() == before.to_dict()  # type: ignore[union-attr]

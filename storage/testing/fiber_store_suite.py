@@ -1,5 +1,5 @@
 """Conformance suite for :class:`thinkray.storage.protocols.FiberStore` (fibers and
-schedules). Fixtures: see :mod:`conformance.store_helpers`; the suite's own ``fibers``
+schedules). Fixtures: see :mod:`thinkray.storage.testing.store_helpers`; the suite's own ``fibers``
 fixture is ``stores.fibers()``."""
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 from thinkray.storage.errors import FiberNotFoundError, InvalidInputError
 from thinkray.storage.protocols import FiberStore, Stores
-
-from conformance.store_helpers import (
+from thinkray.storage.testing.store_helpers import (
     Reopen,
     inner_failure_caught,
     need_reopen,

@@ -1,5 +1,5 @@
 """Conformance suite for :class:`thinkray.storage.protocols.RegistryStore`. Fixtures:
-see :mod:`conformance.store_helpers`; the suite's own ``registry`` fixture is
+see :mod:`thinkray.storage.testing.store_helpers`; the suite's own ``registry`` fixture is
 ``stores.registry()``."""
 
 from __future__ import annotations
@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 from thinkray.storage.errors import InvalidInputError, SubAgentNotFoundError
 from thinkray.storage.protocols import RegistryStore, Stores, SubAgentRecord
-
-from conformance.store_helpers import (
+from thinkray.storage.testing.store_helpers import (
     Reopen,
     inner_failure_caught,
     need_reopen,

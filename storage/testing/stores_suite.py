@@ -1,6 +1,6 @@
 """Conformance suite for :class:`thinkray.storage.protocols.Stores`: one object per
 kind, one transaction scope across every store of the database, and the lifetime.
-Fixtures: see :mod:`conformance.store_helpers`."""
+Fixtures: see :mod:`thinkray.storage.testing.store_helpers`."""
 
 from __future__ import annotations
 
@@ -19,8 +19,7 @@ from thinkray.storage.protocols import (
     ToolCallStore,
     WorkspaceStore,
 )
-
-from conformance.store_helpers import Boom, Reopen, need_reopen
+from thinkray.storage.testing.store_helpers import Boom, Reopen, need_reopen
 
 __all__ = ["TestStoresLifetime", "TestStoresObjects", "TestStoresTransactions"]
 

@@ -1,5 +1,5 @@
 """Conformance suite for :class:`thinkray.storage.protocols.InboxStore`. Fixtures: see
-:mod:`conformance.store_helpers`; the suite's own ``inbox`` fixture is
+:mod:`thinkray.storage.testing.store_helpers`; the suite's own ``inbox`` fixture is
 ``stores.inbox()``."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 from thinkray.storage.errors import InboxMessageNotFoundError, InvalidInputError
 from thinkray.storage.protocols import InboxStore, Stores
-
-from conformance.store_helpers import (
+from thinkray.storage.testing.store_helpers import (
     Reopen,
     inner_failure_caught,
     need_reopen,

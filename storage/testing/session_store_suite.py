@@ -99,7 +99,7 @@ def tool_part(call_id: str, state: str, **fields: Any) -> dict[str, Any]:
     }
 
 
-RICH = {
+RICH: dict[str, Any] = {
     "id": "rich",
     "role": "assistant",
     "metadata": {
@@ -436,8 +436,8 @@ class TestValidation:
             StreamFlush(
                 sid,
                 message={"id": "s1", "role": "assistant"},
-                chunks=[ChunkWrite("g", 0, "not a dict")],
-            ),  # type: ignore[arg-type]  # fmt: skip
+                chunks=[ChunkWrite("g", 0, "not a dict")],  # type: ignore[arg-type]
+            ),  # fmt: skip
             StreamFlush(
                 sid,
                 message={"id": "s1", "role": "assistant"},
@@ -475,8 +475,12 @@ class TestIdempotency:
 
     def test_round_trip_keeps_absent_and_null_metadata(self, store: SessionStore) -> None:
         sid = store.create_session().id
-        no_meta = {"id": "a", "role": "user", "parts": [{"type": "text", "text": "x"}]}
-        null_meta = {"id": "b", "role": "assistant", "metadata": None, "parts": []}
+        no_meta: dict[str, Any] = {
+            "id": "a",
+            "role": "user",
+            "parts": [{"type": "text", "text": "x"}],
+        }
+        null_meta: dict[str, Any] = {"id": "b", "role": "assistant", "metadata": None, "parts": []}
         store.append_message(sid, no_meta)
         store.append_message(sid, null_meta)
         assert store.get_history(sid) == [no_meta, null_meta]
@@ -527,7 +531,7 @@ class TestIdempotency:
         # Replacing keeps the tree position (and the head).
         assert ids(store.get_history(sid)) == ["m1", "m2", "m3"]
         assert store.get_session(sid).head_id == "m3"
-        shrunk = {"id": "m2", "role": "assistant", "metadata": None, "parts": []}
+        shrunk: dict[str, Any] = {"id": "m2", "role": "assistant", "metadata": None, "parts": []}
         store.upsert_message(sid, shrunk)
         assert store.get_message("m2") == shrunk
         assert store.get_history(sid)[1] == shrunk
@@ -905,10 +909,11 @@ class TestFlushStream:
                 ],
             )
         )
-        for state, fields in [
+        steps: list[tuple[str, dict[str, Any]]] = [
             ("input-available", {"input": {"q": "x"}}),
             ("output-available", {"input": {"q": "x"}, "output": {"hits": 3}}),
-        ]:
+        ]
+        for state, fields in steps:
             store.flush_stream(StreamFlush(sid, parts=[PartWrite("s1", 1, tool_part("c1", state, **fields))]))  # fmt: skip
         message = store.get_message("s1")
         assert message is not None
@@ -1294,7 +1299,7 @@ class TestStores:
         kv = store.stores().kv()
         kv.set("k", [1, 2])
         store.stores().fibers().insert_fiber("m", fiber_id="f1")
-        again = reopen(store)
+        again: SessionStore = reopen(store)
         with pytest.raises(DatabaseClosedError):
             kv.get("k")
         assert again.stores().kv().get("k") == [1, 2]
@@ -1331,7 +1336,7 @@ class TestLifecycle:
         before_all = store.get_history(sid, include_hidden=True, leaf_id="u2")
         before_seq = store.get_message_row("s1").seq  # type: ignore[union-attr]
 
-        again = reopen(store)
+        again: SessionStore = reopen(store)
         assert again.get_session(sid).to_dict() == before_info
         assert again.get_history(sid) == before_history
         assert again.get_history(sid, include_hidden=True, leaf_id="u2") == before_all
@@ -1351,7 +1356,7 @@ class TestLifecycle:
     def test_reopen_empty(self, store: SessionStore, reopen: Any) -> None:
         if reopen is None:
             pytest.skip("store has no file to reopen")
-        again = reopen(store)
+        again: SessionStore = reopen(store)
         assert again.list_sessions(include_ephemeral=True) == []
         assert again.chunk_generations() == []
         again.close()

@@ -1,5 +1,5 @@
 """Conformance suite for :class:`thinkray.storage.protocols.WorkspaceStore`. Fixtures:
-see :mod:`conformance.store_helpers`; the suite's own ``workspace`` fixture is
+see :mod:`thinkray.storage.testing.store_helpers`; the suite's own ``workspace`` fixture is
 ``stores.workspace()`` (the default namespace and limits)."""
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from thinkray.storage.errors import (
     WorkspacePathError,
 )
 from thinkray.storage.protocols import Stores, WorkspaceLimits, WorkspaceStore
-
-from conformance.store_helpers import (
+from thinkray.storage.testing.store_helpers import (
     Reopen,
     inner_failure_caught,
     need_reopen,

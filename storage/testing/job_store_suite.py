@@ -1,13 +1,12 @@
 """Conformance suite for :class:`thinkray.storage.protocols.JobStore`. Fixtures: see
-:mod:`conformance.store_helpers`; the suite's own ``jobs`` fixture is ``stores.jobs()``."""
+:mod:`thinkray.storage.testing.store_helpers`; the suite's own ``jobs`` fixture is ``stores.jobs()``."""
 
 from __future__ import annotations
 
 import pytest
 from thinkray.storage.errors import InvalidInputError
 from thinkray.storage.protocols import JobRecord, JobStore, Stores
-
-from conformance.store_helpers import (
+from thinkray.storage.testing.store_helpers import (
     Reopen,
     inner_failure_caught,
     need_reopen,

@@ -1,5 +1,5 @@
 """Conformance suite for :class:`thinkray.storage.protocols.KeyValueStore`. Fixtures:
-see :mod:`conformance.store_helpers`; the suite's own ``kv`` fixture is
+see :mod:`thinkray.storage.testing.store_helpers`; the suite's own ``kv`` fixture is
 ``stores.kv()``."""
 
 from __future__ import annotations
@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 from thinkray.storage.errors import InvalidInputError
 from thinkray.storage.protocols import KeyValueStore, Stores
-
-from conformance.store_helpers import (
+from thinkray.storage.testing.store_helpers import (
     Reopen,
     inner_failure_caught,
     need_reopen,
