@@ -30,6 +30,10 @@ The pool's policy:
   one). At most ``max_starting`` actor starts are in flight (default: the cluster's
   CPUs), whatever the demand.
 
+The decisions above are pure functions of a snapshot of the pool, in
+:mod:`thinkray.actors.pool_policy` (tested without actors); the directory gathers the
+snapshot, calls them, and starts, retires and hibernates as they say.
+
 Concurrency: a per-name asyncio lock makes get-or-create exactly-once (two processes
 resolving one name get one actor and one writer); an entry being hibernated is
 removed only after its file is closed, so a concurrent resolve waits on the lock and
@@ -120,8 +124,10 @@ from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from thinkray.actors import pool_policy as policy
 from thinkray.actors.errors import ActorBusyError, InvalidStateError, WakeError
 from thinkray.actors.metrics import install_ray_metrics
+from thinkray.actors.pool_policy import FRESH_GRACE, RATE_WINDOW, CpuMeter, PoolConfig, Waiting
 from thinkray.actors.session_actor import DEFAULT_PRELOAD, BindSpec, RemoteSessionActor
 from thinkray.runtime.observability.metrics import metrics
 from thinkray.storage.alarms import read_alarms, write_alarm
@@ -137,23 +143,8 @@ from thinkray.storage.types import SessionNotFoundError
 
 log = logging.getLogger("thinkray.directory")
 
-RATE_WINDOW = 10.0
-"""Seconds of binds the pool's bind rate is measured over."""
-RECLAIMS_PER_START = 16
-"""Agents hibernated to make room for waiting binds that pay for starting one actor:
-an actor start costs about as much CPU as that many hibernate-and-rebind cycles."""
 PROBE_TIMEOUT = 10.0
 """How long one ``until_idle`` call waits on a busy agent before answering."""
-RECLAIM_IDLE = 10.0
-"""Below the live cap, a few waiting binds (no more than ``max_starting``, which actor
-starts serve within seconds) take only agents idle this long: an agent in a
-conversation is called again soon, and taking it would cost that call a rebind, which
-would take the next agent's actor, and so on (round-robin sessions all rebinding).
-A burst of more binds than starts can serve soon, or binds at the live cap, take any
-idle agent, least recently used first."""
-FRESH_GRACE = 2.0
-"""An agent bound this recently and not called yet is not hibernated for another bind:
-the call that woke it is on its way."""
 STALE_PROBE_TIMEOUT = 5.0
 """How long the directory waits for an actor reported stale to say whether it still
 hosts the agent before it replaces it."""
@@ -199,11 +190,6 @@ def session_actor_prefix(namespace: str, shard: int | None = None) -> str:
     """The Ray actor names of ``namespace``'s session actors (of one shard) start so."""
     prefix = f"thinkray-session/{namespace}/"
     return prefix if shard is None else f"{prefix}{shard}/"
-
-
-def _young(report: dict[str, Any]) -> bool:
-    """An agent just bound for a call that has not reached it yet (``FRESH_GRACE``)."""
-    return bool(report.get("fresh") and report.get("bound_for", 0.0) < FRESH_GRACE)
 
 
 @dataclass
@@ -273,40 +259,6 @@ class _Waiter:
     start_pending: bool = False
 
 
-class _CpuMeter:
-    """Idle cores of this node, from /proc/stat deltas (Linux; elsewhere the node always
-    looks idle). Sampled by the pool loop only while the pool is short of spares."""
-
-    def __init__(self) -> None:
-        self.ncpu = os.cpu_count() or 1
-        self._prev: tuple[int, int] | None = None
-        self._prev_at = 0.0
-        self.idle_cores: float | None = None
-        self.at = 0.0
-
-    def sample(self) -> None:
-        """Take a sample; the idle cores since the previous one become current."""
-        now = time.monotonic()
-        try:
-            with open("/proc/stat") as f:
-                fields = [int(x) for x in f.readline().split()[1:9]]
-        except (OSError, ValueError):
-            self.idle_cores, self.at = float(self.ncpu), now
-            return
-        idle, total = fields[3] + fields[4], sum(fields)
-        # A delta over a long quiet spell says nothing about now: start over.
-        if self._prev is not None and now - self._prev_at < 2.0 and total > self._prev[1]:
-            share = (idle - self._prev[0]) / (total - self._prev[1])
-            self.idle_cores, self.at = share * self.ncpu, now
-        self._prev, self._prev_at = (idle, total), now
-
-    def calm(self) -> bool:
-        """About a core idle (half the node's on a one-core node) in a recent sample."""
-        if self.idle_cores is None or time.monotonic() - self.at > 1.0:
-            return False
-        return self.idle_cores >= min(1.0, self.ncpu / 2)
-
-
 class Directory:
     """The directory of one namespace (see the module); run as a named Ray actor.
 
@@ -352,7 +304,7 @@ class Directory:
         self._fill = 0  # spares start() waits for, started even on a busy node
         self._failures = 0
         self._backoff_until = 0.0
-        self._cpu = _CpuMeter()
+        self._cpu = CpuMeter()
         self._pool_changed: asyncio.Event | None = None
         self._pool_grew = asyncio.Event()  # an actor started (or failed to)
         self._pool_idle = False  # the pool loop sleeps with nothing to re-check
@@ -549,8 +501,7 @@ class Directory:
         """Fill the pool to ``pool_size`` and start the alarm and pool loops
         (idempotent)."""
         await self._ready()
-        headroom = self.cfg.max_live + 1 - self._live()
-        self._fill = max(0, min(self.cfg.pool_size, headroom))
+        self._fill = policy.fill_for_start(self._pool_config(), self._live())
         self._kick()
         while len(self.free) < self._fill and self.starting and not self._closed:
             self._pool_grew.clear()
@@ -589,22 +540,30 @@ class Directory:
     def _live(self) -> int:
         return len(self.entries) + self.binding
 
+    def _pool_config(self) -> PoolConfig:
+        """The settings the pool policy reads (read anew: ``_max_starting`` is resolved
+        once the cluster's CPUs are known)."""
+        cfg = self.cfg
+        return PoolConfig(
+            pool_size=cfg.pool_size,
+            max_live=cfg.max_live,
+            max_pool=cfg.max_pool,
+            pool_ttl=cfg.pool_ttl,
+            max_starting=self._max_starting,
+            start_patience=cfg.start_patience,
+        )
+
     def _max_pool(self) -> int:
-        most = self.cfg.max_live if self.cfg.max_pool is None else self.cfg.max_pool
-        return max(self.cfg.pool_size, most)
+        return self._pool_config().most_spares()
 
     def target(self) -> int:
-        """How many spares the pool keeps now: ``pool_size`` at least, raised by recent
-        misses and by the bind rate, at most ``max_pool``."""
+        """How many spares the pool keeps now (:func:`~thinkray.actors.pool_policy.target`
+        over the binds of the last ``RATE_WINDOW`` seconds and the decayed misses)."""
         now = time.monotonic()
         while self._bind_times and self._bind_times[0] < now - RATE_WINDOW:
             self._bind_times.popleft()
-        by_rate = math.ceil(len(self._bind_times) / RATE_WINDOW * self._start_secs - 1e-9)
-        boost = math.ceil(self._boost_now(now) - 1e-9)
-        return min(self._max_pool(), max(self.cfg.pool_size, by_rate, boost))
-
-    def _boost_now(self, now: float) -> float:
-        return self._boost * 0.5 ** ((now - self._boost_at) / max(self.cfg.pool_ttl, 1e-3))
+        boost = policy.decayed_boost(self._boost, self._boost_at, now, self.cfg.pool_ttl)
+        return policy.target(self._pool_config(), len(self._bind_times), self._start_secs, boost)
 
     def _pop_free(self, node_id: str | None) -> PooledActor | None:
         for i in range(len(self.free) - 1, -1, -1):  # the most recently used first
@@ -632,7 +591,9 @@ class Directory:
         if not any(node_id is None or a.node_id == node_id for a in self.free):
             self.counters["pool_misses"] += 1
             metrics().count("thinkray_pool_misses_total", 1, self._ns_tags)
-            self._boost = self._boost_now(now) + 1
+            self._boost = policy.boost_after_miss(
+                self._boost, self._boost_at, now, self.cfg.pool_ttl
+            )
             self._boost_at = now
         loop = asyncio.get_running_loop()
         waiter = _Waiter(name, node_id, loop.create_future(), now)
@@ -704,57 +665,43 @@ class Directory:
                 self._reclaim_changed.set()
 
     def _start_actors(self) -> None:
-        """Start the actors the pool lacks, within ``max_starting`` in flight."""
+        """Start the actors the pool lacks, within ``max_starting`` in flight: one on
+        its node for each bind pinned to a node, and what
+        :func:`~thinkray.actors.pool_policy.plan_starts` decides for the others and the
+        spares."""
         now = time.monotonic()
         if now < self._backoff_until:
             self._deficit()
             return
-        live, slots, need = self._live(), self.cfg.max_live - self._live(), 0
-        oldest: float | None = None
+        waiting: list[Waiting] = []
         for waiter in self.waiters:
             if waiter.future.done():
                 continue
-            if waiter.node_id is not None:
-                if not waiter.start_pending and self.starting < self._max_starting:
-                    waiter.start_pending = True
-                    self._launch(waiter.node_id, waiter)
-                continue
-            oldest = waiter.since if oldest is None else oldest
-            if waiter.may_exceed:
-                need += 1
-            elif slots > 0:
-                need, slots = need + 1, slots - 1
-        spares = max(0, min(self.target(), self.cfg.max_live + 1 - live - need))
-        short = need + spares - len(self.free) - self.starting
-        if short <= 0:
-            return
-        # Waiting binds start actors when no actor came for them for a while, or when
-        # there is no agent whose actor could be taken.
-        stalled = (
-            need > 0
-            and oldest is not None
-            and (not self.entries or now - max(self._served_at, oldest) >= self.cfg.start_patience)
+            if waiter.node_id is None:
+                waiting.append(Waiting(waiter.since, waiter.may_exceed))
+            elif not waiter.start_pending and self.starting < self._max_starting:
+                waiter.start_pending = True
+                self._launch(waiter.node_id, waiter)
+        plan = policy.plan_starts(
+            policy.PoolContext(
+                config=self._pool_config(),
+                now=now,
+                live=self._live(),
+                agents=len(self.entries),
+                free=len(self.free),
+                starting=self.starting,
+                waiting=tuple(waiting),
+                target=self.target(),
+                fill=self._fill,
+                calm=self._cpu.calm(),
+                credit=self._credit,
+                served_at=self._served_at,
+            )
         )
-        forced = len(self.free) + self.starting < self._fill
-        if forced or self._cpu.calm():
-            allowed = short
-        elif stalled:  # for the waiting binds only: spares wait for an idle core
-            allowed = need - len(self.free) - self.starting
-        elif not need and len(self.free) + self.starting < min(self.cfg.pool_size, spares):
-            # Below the floor with nobody waiting: replenish, one start at a time while
-            # the node is busy (the next wake, or a crashed agent's, finds a spare).
-            allowed = 1 - self.starting
-        elif self._credit >= short:
-            # Hibernating agents for waiting binds has cost as much as starting the
-            # actors the pool lacks would: start them (ski rental).
-            allowed = min(short, self._max_starting - self.starting)
-            self._credit -= allowed
-        else:
-            allowed = 0
-        allowed = min(allowed, self._max_starting - self.starting)
-        for _ in range(allowed):
+        self._credit = plan.credit
+        for _ in range(plan.start):
             self._launch(None, None)
-        if short > allowed:
+        if plan.deficit:
             self._deficit()
 
     def _deficit(self) -> None:
@@ -780,14 +727,15 @@ class Directory:
             log.warning("could not start a pooled actor: %s", exc)
             self._note_error("actor_start", None, exc)
             self._failures += 1
-            self._backoff_until = time.monotonic() + min(5.0, 0.05 * 2**self._failures)
+            self._backoff_until = time.monotonic() + policy.start_backoff(self._failures)
             self._fail_waiter(waiter, exc)
             self._pool_grew.set()
             self._kick()
             return
         self.starting -= 1
         self._failures = 0
-        self._start_secs = 0.7 * self._start_secs + 0.3 * (time.monotonic() - started)
+        took = time.monotonic() - started
+        self._start_secs = policy.smoothed_start_secs(self._start_secs, took)
         if self._closed:
             with contextlib.suppress(Exception):
                 ray.kill(actor.handle, no_restart=True)
@@ -839,7 +787,7 @@ class Directory:
             self.counters["actors_recycled"] += 1
             self._kick()
             return
-        if len(self.free) >= self._max_pool() and not self.waiters:
+        if not policy.keep_released(len(self.free), self._max_pool(), bool(self.waiters)):
             with contextlib.suppress(Exception):
                 ray.kill(actor.handle, no_restart=True)
             self.counters["spares_retired"] += 1
@@ -854,20 +802,19 @@ class Directory:
         while not self._closed:
             self._pool_changed.clear()
             now = time.monotonic()
-            timeout: float | None = None
             ttl = self.cfg.pool_ttl
-            excess = len(self.free) - self.target()
-            if excess > 0 and not self.waiters:
-                for actor in sorted(self.free, key=lambda a: a.free_since)[:excess]:
-                    if actor.free_since + ttl <= now:
-                        self.free.remove(actor)
-                        with contextlib.suppress(Exception):
-                            ray.kill(actor.handle, no_restart=True)
-                        self.counters["spares_retired"] += 1
-            if len(self.free) > self.cfg.pool_size:
-                # The target decays: look again when the oldest spare could retire.
-                oldest = min(a.free_since for a in self.free)
-                timeout = max(oldest + ttl - now, ttl / 4)
+            retire = policy.spares_to_retire(
+                [a.free_since for a in self.free], self.target(), bool(self.waiters), now, ttl
+            )
+            for actor in [self.free[i] for i in retire]:
+                self.free.remove(actor)
+                with contextlib.suppress(Exception):
+                    ray.kill(actor.handle, no_restart=True)
+                self.counters["spares_retired"] += 1
+            # The target decays: look again when the oldest spare could retire.
+            timeout = policy.retire_recheck(
+                [a.free_since for a in self.free], self.cfg.pool_size, now, ttl
+            )
             if self._short:
                 self._cpu.sample()
             self._short = False
@@ -891,19 +838,9 @@ class Directory:
 
     def _reclaim_min_idle(self) -> float:
         """How long an agent must have been idle to be hibernated for a waiting bind
-        now (see ``RECLAIM_IDLE``)."""
+        now (:func:`~thinkray.actors.pool_policy.reclaim_min_idle`)."""
         waiting = sum(1 for w in self.waiters if not w.future.done())
-        if self._live() >= self.cfg.max_live or waiting > self._max_starting:
-            return 0.0
-        return RECLAIM_IDLE
-
-    def _takeable(self, report: Any, min_idle: float) -> bool:
-        """Whether an ``activity``/``until_idle`` report shows an agent that may be
-        hibernated for a waiting bind: not busy, not just bound for a call on its way,
-        idle at least ``min_idle``."""
-        if not isinstance(report, dict) or report["busy"] or _young(report):
-            return False
-        return bool(report["idle_for"] >= min_idle)
+        return policy.reclaim_min_idle(self._pool_config(), self._live(), waiting)
 
     async def _reclaim_loop(self) -> None:
         """While binds wait: hibernate idle agents for them, least recently used first
@@ -924,19 +861,17 @@ class Directory:
                 *(e.actor.handle.activity.remote(n) for n, e in zip(names, entries, strict=True)),
                 return_exceptions=True,
             )
-            idle: list[tuple[float, str]] = []
-            min_idle = self._reclaim_min_idle()
-            for name, entry, report in zip(names, entries, reports, strict=True):
-                if not isinstance(report, dict) or self.entries.get(name) is not entry:
-                    continue
-                if self._takeable(report, min_idle):
-                    idle.append((report["idle_for"], name))
-                elif (report["busy"] or _young(report)) and name not in self._probing:
+            current = [
+                (name, report)
+                for name, entry, report in zip(names, entries, reports, strict=True)
+                if isinstance(report, dict) and self.entries.get(name) is entry
+            ]
+            plan = policy.plan_reclaim(current, self._reclaim_min_idle(), self._reclaim_need())
+            for name in plan.probe:
+                if name not in self._probing:
                     self._probing.add(name)
-                    self._spawn(self._probe(name, entry))
-            for _, victim in sorted(idle, reverse=True):
-                if self._reclaim_need() <= 0:
-                    break
+                    self._spawn(self._probe(name, self.entries[name]))
+            for victim in plan.victims:
                 if victim in self.entries and victim not in self._reclaiming:
                     self._reclaiming.add(victim)
                     self._spawn(self._reclaim(victim))
@@ -951,7 +886,7 @@ class Directory:
         finally:
             self._probing.discard(name)
         if (
-            self._takeable(report, self._reclaim_min_idle())
+            policy.takeable(report, self._reclaim_min_idle())
             and self.entries.get(name) is entry
             and name not in self._reclaiming
             and self._reclaim_need() > 0
@@ -965,7 +900,7 @@ class Directory:
         try:
             if await self.hibernate(victim):
                 self.counters["lru_hibernations"] += 1
-                self._credit += 1 / RECLAIMS_PER_START
+                self._credit = policy.credit_after_reclaim(self._credit)
         except Exception as exc:
             log.warning("could not hibernate %s for a waiting bind: %s", victim, exc)
         finally:

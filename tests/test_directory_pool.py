@@ -15,13 +15,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from thinkray.actors.directory import (
-    RECLAIM_IDLE,
-    Directory,
-    Entry,
-    NamespaceConfig,
-    PooledActor,
-)
+from thinkray.actors.directory import Directory, Entry, NamespaceConfig, PooledActor
+from thinkray.actors.pool_policy import RECLAIM_IDLE
 from thinkray.runtime.agents.think import Think
 
 from tests.helpers import wait_until
