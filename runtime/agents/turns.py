@@ -320,267 +320,207 @@ class TurnRunner:
         callback: StreamCallback | None,
         tools: dict[str, Tool],
     ) -> ChatResult:
-        agent, store = self.agent, self.agent.store
-        sid = run.session_id
-        # Under a host whose store is not durable by itself (an object-store root), the
-        # turn's finish chunk waits until the turn is shipped (see _acknowledge).
-        make_durable = agent.context.make_durable
-        held: list[UIChunk] | None = [] if make_durable is not None else None
-        signal = run.controller.signal
-        generation = self.clear_generation.get(sid, 0)
-
-        def stale() -> bool:
-            return self.clear_generation.get(sid, 0) != generation
-
-        recorder: Recorder | None = None
-        options: ChatOptions | None = None
-        status: RunStatus = "completed"
-        error_text: str | None = None
-        finish_reason: str | None = None
-        # The message's final metadata, computed once: what the stream's last chunks
-        # (``finish``, or ``message-metadata`` before ``abort``/``error``) carry is what
-        # is stored.
-        final_metadata: dict[str, Any] | None = None
-        result = LoopResult()
-        step_usage = Usage()
-        user_id = None
-        started = time.perf_counter()
-        first_chunk: float | None = None
-        namespace = agent.namespace or "-"
-        agent_name = agent.agent_name or type(agent).__name__
+        t = _Turn(self, run, callback)
         # This task's records carry the turn's ids; its spans hang under invoke_agent.
-        logs.enter_turn(agent_name, namespace, sid, run.run_id)
-        observed = agent.observe_turns
-        turn_trace = (
-            self._start_trace(run, agent_name, namespace)
-            if observed and tracing.enabled()
-            else None
-        )
-
-        def model_id() -> str:
-            return str(getattr(run.model, "model_id", None) or "unknown")
-
-        async def open_stream() -> None:
-            # Chunks emitted before the stream started (prepare_turn's, say) wait in
-            # run.pending and go out right after the first chunk ("start"); from then on
-            # ChatOptions.emit writes through ``sink``, the path the model's chunks take.
-            run.sink = sink
-            for held in run.pending:
-                await sink(held)
-            run.pending.clear()
-
-        async def sink(chunk: UIChunk) -> None:  # ChatOptions.emit, once started
-            nonlocal callback
-            assert recorder is not None
-            callback = await self._emit(run, recorder, callback, chunk)
-
+        logs.enter_turn(t.agent_name, t.namespace, t.sid, run.run_id)
+        if t.observed and tracing.enabled():
+            t.trace = self._start_trace(run, t.agent_name, t.namespace)
         try:
-            if user_msg is not None:
-                user_msg = await agent.on_user_message(sid, user_msg)
-                user_msg = prepare_message(user_msg)
-                user_id = user_msg["id"]
-            # This turn's model (seed 002 per-turn switch): resolved and fitted to its
-            # context window before the message lands, so a refused switch writes nothing.
-            run.model, run.model_selection = await model_switch.prepare_turn_model(
-                agent, sid, user_msg
-            )
-            if user_msg is not None:
-                _store_user_message(store, sid, user_msg)
-            history = store.get_history(sid)
-            if self.finalize_orphaned_tool_calls(sid, history):
-                history = store.get_history(sid)
-
-            def on_step_finish(step: int, usage: Usage, reason: str) -> None:
-                nonlocal step_usage
-                step_usage = step_usage + usage
-                run.usage = step_usage
-                if observed:
-                    _count_tokens(namespace, model_id(), usage)
-                if not stale():
-                    if recorder is not None:  # into the rollup with its next batch
-                        recorder.add_usage(usage.to_dict())
-                    else:
-                        store.add_usage(sid, usage.to_dict())
-                    agent.on_step_usage(sid, usage)
-
-            def on_retry(attempt: int, exc: ModelError, delay: float) -> None:
-                self.status.retrying(sid, attempt, f"{exc} (retry {attempt} in {delay:.1f}s)")
-
-            def persist_step() -> None:
-                # The step's tool calls are durable in the message (and its chunk log)
-                # before any of them runs or waits: a generation cut off while a call
-                # is out (with an executor, awaiting approval) can be resumed from it.
-                if recorder is not None and not recorder.closed:
-                    recorder.flush()
-
-            async def check_permission(name: str, value: Any, call_id: str) -> Any:
-                persist_step()
-                return await agent.check_tool_permission(name, value, call_id, options)
-
-            async def execute_tool(t: Tool, value: Any, ctx: Any, raw: Any) -> Any:
-                persist_step()
-                return await agent.tool_calls.execute(t, value, ctx, raw)
-
-            def on_model_call(outcome: str) -> None:
-                tags = {"namespace": namespace, "model": model_id(), "outcome": outcome}
-                metrics().count("thinkray_model_calls_total", 1, tags)
-
-            def on_tool_outcome(tool_name: str, outcome: str) -> None:
-                tags = {"namespace": namespace, "tool": tool_name, "outcome": outcome}
-                metrics().count("thinkray_tool_calls_total", 1, tags)
-
-            def record_call(t: Tool, call_id: str, raw: Any) -> None:
-                if not stale():
-                    agent.tool_calls.record(t, call_id, run.run_id, sid, raw)
-
-            options = ChatOptions(
-                session_id=sid,
-                run_id=run.run_id,
-                message_id=run.stream.message_id or new_id("msg"),
-                signal=signal,
-                tools=tools,
-                hooks=LoopHooks(
-                    on_step_finish=on_step_finish,
-                    on_retry=on_retry,
-                    check_permission=check_permission,
-                    execute_tool=execute_tool,
-                    on_model_call=on_model_call if observed else None,
-                    on_tool_outcome=on_tool_outcome if observed else None,
-                    trace=turn_trace,
-                    record_call=record_call,
-                ),
-                result=result,
-                request_options=agent.get_request_options(),
-                model=run.model,
-                model_selection=run.model_selection,
-                user_message_id=user_id,
-                history=history,
-                emitter=run.emit,
-            )
-            run.options = options
-            if await agent.prepare_turn(options):
-                options.history = store.get_history(sid)
-            recorder = Recorder(
-                store,
-                sid,
-                run.run_id,
-                options.message_id,
-                parent_id=options.history[-1]["id"] if options.history else None,
-                cache=self.persist_cache,
-                flush_interval=agent.flush_interval,
-                is_stale=stale,
-            )
-            if options.history and options.history[-1]["id"] == options.message_id:
-                recorder.continue_message(options.history[-1])  # see _interrupted_reply
-            run.recorder = recorder
-            run.prepared = True
-            async for chunk in abortable(agent.on_chat_message(options), signal):
-                if first_chunk is None and chunk["type"] in CONTENT_CHUNKS:
-                    first_chunk = time.perf_counter()
-                if self.status.get(sid).state == "retrying":
-                    self.status.busy(sid, run.run_id)
-                if not is_data_chunk(chunk) and chunk["type"] == "finish":
-                    # The finish chunk carries the metadata that is stored (usage,
-                    # model, finish reason, status), as the AI SDK's messageMetadata.
-                    finish_reason = chunk.get("finishReason") or result.finish_reason
-                    final_metadata = self._final_metadata(
-                        run, options, "completed", step_usage, finish_reason
-                    )
-                    chunk = _finish_chunk(chunk, final_metadata)
-                callback = await self._emit(run, recorder, callback, chunk, held)
-                if run.sink is None:
-                    await open_stream()
-            if run.sink is None:
-                await open_stream()
-            if final_metadata is None:  # the turn yielded no finish: it ends with one
-                finish_reason = result.finish_reason
-                final_metadata = self._final_metadata(
-                    run, options, "completed", step_usage, finish_reason
-                )
-                callback = await self._emit(
-                    run, recorder, callback, _finish_chunk({"type": "finish"}, final_metadata), held
-                )
+            options, recorder = await self._prepare(t, user_msg, tools)
+            await self._stream(t, options, recorder)
         except AbortError as exc:
-            status = "aborted"
-            agent.tool_calls.cancel_run(run.run_id, "cancelled-by-user", f"aborted: {exc.reason}")
-            if recorder is not None:
-                if run.sink is None:
-                    await open_stream()
-                final_metadata = self._final_metadata(run, options, status, step_usage, None)
-                callback = await self._end_stream(
-                    run,
-                    recorder,
-                    callback,
-                    f"aborted: {exc.reason}",
-                    final_metadata,
-                    {"type": "abort", "reason": exc.reason},
+            t.status = "aborted"
+            self.agent.tool_calls.cancel_run(
+                run.run_id, "cancelled-by-user", f"aborted: {exc.reason}"
+            )
+            if t.recorder is not None:
+                await self._stop_stream(
+                    t, t.recorder, f"aborted: {exc.reason}", {"type": "abort", "reason": exc.reason}
                 )
         except asyncio.CancelledError:
             # The hosting task was cancelled (actor shutdown): persist what we have.
-            if recorder is not None:
-                metadata = self._final_metadata(run, options, "aborted", step_usage, None)
-                self._finish_recorder(recorder, run, metadata, stale)
-                recorder = None
-            self._end_run(run, "aborted")
-            if observed:
-                self._observe("aborted", started, first_chunk)
-            if turn_trace is not None:
-                turn_trace.end("aborted", None, step_usage, result.steps, None)
+            self._end_cancelled(t)
             raise
         except Exception as exc:
-            status = "error"
-            replaced = await agent.on_chat_error(exc)
-            error_text = str(replaced) or type(exc).__name__
+            t.status = "error"
+            replaced = await self.agent.on_chat_error(exc)
+            t.error_text = error_text = str(replaced) or type(exc).__name__
             # An upstream failure ends the turn's open tool calls too.
-            agent.tool_calls.cancel_run(run.run_id, "cancelled-by-error", f"error: {error_text}")
+            self.agent.tool_calls.cancel_run(
+                run.run_id, "cancelled-by-error", f"error: {error_text}"
+            )
             log.warning("run %s failed: %s", run.run_id, error_text)
-            if recorder is not None:
-                if run.sink is None:
-                    await open_stream()
-                final_metadata = self._final_metadata(run, options, status, step_usage, None)
-                callback = await self._end_stream(
-                    run,
-                    recorder,
-                    callback,
+            if t.recorder is not None:
+                await self._stop_stream(
+                    t,
+                    t.recorder,
                     f"error: {error_text}",
-                    final_metadata,
                     {"type": "error", "errorText": error_text},
                 )
-        message = None
-        if recorder is not None:
-            if final_metadata is None:
-                final_metadata = self._final_metadata(
-                    run, options, status, step_usage, finish_reason
+        message = await self._persist(t)
+        await self._end_turn(t)
+        return self._keep_result(t, message)
+
+    async def _prepare(
+        self, t: _Turn, user_msg: dict[str, Any] | None, tools: dict[str, Tool]
+    ) -> tuple[ChatOptions, Recorder]:
+        """The turn up to its first chunk: the user message stored (once), the model
+        chosen, the options built, ``prepare_turn`` run and the recorder opened."""
+        agent, store, sid, run = self.agent, t.store, t.sid, t.run
+        if user_msg is not None:
+            user_msg = await agent.on_user_message(sid, user_msg)
+            user_msg = prepare_message(user_msg)
+            t.user_id = user_msg["id"]
+        # This turn's model (seed 002 per-turn switch): resolved and fitted to its
+        # context window before the message lands, so a refused switch writes nothing.
+        run.model, run.model_selection = await model_switch.prepare_turn_model(agent, sid, user_msg)
+        if user_msg is not None:
+            _store_user_message(store, sid, user_msg)
+        history = store.get_history(sid)
+        if self.finalize_orphaned_tool_calls(sid, history):
+            history = store.get_history(sid)
+        options = ChatOptions(
+            session_id=sid,
+            run_id=run.run_id,
+            message_id=run.stream.message_id or new_id("msg"),
+            signal=t.signal,
+            tools=tools,
+            hooks=t.loop_hooks(),
+            result=t.result,
+            request_options=agent.get_request_options(),
+            model=run.model,
+            model_selection=run.model_selection,
+            user_message_id=t.user_id,
+            history=history,
+            emitter=run.emit,
+        )
+        t.options = options
+        run.options = options
+        if await agent.prepare_turn(options):
+            options.history = store.get_history(sid)
+        recorder = Recorder(
+            store,
+            sid,
+            run.run_id,
+            options.message_id,
+            parent_id=options.history[-1]["id"] if options.history else None,
+            cache=self.persist_cache,
+            flush_interval=agent.flush_interval,
+            is_stale=t.stale,
+        )
+        if options.history and options.history[-1]["id"] == options.message_id:
+            recorder.continue_message(options.history[-1])  # see _interrupted_reply
+        t.recorder = recorder
+        run.recorder = recorder
+        run.prepared = True
+        return options, recorder
+
+    async def _stream(self, t: _Turn, options: ChatOptions, recorder: Recorder) -> None:
+        """Relay the agent's chunks (recorded, then sent); the turn ends with a
+        ``finish`` carrying the stored metadata, held while the turn is not durable."""
+        run, sid = t.run, t.sid
+        async for chunk in abortable(self.agent.on_chat_message(options), t.signal):
+            if t.first_chunk is None and chunk["type"] in CONTENT_CHUNKS:
+                t.first_chunk = time.perf_counter()
+            if self.status.get(sid).state == "retrying":
+                self.status.busy(sid, run.run_id)
+            if not is_data_chunk(chunk) and chunk["type"] == "finish":
+                # The finish chunk carries the metadata that is stored (usage,
+                # model, finish reason, status), as the AI SDK's messageMetadata.
+                t.finish_reason = chunk.get("finishReason") or t.result.finish_reason
+                t.final_metadata = self._final_metadata(
+                    run, options, "completed", t.step_usage, t.finish_reason
                 )
-            # The final commit blocks this loop for a few ms: let relays send what is
-            # buffered (the stream's last chunks) first.
-            await run.stream.delivered()
-            message = self._finish_recorder(recorder, run, final_metadata, stale)
-        if make_durable is not None and held is not None:
-            status, error_text, callback = await self._acknowledge(
-                run, callback, make_durable, held, status, error_text
+                chunk = _finish_chunk(chunk, t.final_metadata)
+            t.callback = await self._emit(run, recorder, t.callback, chunk, t.held)
+            if run.sink is None:
+                await t.open_stream()
+        if run.sink is None:
+            await t.open_stream()
+        if t.final_metadata is None:  # the turn yielded no finish: it ends with one
+            t.finish_reason = t.result.finish_reason
+            t.final_metadata = self._final_metadata(
+                run, options, "completed", t.step_usage, t.finish_reason
             )
-        self._end_run(run, status, error_text)
-        if observed:
-            self._observe(status, started, first_chunk)
-        if turn_trace is not None:
-            turn_trace.end(status, error_text, step_usage, result.steps, finish_reason)
-        if callback is not None:
-            if status == "error":
-                await _call(callback, "on_error", error_text)
+            t.callback = await self._emit(
+                run,
+                recorder,
+                t.callback,
+                _finish_chunk({"type": "finish"}, t.final_metadata),
+                t.held,
+            )
+
+    async def _stop_stream(
+        self, t: _Turn, recorder: Recorder, call_error: str, last: UIChunk
+    ) -> None:
+        """End the stream of a turn that was aborted or failed (``last``: its
+        ``abort`` or ``error`` chunk), with its final metadata (status ``t.status``)."""
+        if t.run.sink is None:
+            await t.open_stream()
+        t.final_metadata = self._final_metadata(t.run, t.options, t.status, t.step_usage, None)
+        t.callback = await self._end_stream(
+            t.run, recorder, t.callback, call_error, t.final_metadata, last
+        )
+
+    def _end_cancelled(self, t: _Turn) -> None:
+        """A cancelled turn's ending: what it recorded is persisted, it reports
+        ``aborted`` and its callback hears nothing more (the task is going away)."""
+        if t.recorder is not None:
+            metadata = self._final_metadata(t.run, t.options, "aborted", t.step_usage, None)
+            self._finish_recorder(t.recorder, t.run, metadata, t.stale)
+            t.recorder = None
+        self._end_run(t.run, "aborted")
+        if t.observed:
+            self._observe("aborted", t.started, t.first_chunk)
+        if t.trace is not None:
+            t.trace.end("aborted", None, t.step_usage, t.result.steps, None)
+
+    async def _persist(self, t: _Turn) -> dict[str, Any] | None:
+        """The final persist of the assistant message (None without a recorder, or
+        when the session was cleared under the turn)."""
+        if t.recorder is None:
+            return None
+        if t.final_metadata is None:
+            t.final_metadata = self._final_metadata(
+                t.run, t.options, t.status, t.step_usage, t.finish_reason
+            )
+        # The final commit blocks this loop for a few ms: let relays send what is
+        # buffered (the stream's last chunks) first.
+        await t.run.stream.delivered()
+        return self._finish_recorder(t.recorder, t.run, t.final_metadata, t.stale)
+
+    async def _end_turn(self, t: _Turn) -> None:
+        """After the final persist: made durable (the held finish released), the run
+        ended, metrics and span closed, then the callback told."""
+        if t.make_durable is not None and t.held is not None:
+            t.status, t.error_text, t.callback = await self._acknowledge(
+                t.run, t.callback, t.make_durable, t.held, t.status, t.error_text
+            )
+        self._end_run(t.run, t.status, t.error_text)
+        if t.observed:
+            self._observe(t.status, t.started, t.first_chunk)
+        if t.trace is not None:
+            t.trace.end(t.status, t.error_text, t.step_usage, t.result.steps, t.finish_reason)
+        if t.callback is not None:
+            if t.status == "error":
+                await _call(t.callback, "on_error", t.error_text)
             else:
-                await _call(callback, "on_done")
+                await _call(t.callback, "on_done")
+
+    def _keep_result(self, t: _Turn, message: dict[str, Any] | None) -> ChatResult:
+        """The turn's result, kept among the recent ones (``wait_run``)."""
+        run = t.run
         outcome = ChatResult(
             run_id=run.run_id,
-            session_id=sid,
+            session_id=t.sid,
             message_id=run.stream.message_id or "",
-            status=status,
+            status=t.status,
             message=message,
-            error=error_text,
-            finish_reason=finish_reason,
-            usage=step_usage.to_dict(),
-            steps=result.steps,
-            user_message_id=user_id,
+            error=t.error_text,
+            finish_reason=t.finish_reason,
+            usage=t.step_usage.to_dict(),
+            steps=t.result.steps,
+            user_message_id=t.user_id,
         )
         self.results[run.run_id] = outcome
         while len(self.results) > max(self.agent.recent_results, 0):
@@ -818,6 +758,119 @@ class TurnRunner:
             store.delete_messages(session_id, doomed)
             for mid in doomed:
                 self.persist_cache.forget(mid)
+
+
+class _Turn:
+    """One turn's working state, shared by :meth:`TurnRunner._turn` and its steps, and
+    the callbacks the loop (``LoopHooks``) and ``ChatOptions.emit`` call into it."""
+
+    def __init__(self, runner: TurnRunner, run: RunState, callback: StreamCallback | None):
+        agent = runner.agent
+        self.runner = runner
+        self.agent = agent
+        self.store = agent.store
+        self.run = run
+        self.sid = run.session_id
+        self.callback = callback
+        # Under a host whose store is not durable by itself (an object-store root), the
+        # turn's finish chunk waits until the turn is shipped (see _acknowledge).
+        self.make_durable = agent.context.make_durable
+        self.held: list[UIChunk] | None = [] if self.make_durable is not None else None
+        self.signal = run.controller.signal
+        self.generation = runner.clear_generation.get(self.sid, 0)
+        self.recorder: Recorder | None = None
+        self.options: ChatOptions | None = None
+        self.status: RunStatus = "completed"
+        self.error_text: str | None = None
+        self.finish_reason: str | None = None
+        # The message's final metadata, computed once: what the stream's last chunks
+        # (``finish``, or ``message-metadata`` before ``abort``/``error``) carry is what
+        # is stored.
+        self.final_metadata: dict[str, Any] | None = None
+        self.result = LoopResult()
+        self.step_usage = Usage()
+        self.user_id: str | None = None
+        self.started = time.perf_counter()
+        self.first_chunk: float | None = None
+        self.namespace = agent.namespace or "-"
+        self.agent_name = agent.agent_name or type(agent).__name__
+        self.observed = agent.observe_turns
+        self.trace: TurnTrace | None = None
+
+    def stale(self) -> bool:
+        """The session was cleared or deleted under the turn: its writes are discarded."""
+        return self.runner.clear_generation.get(self.sid, 0) != self.generation
+
+    def model_id(self) -> str:
+        return str(getattr(self.run.model, "model_id", None) or "unknown")
+
+    async def open_stream(self) -> None:
+        # Chunks emitted before the stream started (prepare_turn's, say) wait in
+        # run.pending and go out right after the first chunk ("start"); from then on
+        # ChatOptions.emit writes through ``sink``, the path the model's chunks take.
+        run = self.run
+        run.sink = self.sink
+        for pending in run.pending:
+            await self.sink(pending)
+        run.pending.clear()
+
+    async def sink(self, chunk: UIChunk) -> None:  # ChatOptions.emit, once started
+        assert self.recorder is not None
+        self.callback = await self.runner._emit(self.run, self.recorder, self.callback, chunk)
+
+    def loop_hooks(self) -> LoopHooks:
+        return LoopHooks(
+            on_step_finish=self.on_step_finish,
+            on_retry=self.on_retry,
+            check_permission=self.check_permission,
+            execute_tool=self.execute_tool,
+            on_model_call=self.on_model_call if self.observed else None,
+            on_tool_outcome=self.on_tool_outcome if self.observed else None,
+            trace=self.trace,
+            record_call=self.record_call,
+        )
+
+    def on_step_finish(self, step: int, usage: Usage, reason: str) -> None:
+        self.step_usage = self.step_usage + usage
+        self.run.usage = self.step_usage
+        if self.observed:
+            _count_tokens(self.namespace, self.model_id(), usage)
+        if not self.stale():
+            if self.recorder is not None:  # into the rollup with its next batch
+                self.recorder.add_usage(usage.to_dict())
+            else:
+                self.store.add_usage(self.sid, usage.to_dict())
+            self.agent.on_step_usage(self.sid, usage)
+
+    def on_retry(self, attempt: int, exc: ModelError, delay: float) -> None:
+        self.runner.status.retrying(self.sid, attempt, f"{exc} (retry {attempt} in {delay:.1f}s)")
+
+    def persist_step(self) -> None:
+        # The step's tool calls are durable in the message (and its chunk log)
+        # before any of them runs or waits: a generation cut off while a call
+        # is out (with an executor, awaiting approval) can be resumed from it.
+        if self.recorder is not None and not self.recorder.closed:
+            self.recorder.flush()
+
+    async def check_permission(self, name: str, value: Any, call_id: str) -> Any:
+        self.persist_step()
+        return await self.agent.check_tool_permission(name, value, call_id, self.options)
+
+    async def execute_tool(self, t: Tool, value: Any, ctx: Any, raw: Any) -> Any:
+        self.persist_step()
+        return await self.agent.tool_calls.execute(t, value, ctx, raw)
+
+    def on_model_call(self, outcome: str) -> None:
+        tags = {"namespace": self.namespace, "model": self.model_id(), "outcome": outcome}
+        metrics().count("thinkray_model_calls_total", 1, tags)
+
+    def on_tool_outcome(self, tool_name: str, outcome: str) -> None:
+        tags = {"namespace": self.namespace, "tool": tool_name, "outcome": outcome}
+        metrics().count("thinkray_tool_calls_total", 1, tags)
+
+    def record_call(self, t: Tool, call_id: str, raw: Any) -> None:
+        if not self.stale():
+            self.agent.tool_calls.record(t, call_id, self.run.run_id, self.sid, raw)
 
 
 _DURABLE_BEFORE_RELEASE = frozenset(

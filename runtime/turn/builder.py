@@ -68,93 +68,23 @@ class MessageBuilder:
         if "data" in chunk:  # data-* chunks, the one kind with a data field
             return self._apply_data(chunk)
         if chunk["type"] == "text-delta" or chunk["type"] == "reasoning-delta":
-            idx = self._by_block.get(chunk["id"])
-            if idx is None:
-                raise InvalidArgumentError(
-                    f"{chunk['type']} for unknown block {chunk['id']!r}: its start is missing"
-                )
-            self._text[idx].append(chunk["delta"])
-            return idx
+            return self._apply_block_delta(chunk)
         if chunk["type"] == "text-start" or chunk["type"] == "reasoning-start":
-            if chunk["type"] == "text-start":
-                idx = self._append({"type": "text", "text": "", "state": "streaming"})
-            else:
-                # The AI SDK keeps a reasoning block's id on its part (text parts have none).
-                idx = self._append(
-                    {"type": "reasoning", "id": chunk["id"], "text": "", "state": "streaming"}
-                )
-            self._by_block[chunk["id"]] = idx
-            self._text[idx] = []
-            if chunk.get("providerMetadata"):
-                self.parts[idx]["providerMetadata"] = chunk["providerMetadata"]
-            return idx
+            return self._apply_block_start(chunk)
         if chunk["type"] == "text-end" or chunk["type"] == "reasoning-end":
-            idx = self._by_block.get(chunk["id"])
-            if idx is None:
-                return None
-            self.parts[idx]["state"] = "done"
-            if chunk.get("providerMetadata"):
-                self.parts[idx]["providerMetadata"] = chunk["providerMetadata"]
-            return idx
+            return self._apply_block_end(chunk)
         if chunk["type"] == "start-step":
             return self._append({"type": "step-start"})
-        if chunk["type"] == "tool-input-start":
-            idx = self._append(
-                {
-                    "type": "dynamic-tool",
-                    "toolName": chunk["toolName"],
-                    "toolCallId": chunk["toolCallId"],
-                    "state": "input-streaming",
-                    "input": None,
-                }
-            )
-            self._by_call[chunk["toolCallId"]] = idx
-            self._tool_input_text[idx] = []
-            return idx
-        if chunk["type"] == "tool-input-delta":
-            idx = self._by_call.get(chunk["toolCallId"])
-            if idx is None:
-                raise InvalidArgumentError("tool-input-delta before its tool-input-start")
-            self._tool_input_text[idx].append(chunk["inputTextDelta"])
-            return None  # partial JSON is not worth a row write; input lands when available
+        if chunk["type"] == "tool-input-start" or chunk["type"] == "tool-input-delta":
+            return self._apply_tool_input_stream(chunk)
         if chunk["type"] == "tool-input-available" or chunk["type"] == "tool-input-error":
-            idx = self._by_call.get(chunk["toolCallId"])
-            if idx is None:
-                idx = self._append(
-                    {
-                        "type": "dynamic-tool",
-                        "toolName": chunk["toolName"],
-                        "toolCallId": chunk["toolCallId"],
-                    }
-                )
-                self._by_call[chunk["toolCallId"]] = idx
-            part = self.parts[idx]
-            part["input"] = chunk.get("input")
-            if chunk["type"] == "tool-input-available":
-                part["state"] = "input-available"
-            else:
-                part["state"] = "output-error"
-                part["errorText"] = chunk.get("errorText")
-            self._tool_input_text.pop(idx, None)
-            return idx
+            return self._apply_tool_input(chunk)
         if (
             chunk["type"] == "tool-output-available"
             or chunk["type"] == "tool-output-error"
             or chunk["type"] == "tool-output-denied"
         ):
-            idx = self._by_call.get(chunk["toolCallId"])
-            if idx is None:
-                return None
-            part = self.parts[idx]
-            if chunk["type"] == "tool-output-available":
-                part["state"] = "output-available"
-                part["output"] = chunk.get("output")
-            elif chunk["type"] == "tool-output-error":
-                part["state"] = "output-error"
-                part["errorText"] = chunk.get("errorText")
-            else:
-                part["state"] = "output-denied"
-            return idx
+            return self._apply_tool_output(chunk)
         if chunk["type"] == "tool-approval-request":
             idx = self._by_call.get(chunk["toolCallId"])
             if idx is None:
@@ -169,20 +99,102 @@ class MessageBuilder:
         ):
             self._merge_metadata(chunk.get("messageMetadata"))
             return None
-        if chunk["type"] == "file":
-            return self._append(
-                {"type": "file", "mediaType": chunk.get("mediaType"), "url": chunk.get("url")}
+        if chunk["type"] == "file" or chunk["type"] == "source-url":
+            return self._append(_file_or_source_part(chunk))
+        return None  # finish-step, error, abort: no part changes
+
+    def _apply_block_delta(self, chunk: Mapping[str, Any]) -> int:
+        idx = self._by_block.get(chunk["id"])
+        if idx is None:
+            raise InvalidArgumentError(
+                f"{chunk['type']} for unknown block {chunk['id']!r}: its start is missing"
             )
-        if chunk["type"] == "source-url":
-            return self._append(
+        self._text[idx].append(chunk["delta"])
+        return idx
+
+    def _apply_block_start(self, chunk: Mapping[str, Any]) -> int:
+        if chunk["type"] == "text-start":
+            idx = self._append({"type": "text", "text": "", "state": "streaming"})
+        else:
+            # The AI SDK keeps a reasoning block's id on its part (text parts have none).
+            idx = self._append(
+                {"type": "reasoning", "id": chunk["id"], "text": "", "state": "streaming"}
+            )
+        self._by_block[chunk["id"]] = idx
+        self._text[idx] = []
+        if chunk.get("providerMetadata"):
+            self.parts[idx]["providerMetadata"] = chunk["providerMetadata"]
+        return idx
+
+    def _apply_block_end(self, chunk: Mapping[str, Any]) -> int | None:
+        idx = self._by_block.get(chunk["id"])
+        if idx is None:
+            return None
+        self.parts[idx]["state"] = "done"
+        if chunk.get("providerMetadata"):
+            self.parts[idx]["providerMetadata"] = chunk["providerMetadata"]
+        return idx
+
+    def _apply_tool_input_stream(self, chunk: Mapping[str, Any]) -> int | None:
+        """``tool-input-start`` and ``tool-input-delta``."""
+        if chunk["type"] == "tool-input-start":
+            idx = self._append(
                 {
-                    "type": "source-url",
-                    "sourceId": chunk.get("sourceId"),
-                    "url": chunk.get("url"),
-                    "title": chunk.get("title"),
+                    "type": "dynamic-tool",
+                    "toolName": chunk["toolName"],
+                    "toolCallId": chunk["toolCallId"],
+                    "state": "input-streaming",
+                    "input": None,
                 }
             )
-        return None  # finish-step, error, abort: no part changes
+            self._by_call[chunk["toolCallId"]] = idx
+            self._tool_input_text[idx] = []
+            return idx
+        started = self._by_call.get(chunk["toolCallId"])
+        if started is None:
+            raise InvalidArgumentError("tool-input-delta before its tool-input-start")
+        self._tool_input_text[started].append(chunk["inputTextDelta"])
+        return None  # partial JSON is not worth a row write; input lands when available
+
+    def _apply_tool_input(self, chunk: Mapping[str, Any]) -> int:
+        """``tool-input-available`` and ``tool-input-error``."""
+        found = self._by_call.get(chunk["toolCallId"])
+        if found is not None:
+            idx = found
+        else:
+            idx = self._append(
+                {
+                    "type": "dynamic-tool",
+                    "toolName": chunk["toolName"],
+                    "toolCallId": chunk["toolCallId"],
+                }
+            )
+            self._by_call[chunk["toolCallId"]] = idx
+        part = self.parts[idx]
+        part["input"] = chunk.get("input")
+        if chunk["type"] == "tool-input-available":
+            part["state"] = "input-available"
+        else:
+            part["state"] = "output-error"
+            part["errorText"] = chunk.get("errorText")
+        self._tool_input_text.pop(idx, None)
+        return idx
+
+    def _apply_tool_output(self, chunk: Mapping[str, Any]) -> int | None:
+        """``tool-output-available``, ``tool-output-error`` and ``tool-output-denied``."""
+        idx = self._by_call.get(chunk["toolCallId"])
+        if idx is None:
+            return None
+        part = self.parts[idx]
+        if chunk["type"] == "tool-output-available":
+            part["state"] = "output-available"
+            part["output"] = chunk.get("output")
+        elif chunk["type"] == "tool-output-error":
+            part["state"] = "output-error"
+            part["errorText"] = chunk.get("errorText")
+        else:
+            part["state"] = "output-denied"
+        return idx
 
     def _apply_data(self, chunk: Mapping[str, Any]) -> int | None:
         if chunk.get("transient"):
@@ -268,3 +280,14 @@ class MessageBuilder:
         for idx in self._text:
             self.part(idx)
         return self.message
+
+
+def _file_or_source_part(chunk: Mapping[str, Any]) -> dict[str, Any]:
+    if chunk["type"] == "file":
+        return {"type": "file", "mediaType": chunk.get("mediaType"), "url": chunk.get("url")}
+    return {
+        "type": "source-url",
+        "sourceId": chunk.get("sourceId"),
+        "url": chunk.get("url"),
+        "title": chunk.get("title"),
+    }

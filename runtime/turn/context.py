@@ -39,6 +39,38 @@ def _summary_text(part: dict[str, Any]) -> str:
     return f"[Summary of the earlier conversation]\n{summary}"
 
 
+# What the model is told for a call that ended without an output of its own.
+_RESULT_ERRORS = {
+    "output-denied": "The user denied this tool call.",
+    # input-available with no result: finalized as an error so the prompt never
+    # carries an unresolved call.
+    "input-available": "tool call did not complete",
+}
+
+
+def _tool_result(part: dict[str, Any], state: str) -> ToolResultContent:
+    """The result a called ``dynamic-tool`` part (state in ``_CALLED_STATES``) gives."""
+    call_id, name = part["toolCallId"], part["toolName"]
+    if state == "output-available":
+        return ToolResultContent(tool_call_id=call_id, tool_name=name, output=part.get("output"))
+    if state == "output-error":
+        output = part.get("errorText") or "tool error"
+    else:
+        output = _RESULT_ERRORS[state]
+    return ToolResultContent(tool_call_id=call_id, tool_name=name, output=output, is_error=True)
+
+
+def _reasoning_content(part: dict[str, Any]) -> ReasoningContent | None:
+    meta = (part.get("providerMetadata") or {}).get("anthropic") or {}
+    if not (part.get("text") or meta.get("redactedData")):
+        return None
+    return ReasoningContent(
+        text=part.get("text", ""),
+        signature=meta.get("signature"),
+        redacted_data=meta.get("redactedData"),
+    )
+
+
 def _assistant_steps(message: dict[str, Any]) -> list[ModelMessage]:
     out: list[ModelMessage] = []
     content: list[Any] = []
@@ -60,59 +92,22 @@ def _assistant_steps(message: dict[str, Any]) -> list[ModelMessage]:
             if part.get("text"):
                 content.append(TextContent(text=part["text"]))
         elif ptype == "reasoning":
-            meta = (part.get("providerMetadata") or {}).get("anthropic") or {}
-            if part.get("text") or meta.get("redactedData"):
-                content.append(
-                    ReasoningContent(
-                        text=part.get("text", ""),
-                        signature=meta.get("signature"),
-                        redacted_data=meta.get("redactedData"),
-                    )
-                )
+            reasoning = _reasoning_content(part)
+            if reasoning is not None:
+                content.append(reasoning)
         elif ptype == "dynamic-tool":
             state = part.get("state")
             if state not in _CALLED_STATES:
                 # An unfinished call (input still streaming) was never executed.
                 continue
-            call_id, name = part["toolCallId"], part["toolName"]
             content.append(
-                ToolCallContent(tool_call_id=call_id, tool_name=name, input=part.get("input"))
+                ToolCallContent(
+                    tool_call_id=part["toolCallId"],
+                    tool_name=part["toolName"],
+                    input=part.get("input"),
+                )
             )
-            if state == "output-available":
-                results.append(
-                    ToolResultContent(
-                        tool_call_id=call_id, tool_name=name, output=part.get("output")
-                    )
-                )
-            elif state == "output-error":
-                results.append(
-                    ToolResultContent(
-                        tool_call_id=call_id,
-                        tool_name=name,
-                        output=part.get("errorText") or "tool error",
-                        is_error=True,
-                    )
-                )
-            elif state == "output-denied":
-                results.append(
-                    ToolResultContent(
-                        tool_call_id=call_id,
-                        tool_name=name,
-                        output="The user denied this tool call.",
-                        is_error=True,
-                    )
-                )
-            else:
-                # input-available with no result: finalize as an error so the prompt
-                # never carries an unresolved call.
-                results.append(
-                    ToolResultContent(
-                        tool_call_id=call_id,
-                        tool_name=name,
-                        output="tool call did not complete",
-                        is_error=True,
-                    )
-                )
+            results.append(_tool_result(part, state))
         elif ptype == "data-compaction":
             content.append(TextContent(text=_summary_text(part)))
     close_step()

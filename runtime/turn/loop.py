@@ -34,6 +34,7 @@ from thinkray.runtime.models.base import (
     FinishReason,
     Model,
     ModelError,
+    ModelEvent,
     ModelMessage,
     ModelRequest,
     ReasoningContent,
@@ -168,162 +169,206 @@ async def run_loop(
             system=system, messages=history, tools=specs, **(request_options or {})
         )
         yield {"type": "start-step"}
-        assistant_content: list[Content] = []
-        calls: list[_Call] = []
-        finish_reason: FinishReason = "stop"
-        step_usage = Usage()
-        text_buf: dict[str, list[str]] = {}
-        reasoning_buf: dict[str, list[str]] = {}
+        st = _StepState()
         attempt = 0
         trace = hooks.trace
+        # The model call, retried while it fails transiently before emitting anything.
+        # Kept inline (no nested generator) so that closing this generator closes the
+        # model stream and ends the call's span and metric at once.
         while True:
-            emitted = False
+            st.emitted = False
             chat_span = trace.chat_start(model, step, attempt, request) if trace else None
             chat_error: BaseException | None = None
             call_started = time.perf_counter()
             try:
                 async for ev in abortable(model.stream(request), signal):
-                    if not emitted and trace is not None:
+                    if not st.emitted and trace is not None:
                         trace.chat_first_chunk(chat_span, call_started)
-                    emitted = True
-                    # A tagged union: ``ev.type ==`` narrows ``ev`` (most frequent first).
-                    if ev.type == "text-delta":
-                        text_buf[ev.id].append(ev.delta)
-                        yield {"type": "text-delta", "id": ev.id, "delta": ev.delta}
-                    elif ev.type == "reasoning-delta":
-                        reasoning_buf[ev.id].append(ev.delta)
-                        yield {"type": "reasoning-delta", "id": ev.id, "delta": ev.delta}
-                    elif ev.type == "tool-input-delta":
-                        yield {
-                            "type": "tool-input-delta",
-                            "toolCallId": ev.id,
-                            "inputTextDelta": ev.delta,
-                        }
-                    elif ev.type == "text-start":
-                        text_buf[ev.id] = []
-                        yield {"type": "text-start", "id": ev.id}
-                    elif ev.type == "text-end":
-                        assistant_content.append(TextContent(text="".join(text_buf[ev.id])))
-                        yield {"type": "text-end", "id": ev.id}
-                    elif ev.type == "reasoning-start":
-                        reasoning_buf[ev.id] = []
-                        yield {"type": "reasoning-start", "id": ev.id}
-                    elif ev.type == "reasoning-end":
-                        assistant_content.append(
-                            ReasoningContent(
-                                text="".join(reasoning_buf.get(ev.id, ())),
-                                signature=ev.signature,
-                                redacted_data=ev.redacted_data,
-                            )
-                        )
-                        yield _reasoning_end(ev)
-                    elif ev.type == "tool-input-start":
-                        yield {
-                            "type": "tool-input-start",
-                            "toolCallId": ev.id,
-                            "toolName": ev.tool_name,
-                            "dynamic": True,
-                        }
-                    elif ev.type == "tool-call":
-                        call_chunk, call = _validate_call(ev, tools)
-                        calls.append(call)
-                        # The model is shown the arguments it produced (the chunk's
-                        # parsed JSON, as stored), never the validated object the tool
-                        # runs with: that one has defaults filled in and is no JSON.
-                        assistant_content.append(
-                            ToolCallContent(
-                                tool_call_id=call[0],
-                                tool_name=call[1],
-                                input=call_chunk["input"],
-                            )
-                        )
-                        if hooks.record_call is not None and call[3] is None:
-                            hooks.record_call(tools[call[1]], call[0], call_chunk["input"])
-                        yield call_chunk
-                    elif ev.type == "step-finish":
-                        finish_reason = ev.finish_reason
-                        step_usage = ev.usage
-                        if trace is not None:
-                            trace.chat_response(chat_span, ev.provider_metadata)
+                    st.emitted = True
+                    chunk = st.on_event(ev, tools, hooks, chat_span)
+                    if chunk is not None:
+                        yield chunk
                 break
             except BaseException as exc:
                 chat_error = exc
-                if not isinstance(exc, ModelError):
-                    raise
-                if not exc.transient or emitted or attempt >= retry.max_retries:
-                    if exc.usage is not None:
-                        # The broken step was billed for what it read: record that
-                        # usage (its message keeps the partial output), never zero.
-                        result.usage = result.usage + exc.usage
-                        if hooks.on_step_finish:
-                            hooks.on_step_finish(step, exc.usage, "error")
+                delay = _retry_delay(exc, st, attempt, retry, step, result, hooks)
+                if delay is None:
                     raise
                 attempt += 1
-                delay = retry.delay(attempt, exc)
-                if hooks.on_retry:
-                    hooks.on_retry(attempt, exc, delay)
             finally:
-                outcome = _call_outcome(chat_error)
-                if hooks.on_model_call is not None:
-                    hooks.on_model_call(outcome)
-                if trace is not None:
-                    trace.chat_end(
-                        chat_span,
-                        outcome=outcome,
-                        finish_reason=finish_reason,
-                        usage=getattr(chat_error, "usage", None) if chat_error else step_usage,
-                        error=chat_error,
-                        output=assistant_content,
-                    )
+                _end_model_call(hooks, chat_span, chat_error, st)
             await _sleep_or_abort(delay, signal)
 
         result.steps = step + 1
-        result.usage = result.usage + step_usage
+        result.usage = result.usage + st.usage
         if hooks.on_step_finish:
-            hooks.on_step_finish(step, step_usage, finish_reason)
-        if assistant_content:
-            history.append(ModelMessage(role="assistant", content=assistant_content))
+            hooks.on_step_finish(step, st.usage, st.finish_reason)
+        if st.assistant_content:
+            history.append(ModelMessage(role="assistant", content=st.assistant_content))
 
-        tool_results: list[ToolResultContent] = []
-        if calls:
+        if st.calls:
+            tool_results: list[ToolResultContent] = []
             denials: dict[str, str] = {}  # call id -> reason, for tool-output-denied
-            async for chunk in _execute_calls(calls, tools, signal, tool_context, hooks, denials):
-                if chunk["type"] == "tool-output-available":
-                    tool_results.append(
-                        ToolResultContent(
-                            tool_call_id=chunk["toolCallId"],
-                            tool_name=_name_of(calls, chunk["toolCallId"]),
-                            output=chunk["output"],
-                        )
-                    )
-                elif chunk["type"] == "tool-output-error":
-                    tool_results.append(
-                        ToolResultContent(
-                            tool_call_id=chunk["toolCallId"],
-                            tool_name=_name_of(calls, chunk["toolCallId"]),
-                            output=chunk["errorText"],
-                            is_error=True,
-                        )
-                    )
-                elif chunk["type"] == "tool-output-denied":
-                    tool_results.append(
-                        ToolResultContent(
-                            tool_call_id=chunk["toolCallId"],
-                            tool_name=_name_of(calls, chunk["toolCallId"]),
-                            output=denials.get(chunk["toolCallId"], "denied"),
-                            is_error=True,
-                        )
-                    )
-                yield chunk
-            # Keep results in call order for providers that care.
-            order = {c[0]: i for i, c in enumerate(calls)}
-            tool_results.sort(key=lambda r: order.get(r.tool_call_id, 0))
-            history.append(ModelMessage(role="tool", content=tool_results))
+            async for out in _execute_calls(st.calls, tools, signal, tool_context, hooks, denials):
+                tool_results.append(_tool_result(out, st.calls, denials))
+                yield out
+            history.append(
+                ModelMessage(role="tool", content=_in_call_order(tool_results, st.calls))
+            )
         yield {"type": "finish-step"}
-        result.finish_reason = finish_reason
-        if not calls or finish_reason not in ("tool-calls", "stop", "other"):
+        result.finish_reason = st.finish_reason
+        if not st.calls or st.finish_reason not in ("tool-calls", "stop", "other"):
             break
     yield {"type": "finish", "finishReason": result.finish_reason}
+
+
+class _StepState:
+    """What one step gathers from the model's stream: the assistant message for the
+    history, the tool calls to run, the finish reason and usage."""
+
+    def __init__(self) -> None:
+        self.assistant_content: list[Content] = []
+        self.calls: list[_Call] = []
+        self.finish_reason: FinishReason = "stop"
+        self.usage = Usage()
+        self.emitted = False
+        self._text: dict[str, list[str]] = {}
+        self._reasoning: dict[str, list[str]] = {}
+
+    def on_event(
+        self, ev: ModelEvent, tools: dict[str, Tool], hooks: LoopHooks, chat_span: Any
+    ) -> LoopChunk | None:
+        """Fold ``ev`` into the step; the chunk to yield for it, or None."""
+        # A tagged union: ``ev.type ==`` narrows ``ev`` (most frequent first).
+        if ev.type == "text-delta":
+            self._text[ev.id].append(ev.delta)
+            return {"type": "text-delta", "id": ev.id, "delta": ev.delta}
+        if ev.type == "reasoning-delta":
+            self._reasoning[ev.id].append(ev.delta)
+            return {"type": "reasoning-delta", "id": ev.id, "delta": ev.delta}
+        if ev.type == "tool-input-delta":
+            return {"type": "tool-input-delta", "toolCallId": ev.id, "inputTextDelta": ev.delta}
+        if ev.type == "text-start":
+            self._text[ev.id] = []
+            return {"type": "text-start", "id": ev.id}
+        if ev.type == "text-end":
+            self.assistant_content.append(TextContent(text="".join(self._text[ev.id])))
+            return {"type": "text-end", "id": ev.id}
+        if ev.type == "reasoning-start":
+            self._reasoning[ev.id] = []
+            return {"type": "reasoning-start", "id": ev.id}
+        if ev.type == "reasoning-end":
+            self.assistant_content.append(
+                ReasoningContent(
+                    text="".join(self._reasoning.get(ev.id, ())),
+                    signature=ev.signature,
+                    redacted_data=ev.redacted_data,
+                )
+            )
+            return _reasoning_end(ev)
+        if ev.type == "tool-input-start":
+            return {
+                "type": "tool-input-start",
+                "toolCallId": ev.id,
+                "toolName": ev.tool_name,
+                "dynamic": True,
+            }
+        if ev.type == "tool-call":
+            return self._on_tool_call(ev, tools, hooks)
+        if ev.type == "step-finish":
+            self.finish_reason = ev.finish_reason
+            self.usage = ev.usage
+            if hooks.trace is not None:
+                hooks.trace.chat_response(chat_span, ev.provider_metadata)
+        return None
+
+    def _on_tool_call(
+        self, ev: ToolCall, tools: dict[str, Tool], hooks: LoopHooks
+    ) -> ToolInputAvailableChunk | ToolInputErrorChunk:
+        call_chunk, call = _validate_call(ev, tools)
+        self.calls.append(call)
+        # The model is shown the arguments it produced (the chunk's parsed JSON, as
+        # stored), never the validated object the tool runs with: that one has
+        # defaults filled in and is no JSON.
+        self.assistant_content.append(
+            ToolCallContent(tool_call_id=call[0], tool_name=call[1], input=call_chunk["input"])
+        )
+        # Recorded before the chunk is yielded: no consumer sees a call a crash would erase.
+        if hooks.record_call is not None and call[3] is None:
+            hooks.record_call(tools[call[1]], call[0], call_chunk["input"])
+        return call_chunk
+
+
+def _retry_delay(
+    exc: BaseException,
+    st: _StepState,
+    attempt: int,
+    retry: RetryPolicy,
+    step: int,
+    result: LoopResult,
+    hooks: LoopHooks,
+) -> float | None:
+    """Seconds to wait before retrying a failed model call, or None to give up (the
+    caller re-raises ``exc``)."""
+    if not isinstance(exc, ModelError):
+        return None
+    if not exc.transient or st.emitted or attempt >= retry.max_retries:
+        if exc.usage is not None:
+            # The broken step was billed for what it read: record that
+            # usage (its message keeps the partial output), never zero.
+            result.usage = result.usage + exc.usage
+            if hooks.on_step_finish:
+                hooks.on_step_finish(step, exc.usage, "error")
+        return None
+    delay = retry.delay(attempt + 1, exc)
+    if hooks.on_retry:
+        hooks.on_retry(attempt + 1, exc, delay)
+    return delay
+
+
+def _end_model_call(
+    hooks: LoopHooks, chat_span: Any, chat_error: BaseException | None, st: _StepState
+) -> None:
+    """A model call's metric and the end of its span, however the call ended."""
+    outcome = _call_outcome(chat_error)
+    if hooks.on_model_call is not None:
+        hooks.on_model_call(outcome)
+    if hooks.trace is not None:
+        hooks.trace.chat_end(
+            chat_span,
+            outcome=outcome,
+            finish_reason=st.finish_reason,
+            usage=getattr(chat_error, "usage", None) if chat_error else st.usage,
+            error=chat_error,
+            output=st.assistant_content,
+        )
+
+
+def _tool_result(
+    chunk: _ResultChunk, calls: list[_Call], denials: dict[str, str]
+) -> ToolResultContent:
+    """What the model reads for a call's result chunk."""
+    call_id = chunk["toolCallId"]
+    name = _name_of(calls, call_id)
+    if chunk["type"] == "tool-output-available":
+        return ToolResultContent(tool_call_id=call_id, tool_name=name, output=chunk["output"])
+    if chunk["type"] == "tool-output-error":
+        return ToolResultContent(
+            tool_call_id=call_id, tool_name=name, output=chunk["errorText"], is_error=True
+        )
+    return ToolResultContent(
+        tool_call_id=call_id,
+        tool_name=name,
+        output=denials.get(call_id, "denied"),
+        is_error=True,
+    )
+
+
+def _in_call_order(results: list[ToolResultContent], calls: list[_Call]) -> list[ToolResultContent]:
+    # Keep results in call order for providers that care.
+    order = {c[0]: i for i, c in enumerate(calls)}
+    results.sort(key=lambda r: order.get(r.tool_call_id, 0))
+    return results
 
 
 def _call_outcome(error: BaseException | None) -> str:
