@@ -463,7 +463,7 @@ class SessionActor:
             if self._remote is not remote or store.closed:
                 raise NotDurableError(f"session {remote.prefix} is no longer hosted here")
             # On this loop's thread, between writes: what is taken ends at a commit.
-            upload = remote.prepare_ship(lambda: store.db.execute("CHECKPOINT"))
+            upload = remote.prepare_ship(store.checkpoint)
             if upload is not None:
                 await asyncio.to_thread(upload)
 

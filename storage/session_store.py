@@ -2324,6 +2324,11 @@ class DuckDBSessionStore(SessionStore):
         """Whether :meth:`close` has been called."""
         return self._closed
 
+    def checkpoint(self) -> None:
+        """Fold the write-ahead log into the database file (DuckDB's ``CHECKPOINT``):
+        the file alone then holds every commit (what shipping the whole file needs)."""
+        self.db.execute("CHECKPOINT")
+
     @override
     def close(self) -> None:
         """Idempotent. Closes (checkpointing) the database only if this store opened it."""
