@@ -140,6 +140,12 @@ def _check_time(value: object, what: str) -> None:
         raise InvalidInputError(f"{what} must be epoch seconds or None, not {value!r}")
 
 
+def _row_in(con: duckdb.DuckDBPyConnection, tool_call_id: str) -> ToolCallRecord | None:
+    """The call's row read inside the caller's transaction (None: no such call)."""
+    row = con.execute(f"SELECT {_COLS} FROM tool_calls WHERE id = ?", [tool_call_id]).fetchone()
+    return None if row is None else _record(row)
+
+
 def _update(con: duckdb.DuckDBPyConnection, rec: ToolCallRecord, old_status: str) -> None:
     """Write ``rec`` over its row, if the row is still ``old_status``."""
     con.execute(
@@ -310,12 +316,9 @@ class DuckDBToolCallStore(MigratedStore, ToolCallStore):
         rollbacks = self.db.rollbacks
         try:
             with self.db.transaction() as con:
-                row = con.execute(
-                    f"SELECT {_COLS} FROM tool_calls WHERE id = ?", [tool_call_id]
-                ).fetchone()
-                if row is None:
+                rec = _row_in(con, tool_call_id)
+                if rec is None:
                     return None
-                rec = _record(row)
                 if rec.status not in expected:
                     return None
                 if executor is not None and not claim and rec.executor != executor:
@@ -353,12 +356,9 @@ class DuckDBToolCallStore(MigratedStore, ToolCallStore):
         if lease_until is None:
             raise InvalidInputError("a renewal needs lease_until")
         with self.db.transaction() as con:
-            row = con.execute(
-                f"SELECT {_COLS} FROM tool_calls WHERE id = ?", [tool_call_id]
-            ).fetchone()
-            if row is None:
+            rec = _row_in(con, tool_call_id)
+            if rec is None:
                 return None
-            rec = _record(row)
             if rec.status != "executing" or rec.executor != executor:
                 return None
             rec.lease_until = float(lease_until)
@@ -379,12 +379,9 @@ class DuckDBToolCallStore(MigratedStore, ToolCallStore):
         if expect is not None:
             expected = [s for s in _statuses(expect) if s not in TOOL_CALL_FINISHED]
         with self.db.transaction() as con:
-            row = con.execute(
-                f"SELECT {_COLS} FROM tool_calls WHERE id = ?", [tool_call_id]
-            ).fetchone()
-            if row is None:
+            rec = _row_in(con, tool_call_id)
+            if rec is None:
                 return None
-            rec = _record(row)
             if rec.status not in expected:
                 return None
             rec.deadline_at = None if deadline_at is None else float(deadline_at)
@@ -454,12 +451,9 @@ class DuckDBToolCallStore(MigratedStore, ToolCallStore):
         _optional_str(error, "error")
         _pack(result, "late tool call result")
         with self.db.transaction() as con:
-            row = con.execute(
-                f"SELECT {_COLS} FROM tool_calls WHERE id = ?", [tool_call_id]
-            ).fetchone()
-            if row is None:
+            rec = _row_in(con, tool_call_id)
+            if rec is None:
                 return None
-            rec = _record(row)
             if not rec.cancelled:
                 raise InvalidInputError(
                     f"tool call {tool_call_id!r} is {rec.status!r}: only a cancelled call "
