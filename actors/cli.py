@@ -6,7 +6,9 @@ wakes it and shows the history rebuilt from its DuckDB file. ``thinkray serve`` 
 the AI SDK chat stream, resume, sessions and the web chat page, behind bearer tokens.
 ``thinkray sessions ls|show|export|rm`` and ``thinkray stats`` read the fleet index
 (:mod:`thinkray.actors.fleet_cli`) without waking any agent. ``thinkray top`` shows the
-live agents of a running cluster, refreshed (:mod:`thinkray.actors.top`).
+live agents of a running cluster, refreshed (:mod:`thinkray.actors.top`). ``thinkray acp``
+serves an agent to an editor over the Agent Client Protocol on stdio
+(:mod:`thinkray.actors.acp_cli`).
 """
 
 from __future__ import annotations
@@ -394,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     from thinkray.actors import top
 
     top.add_command(sub)  # top: the live view
+    from thinkray.actors import acp_cli
+
+    acp_cli.add_command(sub)  # acp: the Agent Client Protocol on stdio, for editors
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 

@@ -1,0 +1,100 @@
+"""``thinkray acp``: a thinkray agent as an Agent Client Protocol server on stdio, for
+editors that speak ACP (Zed and others) to spawn.
+
+The agent runs in this process (no Ray: it starts in about a second), in its DuckDB
+file under the storage root (:mod:`thinkray.runtime.acp.host`). Nothing but the
+protocol goes to stdout; logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+DEFAULT_AGENT = "thinkray.actors.demo:DemoAgent"
+
+
+def _principal(given: str | None) -> str:
+    if given:
+        return given
+    try:
+        return getpass.getuser()
+    except Exception:  # no login name (a container without passwd entry)
+        return f"uid-{os.getuid()}"
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until the editor closes stdin. Returns 2 for bad options or an agent file
+    another process holds (the reason on stderr)."""
+    from thinkray.actors.ingress.config import load_object
+    from thinkray.runtime.acp.host import LocalHost, run_local
+    from thinkray.storage.errors import StorageError
+    from thinkray.storage.layout import default_storage_root, normalize_root
+
+    logging.basicConfig(
+        stream=sys.stderr, level=args.log_level.upper(), format="thinkray acp: %(message)s"
+    )
+    try:
+        kwargs: Any = json.loads(args.agent_kwargs) if args.agent_kwargs else None
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise ValueError("--agent-kwargs must be a JSON object")
+        root = (
+            args.storage_root
+            or os.environ.get("THINKRAY_STORAGE_ROOT")
+            or str(default_storage_root("acp"))
+        )
+        host = LocalHost(
+            agent_cls=load_object(args.agent),
+            storage_root=normalize_root(root),
+            namespace=args.namespace,
+            name=args.name,
+            principal=_principal(args.principal),
+            agent_kwargs=kwargs,
+        )
+        asyncio.run(run_local(host))
+    except (ValueError, StorageError) as exc:
+        print(f"thinkray acp: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def add_command(sub: Any) -> None:
+    """Register ``thinkray acp`` on the CLI's subparsers."""
+    p = sub.add_parser(
+        "acp",
+        help="serve an agent over the Agent Client Protocol on stdio (for editors)",
+        description=__doc__,
+    )
+    p.add_argument(
+        "--agent",
+        default=DEFAULT_AGENT,
+        metavar="MODULE:CLASS",
+        help=f"the agent class (default {DEFAULT_AGENT})",
+    )
+    p.add_argument(
+        "--agent-kwargs", metavar="JSON", help="keyword arguments for its constructor"
+    )
+    p.add_argument(
+        "--storage-root",
+        help="where agents' files live (default: $THINKRAY_STORAGE_ROOT, else "
+        "~/.local/share/thinkray/acp)",
+    )
+    p.add_argument("--namespace", default="acp", help="the agent's namespace (default acp)")
+    p.add_argument(
+        "--name",
+        default="acp",
+        help="the agent's name: its file is ROOT/NAMESPACE/NAME.duckdb, holding every "
+        "ACP session of it (default acp)",
+    )
+    p.add_argument(
+        "--principal",
+        help="who answers tool approvals here, as recorded (default: the login name)",
+    )
+    p.add_argument("--log-level", default="warning", help="stderr log level (default warning)")
+    p.set_defaults(func=run)
