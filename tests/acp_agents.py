@@ -3,8 +3,8 @@ tests.acp_agents:AcpTestAgent``; the subprocess runs from the repository root).
 
 What the user writes decides the turn:
 
-- ``weather <City>``: a reasoning block, a ``get_weather`` call (no approval), then
-  ``It is <forecast>.``;
+- ``weather <City>``: a reasoning block, a ``get_weather`` call (no approval; it
+  prints to stdout, which must not reach the protocol), then ``It is <forecast>.``;
 - ``deploy <target>``: a ``deploy`` call that asks for approval (a manifest ``ask``
   rule), then ``done: <result>``; ``deploy`` appends one line per execution to the
   file ``$ACP_TEST_MARKS`` so a test sees whether it ran;
@@ -36,6 +36,7 @@ class AcpTestAgent(Agent):
         @tool
         def get_weather(city: str) -> str:
             """The forecast for a city."""
+            print(f"looking up {city}")  # a stray write to stdout the protocol must survive
             return FORECAST.get(city, "sunny, 20°C")
 
         @tool
