@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     another process holds (the reason on stderr)."""
     from thinkray.actors.ingress.config import load_object
     from thinkray.runtime.acp.host import LocalHost, run_local
-    from thinkray.storage.errors import StorageError
+    from thinkray.storage.errors import DatabaseLockedError, StorageError
     from thinkray.storage.layout import default_storage_root, normalize_root
 
     logging.basicConfig(
@@ -58,6 +58,13 @@ def run(args: argparse.Namespace) -> int:
             agent_kwargs=kwargs,
         )
         asyncio.run(run_local(host))
+    except DatabaseLockedError as exc:
+        print(
+            f"thinkray acp: {exc}. Another thinkray acp (or a namespace) serves agent "
+            f"{args.name!r}: give this one its own --name (each editor window its own agent)",
+            file=sys.stderr,
+        )
+        return 2
     except (ValueError, StorageError) as exc:
         print(f"thinkray acp: {exc}", file=sys.stderr)
         return 2
@@ -77,9 +84,7 @@ def add_command(sub: Any) -> None:
         metavar="MODULE:CLASS",
         help=f"the agent class (default {DEFAULT_AGENT})",
     )
-    p.add_argument(
-        "--agent-kwargs", metavar="JSON", help="keyword arguments for its constructor"
-    )
+    p.add_argument("--agent-kwargs", metavar="JSON", help="keyword arguments for its constructor")
     p.add_argument(
         "--storage-root",
         help="where agents' files live (default: $THINKRAY_STORAGE_ROOT, else "

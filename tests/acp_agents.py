@@ -9,6 +9,7 @@ What the user writes decides the turn:
   rule), then ``done: <result>``; ``deploy`` appends one line per execution to the
   file ``$ACP_TEST_MARKS`` so a test sees whether it ran;
 - ``slow <n>``: ``n`` words, 50 ms apart (time to cancel mid-stream);
+- ``fail``: two words, then the model fails (a non-transient model error);
 - anything else: ``echo: <text>``.
 """
 
@@ -66,6 +67,8 @@ class AcpTestAgent(Agent):
             )
         if verb == "deploy":
             return reply(tool_call("deploy", {"target": arg}))
+        if verb == "fail":
+            return reply("half ", "an ", "answer", fail_at=3, error="the model fell over")
         if verb == "slow":
             return reply(*[f"w{i} " for i in range(int(arg or 40))], delay=0.05)
         return reply(f"echo: {text}")

@@ -69,7 +69,9 @@ class Agent:
     def run(self, scenario: str, session_id: str = "") -> dict[str, Any]:
         env = {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p
+            ),
             "ACP_TEST_MARKS": str(self.marks),
         }
         proc = subprocess.run(
@@ -160,7 +162,9 @@ def test_prompt_streams_reasoning_a_tool_call_and_text(first):
 
 def _deploy_record(thinkray: AcpTestAgent, target: str) -> Any:
     [rec] = [
-        r for r in thinkray.tool_calls.store.rows() if r.tool_name == "deploy" and r.input == {"target": target}
+        r
+        for r in thinkray.tool_calls.store.rows()
+        if r.tool_name == "deploy" and r.input == {"target": target}
     ]
     return rec
 
@@ -261,8 +265,15 @@ def test_load_after_restart_replays_every_message(first, agent):
         "slow 400",
     ]
     # Tool calls come back with their final status; the assistant's words and thoughts too.
-    calls = {u["rawInput"].get("city") or u["rawInput"]["target"]: u for u in replayed if u["update"] == "tool_call"}
-    assert calls["Paris"]["status"] == "completed" and calls["Paris"]["rawOutput"] == "light rain, 14°C"
+    calls = {
+        u["rawInput"].get("city") or u["rawInput"]["target"]: u
+        for u in replayed
+        if u["update"] == "tool_call"
+    }
+    assert (
+        calls["Paris"]["status"] == "completed"
+        and calls["Paris"]["rawOutput"] == "light rain, 14°C"
+    )
     assert calls["alpha"]["status"] == "completed"
     assert calls["beta"]["status"] == "failed" and calls["gamma"]["status"] == "failed"
     assert "It is light rain, 14°C." in text_of(replayed)
@@ -283,7 +294,9 @@ def test_resume_rejoins_without_replay(first, agent):
     thinkray = agent.open()
     try:
         history = thinkray.get_history(first["sessionId"])
-        texts = ["".join(p.get("text", "") for p in m["parts"] if p["type"] == "text") for m in history]
+        texts = [
+            "".join(p.get("text", "") for p in m["parts"] if p["type"] == "text") for m in history
+        ]
         assert "after resume" in texts and "echo: after resume" in texts
     finally:
         thinkray.close()

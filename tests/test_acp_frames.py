@@ -8,90 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import queue
-import subprocess
-import sys
-import threading
-from pathlib import Path
 from typing import Any
 
 import pytest
-
 from thinkray.runtime.acp.stdio import CheckedTransport, frame_problem
 
-REPO = Path(__file__).resolve().parent.parent
-HANG_GUARD = 120  # seconds: only against a hang, never a measured time
-
-
-class Server:
-    """A ``thinkray acp`` process and its stdout, line by line."""
-
-    def __init__(self, root: Path) -> None:
-        thinkray = Path(sys.executable).with_name("thinkray")
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
-        self.proc = subprocess.Popen(
-            [str(thinkray), "acp", "--agent", "tests.acp_agents:AcpTestAgent", "--storage-root", str(root)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=REPO,
-            env=env,
-        )
-        self.lines: queue.Queue[bytes] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-        self.next_id = 1000
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line)
-        self.lines.put(b"")
-
-    def send(self, raw: bytes | str | dict[str, Any]) -> None:
-        if isinstance(raw, dict):
-            raw = json.dumps(raw)
-        if isinstance(raw, str):
-            raw = raw.encode()
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(raw + b"\n")
-        self.proc.stdin.flush()
-
-    def read(self) -> dict[str, Any]:
-        line = self.lines.get(timeout=HANG_GUARD)
-        assert line, f"the server closed its output (exit {self.proc.poll()})"
-        message: dict[str, Any] = json.loads(line)  # every stdout line is a protocol message
-        return message
-
-    def request(self, method: str, params: Any) -> dict[str, Any]:
-        self.next_id += 1
-        self.send({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params})
-        while True:
-            message = self.read()
-            if message.get("id") == self.next_id:
-                return message
-
-    def close(self) -> int:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        code = self.proc.wait(timeout=HANG_GUARD)
-        assert self.proc.stderr is not None
-        self.stderr = self.proc.stderr.read().decode(errors="replace")
-        return code
+from tests.acp_support import Server, error_of
 
 
 @pytest.fixture
 def server(tmp_path):
     s = Server(tmp_path / "root")
     yield s
-    if s.proc.poll() is None:
-        s.proc.kill()
-        s.proc.wait()
-
-
-def error_of(message: dict[str, Any]) -> tuple[Any, int]:
-    assert "error" in message and "result" not in message, message
-    return message["id"], message["error"]["code"]
+    s.kill()
 
 
 BAD_FRAMES = [
@@ -115,8 +44,14 @@ BAD_FRAMES = [
     (b'{"jsonrpc": "2.0", "id": 9, "method": "_thinkray/unknown", "params": {}}', (9, -32601)),
     (b'{"jsonrpc": "2.0", "id": 10, "method": "session/new", "params": {"cwd": 5}}', (10, -32602)),
     (b'{"jsonrpc": "2.0", "id": 11, "method": "session/new"}', (11, -32602)),
-    (b'{"jsonrpc": "2.0", "id": 12, "method": "session/prompt", "params": {"sessionId": "x"}}', (12, -32602)),
-    (b'{"jsonrpc": "2.0", "id": "s", "method": "session/load", "params": {"sessionId": [5]}}', ("s", -32602)),
+    (
+        b'{"jsonrpc": "2.0", "id": 12, "method": "session/prompt", "params": {"sessionId": "x"}}',
+        (12, -32602),
+    ),
+    (
+        b'{"jsonrpc": "2.0", "id": "s", "method": "session/load", "params": {"sessionId": [5]}}',
+        ("s", -32602),
+    ),
     (b'{"jsonrpc": "2.0", "id": 13, "method": "session/prompt", "params": [1, 2]}', (13, -32602)),
 ]
 
@@ -197,7 +132,9 @@ def test_frame_problem_accepts_what_json_rpc_allows():
 
 
 def test_an_over_long_frame_is_answered_and_skipped():
-    async def scenario() -> tuple[list[dict[str, Any]], dict[str, Any] | None, dict[str, Any] | None]:
+    async def scenario() -> tuple[
+        list[dict[str, Any]], dict[str, Any] | None, dict[str, Any] | None
+    ]:
         reader = asyncio.StreamReader(limit=64)
         sent: list[dict[str, Any]] = []
 

@@ -18,8 +18,6 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
-from thinkray.runtime.messages import new_id
-
 from acp.schema import (
     AgentMessageChunk,
     AgentThoughtChunk,
@@ -36,6 +34,7 @@ from acp.schema import (
     ToolKind,
     UserMessageChunk,
 )
+from thinkray.runtime.messages import new_id
 
 __all__ = [
     "DECISIONS",
@@ -98,9 +97,13 @@ def _text(delta: str, message_id: str | None, kind: str) -> SessionUpdate:
 
 
 def tool_content(text: str) -> list[ContentToolCallContent]:
+    """A tool call's ``content``: ``text`` as one text block (cut at
+    :data:`OUTPUT_TEXT_LIMIT` characters, saying how many more there were)."""
     if len(text) > OUTPUT_TEXT_LIMIT:
         text = text[:OUTPUT_TEXT_LIMIT] + f"\n[... {len(text) - OUTPUT_TEXT_LIMIT} more characters]"
-    return [ContentToolCallContent(type="content", content=TextContentBlock(type="text", text=text))]
+    return [
+        ContentToolCallContent(type="content", content=TextContentBlock(type="text", text=text))
+    ]
 
 
 def _shown(output: Any) -> str:
@@ -168,7 +171,9 @@ class TurnTranslator:
         if kind == "tool-output-available":
             output = chunk.get("output")
             return [
-                self._finish(chunk, "completed", raw_output=output, content=tool_content(_shown(output)))
+                self._finish(
+                    chunk, "completed", raw_output=output, content=tool_content(_shown(output))
+                )
             ]
         if kind in ("tool-output-error", "tool-input-error"):
             return [self._finish(chunk, "failed", content=tool_content(chunk.get("errorText", "")))]

@@ -54,16 +54,15 @@ from acp.schema import (
     ToolKind,
 )
 from acp.schema import SessionInfo as AcpSessionInfo
-
 from thinkray.runtime.acp.mapping import (
     PERMISSION_OPTIONS,
     PromptContentError,
     SessionUpdate,
     TurnTranslator,
     decision_of,
-    tool_content,
     history_updates,
     stop_reason,
+    tool_content,
     user_message,
 )
 from thinkray.runtime.chunks import UIChunk
@@ -200,7 +199,10 @@ class AcpServer:
     # -- set-up ------------------------------------------------------------------------
 
     async def initialize(
-        self, protocol_version: int, client_capabilities: Any = None, client_info: Any = None,
+        self,
+        protocol_version: int,
+        client_capabilities: Any = None,
+        client_info: Any = None,
         **kwargs: Any,
     ) -> InitializeResponse:
         """Our capabilities: load, resume, close and list sessions; text prompts with
@@ -225,7 +227,9 @@ class AcpServer:
 
     # -- sessions ------------------------------------------------------------------------
 
-    async def new_session(self, cwd: str, mcp_servers: Any = None, **kwargs: Any) -> NewSessionResponse:
+    async def new_session(
+        self, cwd: str, mcp_servers: Any = None, **kwargs: Any
+    ) -> NewSessionResponse:
         """Create a thinkray session; its id is the ACP session id."""
         name = f"ACP: {os.path.basename(cwd.rstrip('/')) or cwd}"
         info = await self._call(self.port.create_session(name, {"acp": {"cwd": cwd}}))
@@ -243,7 +247,9 @@ class AcpServer:
         self.open.add(session_id)
         return LoadSessionResponse()
 
-    async def resume_session(self, cwd: str, session_id: str, **kwargs: Any) -> ResumeSessionResponse:
+    async def resume_session(
+        self, cwd: str, session_id: str, **kwargs: Any
+    ) -> ResumeSessionResponse:
         """Rejoin a stored session without replaying it."""
         await self._known(session_id)
         self.open.add(session_id)
@@ -257,7 +263,9 @@ class AcpServer:
         self.open.discard(session_id)
         return CloseSessionResponse()
 
-    async def list_sessions(self, cwd: str | None = None, cursor: str | None = None, **kwargs: Any) -> ListSessionsResponse:
+    async def list_sessions(
+        self, cwd: str | None = None, cursor: str | None = None, **kwargs: Any
+    ) -> ListSessionsResponse:
         """The agent's sessions (those started from ``cwd`` when given), newest first."""
         out = []
         for info in await self._call(self.port.list_sessions()):

@@ -143,9 +143,7 @@ def protocol_stdout() -> int:
     return fd
 
 
-async def _streams(
-    in_fd: int, out_fd: int
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def _streams(in_fd: int, out_fd: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=MAX_FRAME_BYTES)
     await loop.connect_read_pipe(
