@@ -20,9 +20,9 @@ HANG_GUARD = 120  # seconds: only against a hang, never a measured time
 class Server:
     """A ``thinkray acp`` process and its stdout, line by line."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path | None, *extra: str, env: dict[str, str] | None = None) -> None:
         thinkray = Path(sys.executable).with_name("thinkray")
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
         # A file, not a pipe nobody reads: a chatty stderr must not block the server.
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close())
         self.proc = subprocess.Popen(
@@ -31,8 +31,8 @@ class Server:
                 "acp",
                 "--agent",
                 "tests.acp_agents:AcpTestAgent",
-                "--storage-root",
-                str(root),
+                *(["--storage-root", str(root)] if root is not None else []),
+                *extra,
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

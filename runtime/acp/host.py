@@ -20,7 +20,7 @@ from thinkray.runtime.acp.server import AcpServer, LocalAgentPort
 from thinkray.runtime.acp.stdio import serve_stdio
 from thinkray.runtime.agents.context import AgentContext, constructing
 
-__all__ = ["LocalHost", "run_local"]
+__all__ = ["LocalHost", "open_agent", "package_version", "run_local"]
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,8 @@ class LocalHost:
     agent_kwargs: dict[str, Any] | None = None
 
 
-def _version() -> str:
+def package_version() -> str:
+    """thinkray's installed version ("0" when not installed)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -80,7 +81,9 @@ async def run_local(host: LocalHost, *, in_fd: int = 0, out_fd: int | None = Non
         wake = getattr(agent, "on_wake", None)
         if wake is not None and inspect.isawaitable(result := wake()):
             await result
-        server = AcpServer(LocalAgentPort(agent), principal=host.principal, version=_version())
+        server = AcpServer(
+            LocalAgentPort(agent), principal=host.principal, version=package_version()
+        )
         serving = asyncio.ensure_future(serve_stdio(server, in_fd=in_fd, out_fd=out_fd))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
