@@ -190,7 +190,7 @@ class AcpServer:
         self.version = version
         self.client: Any = None  # the SDK's connection to the client (on_connect)
         self.open: set[str] = set()  # sessions opened on this connection
-        self._asks: dict[str, set[asyncio.Task[None]]] = {}
+        self._cancelled: set[str] = set()  # sessions whose turn the client cancelled
 
     def on_connect(self, conn: Any) -> None:
         """The SDK hands over the client side of the connection."""
@@ -295,7 +295,8 @@ class AcpServer:
             raise RequestError.invalid_params({"details": str(exc)}) from exc
         turn = TurnTranslator(self.port.tool_kinds())
         last: dict[str, Any] | None = None
-        asks = self._asks.setdefault(session_id, set())
+        asks: set[asyncio.Task[None]] = set()
+        self._cancelled.discard(session_id)
         try:
             async for chunk in self._chunks(session_id, message):
                 last = dict(chunk)
@@ -308,7 +309,11 @@ class AcpServer:
         finally:
             for task in list(asks):
                 task.cancel()  # the turn is over: an unanswered ask no longer matters
-        if last is not None and last.get("type") == "error":
+        ended = last.get("type") if last is not None else None
+        if session_id in self._cancelled and ended != "finish":
+            # ACP: a cancelled turn answers "cancelled", whatever the cancel broke.
+            return PromptResponse(stop_reason="cancelled")
+        if ended == "error":
             raise RequestError.internal_error(
                 {"details": last.get("errorText"), "partial": "the partial answer is stored"}
             )
@@ -329,6 +334,7 @@ class AcpServer:
     async def cancel(self, session_id: str, **kwargs: Any) -> None:
         """Abort the session's turn in flight; its ``session/prompt`` answers
         ``cancelled``."""
+        self._cancelled.add(session_id)
         with contextlib.suppress(Exception):
             await self.port.abort(session_id)
 
@@ -349,7 +355,7 @@ class AcpServer:
             outcome = None
         if outcome is not None and outcome.outcome == "cancelled":
             # ACP: a client answers "cancelled" when it cancels the turn.
-            await self.port.abort(session_id)
+            await self.cancel(session_id)
             return
         decision = decision_of(getattr(outcome, "option_id", None))
         if decision != "deny":
@@ -362,6 +368,8 @@ class AcpServer:
             log.info("approval %s not recorded: %s", approval_id, exc)
         except AccessDeniedError as exc:  # the agent's may_approve said no
             await self._send(session_id, _progress(call_id, status="pending", note=str(exc)))
+        except Exception:  # the ask stays pending: its timeout ends it
+            log.exception("could not record the answer to approval %s", approval_id)
 
     # -- helpers ----------------------------------------------------------------------------
 
