@@ -309,13 +309,13 @@ class AcpServer:
         finally:
             for task in list(asks):
                 task.cancel()  # the turn is over: an unanswered ask no longer matters
-        ended = last.get("type") if last is not None else None
-        if session_id in self._cancelled and ended != "finish":
+        end = last or {}
+        if session_id in self._cancelled and end.get("type") != "finish":
             # ACP: a cancelled turn answers "cancelled", whatever the cancel broke.
             return PromptResponse(stop_reason="cancelled")
-        if ended == "error":
+        if end.get("type") == "error":
             raise RequestError.internal_error(
-                {"details": last.get("errorText"), "partial": "the partial answer is stored"}
+                {"details": end.get("errorText"), "partial": "the partial answer is stored"}
             )
         return PromptResponse(stop_reason=stop_reason(last))
 
