@@ -138,6 +138,7 @@ def _digest(payload: bytes) -> int:
 
 # -- indexing (the write path) --------------------------------------------------------
 
+
 def _text_of(payload: bytes) -> str | None:
     part = unpack(payload)
     text = part.get("text") if isinstance(part, dict) else None
@@ -183,7 +184,10 @@ class _Batch:
             params: list[Any] = [doc, _csv(counts.keys()), _csv(counts.values()), length]
         else:
             head = _POSTINGS_MANY
-            docs, term_ids, tfs, lengths = [], [], [], []
+            docs: list[int] = []
+            term_ids: list[int] = []
+            tfs: list[int] = []
+            lengths: list[int] = []
             for doc, length, counts in self.postings:
                 docs += [doc] * len(counts)
                 lengths += [length] * len(counts)

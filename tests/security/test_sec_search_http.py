@@ -22,11 +22,23 @@ def base(ray_local, tmp_path):
         yield url
 
 
+def start(base: str, name: str, headers: dict[str, str]) -> None:
+    """Claim the agent and wake it, with time for a first actor on a loaded machine
+    (``post_chat`` waits 30 s)."""
+    r = httpx.post(
+        f"{base}/agents/chat/{name}/sessions", json={"name": "first"}, headers=headers, timeout=300
+    )
+    assert r.status_code == 201, r.text
+
+
 def search(base: str, name: str, headers: dict[str, str], **params: str) -> httpx.Response:
-    return httpx.get(f"{base}/agents/chat/{name}/search", params=params, headers=headers, timeout=60)
+    return httpx.get(
+        f"{base}/agents/chat/{name}/search", params=params, headers=headers, timeout=60
+    )
 
 
 def test_the_owner_finds_her_messages_across_sessions(base):
+    start(base, "alice-s", ALICE)
     post_chat(base, "/agents/chat/alice-s/chat", chat_body("c1", "the zebra crossing", "u1"), ALICE)
     post_chat(base, "/agents/chat/alice-s/chat", chat_body("c2", "a zebra at the zoo", "u2"), ALICE)
     post_chat(base, "/agents/chat/alice-s/chat", chat_body("c2", "and a giraffe", "u3"), ALICE)
@@ -38,13 +50,15 @@ def test_the_owner_finds_her_messages_across_sessions(base):
     assert set(hits) == {"u1", "u2"}
     assert hits["u1"]["session_id"] == "c1" and hits["u2"]["session_id"] == "c2"
     assert hits["u1"]["role"] == "user" and "zebra" in hits["u1"]["snippet"]
-    start, end = hits["u1"]["highlights"][0]
-    assert hits["u1"]["snippet"][start:end] == "zebra"
+    first, last = hits["u1"]["highlights"][0]
+    assert hits["u1"]["snippet"][first:last] == "zebra"
     only = search(base, "alice-s", ALICE, q="zebra", session="c2", limit="5").json()
     assert [h["message_id"] for h in only["hits"]] == ["u2"]
 
 
 def test_another_tenant_gets_404_and_never_the_hits(base, tmp_path):
+    start(base, "alice-p", ALICE)
+    start(base, "bob-p", BOB)
     post_chat(base, "/agents/chat/alice-p/chat", chat_body("c1", "private password", "u1"), ALICE)
     post_chat(base, "/agents/chat/bob-p/chat", chat_body("b1", "bob's own note", "v1"), BOB)
     for params in ({"q": "password"}, {"q": "password", "session": "c1"}):
@@ -60,8 +74,7 @@ def test_another_tenant_gets_404_and_never_the_hits(base, tmp_path):
     assert not list((tmp_path / "root").rglob("nobody-yet*"))
     agents = httpx.get(f"{base}/agents/chat", headers=BOB, timeout=30).json()["agents"]
     assert "nobody-yet" not in str(agents)
-    r = post_chat(base, "/agents/chat/nobody-yet/chat", chat_body("n1", "mine now", "w1"), ALICE)
-    assert r  # the name was still free to claim
+    start(base, "nobody-yet", ALICE)  # the name was still free to claim
 
 
 @pytest.mark.parametrize(
@@ -78,6 +91,7 @@ def test_another_tenant_gets_404_and_never_the_hits(base, tmp_path):
     ],
 )
 def test_bad_queries_are_clear_errors_and_change_nothing(base, params, status):
+    start(base, "alice-b", ALICE)
     post_chat(base, "/agents/chat/alice-b/chat", chat_body("c1", "ok then", "u1"), ALICE)
     r = search(base, "alice-b", ALICE, **params)
     assert r.status_code == status, r.text
