@@ -8,16 +8,18 @@ and its index is rebuilt whole (``PRAGMA create_fts_index``), not kept up as row
 Layout (``search`` component, version 1), one table so that indexing a write is one
 extra ``INSERT`` in the write's own transaction::
 
-    search_index(doc BIGINT, term UINTEGER, tf INTEGER,
-                 session_id VARCHAR, message_id VARCHAR, idx INTEGER, digest UBIGINT)
+    search_index(doc BIGINT, term UINTEGER, tf INTEGER, len INTEGER,
+                 message_id VARCHAR, digest UBIGINT)
 
 - A *document* is one ``text`` part (not while it streams: ``state = 'streaming'``
   parts are rewritten on every flush, and the finished part is written once more
-  with ``state = 'done'``). Its own row has ``term`` NULL, ``tf`` = its length in
-  terms, and names its part: ``session_id``, ``message_id``, ``idx`` and ``digest``
-  (the first 64 bits of the md5 of the part's stored payload). Every other row is a
-  posting: ``(doc, term, tf)``, the other columns NULL (NULL runs cost next to
-  nothing on disk).
+  with ``state = 'done'``). Its own row has ``term`` NULL and names its part:
+  ``message_id``, ``tf`` = the part's index, ``len`` = its length in terms, ``digest``
+  = the first 64 bits of the md5 of the part's stored payload. Every other row is a
+  posting: ``(doc, term, tf, len)`` (the document's length again, so scoring reads
+  postings only), the other columns NULL (NULL runs cost next to nothing on disk; a
+  20-message agent file must stay small, and each column costs blocks). The session
+  is the message's, found through ``messages``.
 - ``term`` is the CRC-32 of the normalized term, not the term: scanning 600,000
   integers is ~4x faster than as many strings, and a search re-reads the text of what
   it returns anyway (for the snippet), so a hit that matched only by a hash collision
@@ -75,7 +77,7 @@ _MARKS = re.compile("[\u0300-\u036f]")
 def _v1(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(
         "CREATE TABLE IF NOT EXISTS search_index (doc BIGINT, term UINTEGER, tf INTEGER, "
-        "len INTEGER, session_id VARCHAR, message_id VARCHAR, idx INTEGER, digest UBIGINT)"
+        "len INTEGER, message_id VARCHAR, digest UBIGINT)"
     )
 
 
@@ -89,18 +91,40 @@ class _State:
     next_doc: int | None = None  # None: read max(doc) on next use
     backfilled: bool = False
     stats: tuple[int, int] | None = None  # documents, their total length (None: read)
+    enabled: bool | None = None  # whether the file has the index (None: not checked)
     epoch: int = 0
 
 
 def _state(db: Database) -> _State:
-    db.migrate(COMPONENT, MIGRATIONS)
     state = db.state.get(COMPONENT)
     if state is None:
         state = db.state[COMPONENT] = _State(epoch=db.rollbacks)
     elif state.epoch != db.rollbacks:
-        # A rollback may have taken doc ids or the backfill with it: read them again.
-        state.next_doc, state.backfilled, state.epoch = None, False, db.rollbacks
-        state.stats = None
+        # A rollback may have taken doc ids, the backfill or the table itself with it:
+        # read them again.
+        db.state[COMPONENT] = state = _State(epoch=db.rollbacks)
+    return state
+
+
+def _enabled(db: Database) -> _State | None:
+    """The index's state if this file has an index (its first search made it), else
+    None: the writes of an agent that never searched cost nothing."""
+    state = _state(db)
+    if state.enabled is None:
+        row = db.fetchone("SELECT 1 FROM schema_version WHERE component = ?", [COMPONENT])
+        state.enabled = row is not None
+        if state.enabled:
+            db.migrate(COMPONENT, MIGRATIONS)  # a newer version's steps, if any
+    return state if state.enabled else None
+
+
+def enable(db: Database) -> _State:
+    """Make the index (if the file has none yet) and fill it: see :func:`backfill`."""
+    state = _state(db)
+    if not state.enabled:
+        db.migrate(COMPONENT, MIGRATIONS)
+        state.enabled = True
+    backfill(db, state)
     return state
 
 
@@ -150,29 +174,29 @@ def _text_of(payload: bytes) -> str | None:
 # indexes one part almost always: its doc id and length are then plain parameters.
 _POSTINGS_ONE = (
     "SELECT ?::BIGINT, unnest(string_split(?, ','))::UINTEGER, "
-    "unnest(string_split(?, ','))::INTEGER, ?::INTEGER, NULL, NULL, NULL, NULL"
+    "unnest(string_split(?, ','))::INTEGER, ?::INTEGER, NULL, NULL"
 )
 _POSTINGS_MANY = (
     "SELECT unnest(string_split(?, ','))::BIGINT, unnest(string_split(?, ','))::UINTEGER, "
     "unnest(string_split(?, ','))::INTEGER, unnest(string_split(?, ','))::INTEGER, "
-    "NULL, NULL, NULL, NULL"
+    "NULL, NULL"
 )
-_DOC_ROW = "(?::BIGINT, NULL, NULL, ?::INTEGER, ?, ?, ?::INTEGER, ?::UBIGINT)"
+_DOC_ROW = "(?::BIGINT, NULL, ?::INTEGER, ?::INTEGER, ?, ?::UBIGINT)"
 
 
 @dataclass
 class _Batch:
     """The rows of one index write: per document its own row and its postings."""
 
-    docs: list[tuple[int, int, str, str, int, int]] = field(default_factory=list)
+    docs: list[tuple[int, int, int, str, int]] = field(default_factory=list)
     postings: list[tuple[int, int, Counter[int]]] = field(default_factory=list)
 
-    def add(self, doc: int, session_id: str, mid: str, idx: int, payload: bytes, text: str) -> bool:
+    def add(self, doc: int, mid: str, idx: int, payload: bytes, text: str) -> bool:
         counts = Counter(map(_term_id, terms(text)))
         if not counts:
             return False
         length = sum(counts.values())
-        self.docs.append((doc, length, session_id, mid, idx, _digest(payload)))
+        self.docs.append((doc, idx, length, mid, _digest(payload)))
         self.postings.append((doc, length, counts))
         return True
 
@@ -212,25 +236,25 @@ def _next_doc(con: duckdb.DuckDBPyConnection, state: _State) -> int:
 
 
 def index_parts(
-    db: Database,
-    con: duckdb.DuckDBPyConnection,
-    session_id: str,
-    part_rows: Sequence[tuple[Any, ...]],
+    db: Database, con: duckdb.DuckDBPyConnection, part_rows: Sequence[tuple[Any, ...]]
 ) -> None:
     """Index the finished text parts among ``part_rows`` (the session store's part rows:
-    ``(message_id, idx, type, state, tool_call_id, payload)``), just written to
-    ``session_id`` inside the open transaction ``con``. At most one statement."""
+    ``(message_id, idx, type, state, tool_call_id, payload)``), just written inside the
+    open transaction ``con``. At most one statement; none until the file has an index
+    (its first search makes it)."""
     wanted = [
         (row[0], row[1], row[5]) for row in part_rows if row[2] == "text" and row[3] != "streaming"
     ]
     if not wanted:
         return
-    state = _state(db)
+    state = _enabled(db)
+    if state is None:
+        return
     doc = _next_doc(con, state)
     batch = _Batch()
     for mid, idx, payload in wanted:
         text = _text_of(payload)
-        if text is not None and batch.add(doc, session_id, mid, idx, payload, text):
+        if text is not None and batch.add(doc, mid, idx, payload, text):
             doc += 1
     if batch.docs:
         con.execute(*batch.statement())
@@ -238,14 +262,17 @@ def index_parts(
         if state.stats is not None:
             state.stats = (
                 state.stats[0] + len(batch.docs),
-                state.stats[1] + sum(d[1] for d in batch.docs),
+                state.stats[1] + sum(d[2] for d in batch.docs),
             )
 
 
 def _delete_docs(
     db: Database, con: duckdb.DuckDBPyConnection, where: str, params: list[Any]
 ) -> None:
-    _state(db).stats = None
+    state = _enabled(db)
+    if state is None:
+        return
+    state.stats = None
     con.execute(
         "DELETE FROM search_index WHERE doc IN "
         f"(SELECT doc FROM search_index WHERE term IS NULL AND {where})",
@@ -254,8 +281,11 @@ def _delete_docs(
 
 
 def forget_session(db: Database, con: duckdb.DuckDBPyConnection, session_id: str) -> None:
-    """Delete the documents of a session (deleted or cleared)."""
-    _delete_docs(db, con, "session_id = ?", [session_id])
+    """Delete the documents of a session (deleted or cleared: call it before its
+    messages go)."""
+    _delete_docs(
+        db, con, "message_id IN (SELECT id FROM messages WHERE session_id = ?)", [session_id]
+    )
 
 
 def forget_messages(db: Database, con: duckdb.DuckDBPyConnection, message_ids: list[str]) -> None:
@@ -268,14 +298,16 @@ def copy_session(db: Database, con: duckdb.DuckDBPyConnection, session_id: str, 
     """Index a branch's copies: the copy of message ``m`` is ``salt || m`` in
     ``session_id`` with the same parts, so its documents are the source's, renumbered
     (one ``INSERT ... SELECT``, no re-tokenizing)."""
-    state = _state(db)
+    state = _enabled(db)
+    if state is None:
+        return
     base = _next_doc(con, state) - 1
     con.execute(
         "INSERT INTO search_index WITH src AS (SELECT doc, $base + row_number() OVER "
         "(ORDER BY doc) AS new FROM search_index WHERE term IS NULL AND message_id IN "
         "(SELECT substr(id, $cut) FROM messages WHERE session_id = $sid)) "
-        "SELECT s.new, i.term, i.tf, i.len, CASE WHEN i.term IS NULL THEN $sid END, "
-        "CASE WHEN i.term IS NULL THEN $salt || i.message_id END, i.idx, i.digest "
+        "SELECT s.new, i.term, i.tf, i.len, "
+        "CASE WHEN i.term IS NULL THEN $salt || i.message_id END, i.digest "
         "FROM search_index i JOIN src s USING (doc)",
         {"base": base, "cut": len(salt) + 1, "sid": session_id, "salt": salt},
     )
@@ -285,16 +317,15 @@ def copy_session(db: Database, con: duckdb.DuckDBPyConnection, session_id: str, 
 # -- backfill ---------------------------------------------------------------------------
 
 _LIVE_DOC = (
-    "SELECT 1 FROM parts x WHERE x.message_id = i.message_id AND x.idx = i.idx "
+    "SELECT 1 FROM parts x WHERE x.message_id = i.message_id AND x.idx = i.tf "
     "AND " + _SQL_DIGEST.format("x.payload") + " = i.digest"
 )
 
 
-def backfill(db: Database) -> int:
+def backfill(db: Database, state: _State) -> int:
     """Index every finished text part that has no live document (messages stored before
     the index existed) and drop stale documents, once per file: the store's writes
     keep the index up to date after that. Returns the number of parts indexed."""
-    state = _state(db)
     if state.backfilled:
         return 0
     with db.transaction() as con:
@@ -307,17 +338,14 @@ def backfill(db: Database) -> int:
             f"WHERE i.term IS NULL AND NOT EXISTS ({_LIVE_DOC}))"
         )
         missing = con.execute(
-            "SELECT x.session_id, x.message_id, x.idx, x.payload FROM parts x "
+            "SELECT x.message_id, x.idx, x.payload FROM parts x "
             "WHERE x.type = 'text' AND (x.state IS NULL OR x.state <> 'streaming') "
             "AND NOT EXISTS (SELECT 1 FROM search_index i WHERE i.term IS NULL "
-            "AND i.message_id = x.message_id AND i.idx = x.idx "
+            "AND i.message_id = x.message_id AND i.tf = x.idx "
             "AND i.digest = " + _SQL_DIGEST.format("x.payload") + ")"
         ).fetchall()
-        by_session: dict[str, list[tuple[Any, ...]]] = {}
-        for sid, mid, idx, payload in missing:
-            by_session.setdefault(sid, []).append((mid, idx, "text", None, None, payload))
-        for sid, rows in by_session.items():
-            index_parts(db, con, sid, rows)
+        rows = [(mid, idx, "text", None, None, payload) for mid, idx, payload in missing]
+        index_parts(db, con, rows)
         con.execute("INSERT INTO config VALUES (?, ?)", [_BACKFILLED_KEY, pack(True)])
     state.backfilled = True
     state.stats = None
@@ -380,7 +408,7 @@ top AS (
         * h.tf * ($k1 + 1) / (h.tf + $k1 * (1 - $b + $b * h.len / $avgdl))) AS score
     FROM hits h JOIN df USING (term) {where}
     GROUP BY h.doc ORDER BY score DESC, h.doc DESC LIMIT $window),
-d AS (SELECT doc, message_id, idx, digest FROM search_index
+d AS (SELECT doc, message_id, tf AS idx, digest FROM search_index
       WHERE term IS NULL AND doc IN (SELECT doc FROM top))
 SELECT d.message_id, m.session_id, m.role, m.hidden_at, m.created_at, d.idx, t.score,
        x.payload
@@ -390,7 +418,8 @@ LEFT JOIN messages m ON m.id = d.message_id
 ORDER BY t.score DESC, t.doc DESC
 """
 _IN_SESSION = (
-    "WHERE h.doc IN (SELECT doc FROM search_index WHERE term IS NULL AND session_id = $sid)"
+    "WHERE h.doc IN (SELECT i.doc FROM search_index i JOIN messages m ON m.id = i.message_id "
+    "WHERE i.term IS NULL AND m.session_id = $sid)"
 )
 
 
@@ -466,8 +495,7 @@ def _hits(
 
 def search(db: Database, query: Query) -> list[SearchHit]:
     """The best hits for ``query``, best first, one per message (see the module)."""
-    backfill(db)
-    state = _state(db)
+    state = enable(db)
     where = _IN_SESSION if query.session_id is not None else ""
     term_ids = ", ".join(str(int(_term_id(t))) for t in sorted(set(query.terms)))
     params: dict[str, Any] = {

@@ -1304,7 +1304,7 @@ class DuckDBSessionStore(SessionStore):
                 parent = self._resolve_parent(con, session_id, parent_id, head, owners)
                 now = self._now()
                 self._insert_message(con, session_id, mid, role, envelope, parent, part_rows, now)
-            _search.index_parts(self.db, con, session_id, part_rows)
+            _search.index_parts(self.db, con, part_rows)
             self._touch(con, session_id, now, head=mid)
             entry = self._cached(session_id)
             if entry is not None:
@@ -1343,7 +1343,7 @@ class DuckDBSessionStore(SessionStore):
             now = self._now()
             parent = parent_of[child_id]
             self._insert_message(con, session_id, mid, role, envelope, parent, part_rows, now)
-            _search.index_parts(self.db, con, session_id, part_rows)
+            _search.index_parts(self.db, con, part_rows)
             first = self._state.seq + 1
             self._state.seq += len(subtree)
             con.execute(
@@ -1397,7 +1397,7 @@ class DuckDBSessionStore(SessionStore):
             )
             if part_rows:
                 _insert_parts(con, session_id, part_rows)
-                _search.index_parts(self.db, con, session_id, part_rows)
+                _search.index_parts(self.db, con, part_rows)
             self._touch(con, session_id, now, head=ids[-1])
         return len(ids)
 
@@ -1424,12 +1424,12 @@ class DuckDBSessionStore(SessionStore):
                 _search.forget_messages(self.db, con, [mid])
                 if part_rows:
                     _insert_parts(con, session_id, part_rows)
-                _search.index_parts(self.db, con, session_id, part_rows)
+                _search.index_parts(self.db, con, part_rows)
                 self._touch(con, session_id, now)
                 return
             parent = self._resolve_parent(con, session_id, parent_id, head, owners)
             self._insert_message(con, session_id, mid, role, envelope, parent, part_rows, now)
-            _search.index_parts(self.db, con, session_id, part_rows)
+            _search.index_parts(self.db, con, part_rows)
             self._touch(con, session_id, now, head=mid)
 
     @override
@@ -1459,7 +1459,7 @@ class DuckDBSessionStore(SessionStore):
                 )
             if batch.part_rows:
                 _insert_parts(con, sid, batch.part_rows)
-                _search.index_parts(self.db, con, sid, batch.part_rows)
+                _search.index_parts(self.db, con, batch.part_rows)
             if batch.chunk_rows:
                 self._write_chunks(con, batch.chunk_rows)
             info_blob: bytes | None = None

@@ -124,10 +124,19 @@ def test_snippet_is_cut_around_the_match_and_highlights_it(store):
 # -- incremental indexing ------------------------------------------------------------------
 
 
+def has_index(store) -> bool:
+    return bool(
+        store.db.fetchall("SELECT 1 FROM duckdb_tables() WHERE table_name = 'search_index'")
+    )
+
+
 def test_messages_are_indexed_as_they_are_written(store):
     sid = store.create_session().id
     say(store, sid, ("u1", "first words about gardens"))
-    assert found(store, "gardens") == ["u1"]
+    # An agent that never searched keeps no index: its writes cost nothing.
+    assert not has_index(store)
+    assert found(store, "gardens") == ["u1"]  # the first search makes it (and fills it)
+    assert has_index(store)
     # Written after a search: in the index at once, in the write's own transaction.
     say(store, sid, ("u2", "orchids in the garden"))
     assert index_rows(store, "u2") > 0
@@ -137,6 +146,7 @@ def test_messages_are_indexed_as_they_are_written(store):
 def test_a_streaming_part_is_indexed_once_it_is_done(store):
     sid = store.create_session().id
     say(store, sid, ("u1", "tell me about comets"))
+    assert found(store, "comets") == ["u1"]
 
     def flush(text, state, message=None):
         part = {"type": "text", "text": text, "state": state}
@@ -175,21 +185,22 @@ def test_messages_stored_before_the_index_are_backfilled_once(tmp_path):
     path = tmp_path / "old.duckdb"
     store = DuckDBSessionStore(path)
     sid = store.create_session().id
+    # Never searched: what a file written before the index existed looks like too.
     say(store, sid, ("u1", "legacy archive notes"), ("a1", "about the archive"))
-    # What a file written before the index existed looks like.
-    store.db.execute("DROP TABLE search_index")
-    store.db.execute("DELETE FROM schema_version WHERE component = 'search'")
-    store.db.execute("DELETE FROM config WHERE key = 'search.backfilled'")
+    assert not has_index(store)
     store.close()
     store = DuckDBSessionStore(path)
     try:
         assert sorted(found(store, "archive")) == ["a1", "u1"]
         assert store.get_config("search.backfilled") is True
-        assert search_mod.backfill(store.db) == 0  # once: done, and recorded in the file
+        state = search_mod._state(store.db)
+        assert search_mod.backfill(store.db, state) == 0  # once: done, and so recorded
         store.close()
         store = DuckDBSessionStore(path)
-        assert search_mod.backfill(store.db) == 0
-        assert sorted(found(store, "archive")) == ["a1", "u1"]
+        assert search_mod.backfill(store.db, search_mod._state(store.db)) == 0
+        say(store, sid, ("u2", "a new archive entry"))  # indexed as written from now on
+        assert index_rows(store, "u2") > 0
+        assert sorted(found(store, "archive")) == ["a1", "u1", "u2"]
     finally:
         store.close()
 
