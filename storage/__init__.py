@@ -37,7 +37,13 @@ from thinkray.storage.records import (
     ToolCallRecord,
     WorkspaceLimits,
 )
-from thinkray.storage.types import MessageRow, RewindInfo, SessionInfo, UnrewindInfo
+from thinkray.storage.types import (
+    MessageRow,
+    RewindInfo,
+    SearchHit,
+    SessionInfo,
+    UnrewindInfo,
+)
 
 if TYPE_CHECKING:
     from thinkray.storage.session_store import DuckDBSessionStore
@@ -66,6 +72,7 @@ __all__ = [
     "RegistryStore",
     "RewindInfo",
     "ScheduleRecord",
+    "SearchHit",
     "SessionInfo",
     "SessionStore",
     "Stores",

@@ -48,6 +48,7 @@ from thinkray.storage.types import (
     Message,
     MessageRow,
     RewindInfo,
+    SearchHit,
     SessionInfo,
     StreamFlush,
     UnrewindInfo,
@@ -356,6 +357,25 @@ class SessionStore(Protocol):
     def open_generations(self) -> list[str]:
         """Generation ids whose log has no final chunk (``is_final``), oldest first: the
         runs that were cut off (their process died) before they ended."""
+        ...
+
+    # -- search ---------------------------------------------------------------------
+
+    def search_messages(
+        self, query: str, *, limit: int = 10, session_id: str | None = None
+    ) -> list[SearchHit]:
+        """The stored messages that best match ``query`` (ranked, best first, at most
+        ``limit``, one hit per message), across every session or within
+        ``session_id``. Indexing happens as messages are written, not here (past a
+        one-off backfill of messages stored before the index existed). Messages
+        rewound away or deleted are never found; a message's text that changed is
+        found by its new text only.
+
+        Raises:
+            InvalidInputError: an empty query, one over 1,000 characters or 32
+                distinct words, or with no word in it; ``limit`` outside 1-100.
+            SessionNotFoundError: ``session_id`` names no session.
+        """
         ...
 
     # -- config ---------------------------------------------------------------------

@@ -83,6 +83,7 @@ from typing import Any, cast
 
 import duckdb
 import msgpack
+from thinkray.storage import search as _search
 from thinkray.storage.codec import pack as _pack
 from thinkray.storage.codec import unpack as _unpack
 from thinkray.storage.db import Database, DatabaseClosedError, Migration
@@ -103,6 +104,7 @@ from thinkray.storage.types import (
     Part,
     PartWrite,
     RewindInfo,
+    SearchHit,
     SessionInfo,
     SessionNotFoundError,
     StreamFlush,
@@ -1246,6 +1248,7 @@ class DuckDBSessionStore(SessionStore):
     def delete_session(self, session_id: str) -> None:
         with self._tx() as con:
             self._head(con, session_id)
+            _search.forget_session(self.db, con, session_id)
             con.execute("DELETE FROM parts WHERE session_id = ?", [session_id])
             con.execute("DELETE FROM messages WHERE session_id = ?", [session_id])
             con.execute("DELETE FROM sessions WHERE id = ?", [session_id])
@@ -1262,6 +1265,7 @@ class DuckDBSessionStore(SessionStore):
             info = _session_info(row)
             info.usage = empty_rollup()
             info.context_tokens = None
+            _search.forget_session(self.db, con, session_id)
             con.execute("DELETE FROM parts WHERE session_id = ?", [session_id])
             con.execute("DELETE FROM messages WHERE session_id = ?", [session_id])
             con.execute("DELETE FROM config WHERE key = ?", [_rewind_key(session_id)])
@@ -1300,6 +1304,7 @@ class DuckDBSessionStore(SessionStore):
                 parent = self._resolve_parent(con, session_id, parent_id, head, owners)
                 now = self._now()
                 self._insert_message(con, session_id, mid, role, envelope, parent, part_rows, now)
+            _search.index_parts(self.db, con, part_rows)
             self._touch(con, session_id, now, head=mid)
             entry = self._cached(session_id)
             if entry is not None:
@@ -1338,6 +1343,7 @@ class DuckDBSessionStore(SessionStore):
             now = self._now()
             parent = parent_of[child_id]
             self._insert_message(con, session_id, mid, role, envelope, parent, part_rows, now)
+            _search.index_parts(self.db, con, part_rows)
             first = self._state.seq + 1
             self._state.seq += len(subtree)
             con.execute(
@@ -1391,6 +1397,7 @@ class DuckDBSessionStore(SessionStore):
             )
             if part_rows:
                 _insert_parts(con, session_id, part_rows)
+                _search.index_parts(self.db, con, part_rows)
             self._touch(con, session_id, now, head=ids[-1])
         return len(ids)
 
@@ -1414,12 +1421,15 @@ class DuckDBSessionStore(SessionStore):
                     [role, envelope, mid],
                 )
                 con.execute("DELETE FROM parts WHERE message_id = ?", [mid])
+                _search.forget_messages(self.db, con, [mid])
                 if part_rows:
                     _insert_parts(con, session_id, part_rows)
+                _search.index_parts(self.db, con, part_rows)
                 self._touch(con, session_id, now)
                 return
             parent = self._resolve_parent(con, session_id, parent_id, head, owners)
             self._insert_message(con, session_id, mid, role, envelope, parent, part_rows, now)
+            _search.index_parts(self.db, con, part_rows)
             self._touch(con, session_id, now, head=mid)
 
     @override
@@ -1449,6 +1459,7 @@ class DuckDBSessionStore(SessionStore):
                 )
             if batch.part_rows:
                 _insert_parts(con, sid, batch.part_rows)
+                _search.index_parts(self.db, con, batch.part_rows)
             if batch.chunk_rows:
                 self._write_chunks(con, batch.chunk_rows)
             info_blob: bytes | None = None
@@ -1763,6 +1774,7 @@ class DuckDBSessionStore(SessionStore):
                 [*_as_columns(moves, 2), session_id],
             )
             con.execute(f"DELETE FROM parts WHERE message_id IN {_IDS}", [doomed_list])
+            _search.forget_messages(self.db, con, doomed_list)
             con.execute(
                 f"DELETE FROM messages WHERE session_id = ? AND id IN {_IDS}",
                 [session_id, doomed_list],
@@ -2016,6 +2028,7 @@ class DuckDBSessionStore(SessionStore):
                 con.execute(
                     _COPY_PARTS.format(rows=_COPY_PARTS_OF_COPIES), {**params, "cut": len(salt) + 1}
                 )
+            _search.copy_session(self.db, con, sid, salt)
         return info
 
     def _compaction_covers(
@@ -2297,6 +2310,17 @@ class DuckDBSessionStore(SessionStore):
             "HAVING NOT bool_or(coalesce(is_final, false)) ORDER BY min(seq)"
         )
         return [g for (g,) in rows]
+
+    # -- search ---------------------------------------------------------------------
+
+    @override
+    def search_messages(
+        self, query: str, *, limit: int = 10, session_id: str | None = None
+    ) -> list[SearchHit]:
+        checked = _search.Query.check(query, limit, session_id)
+        if session_id is not None:
+            self.get_session(session_id)  # unknown: SessionNotFoundError
+        return _search.search(self.db, checked)
 
     # -- config ---------------------------------------------------------------------
 

@@ -260,3 +260,22 @@ class UnrewindInfo:
     unhidden_ids: list[str]
     rehidden_ids: list[str]
     detached_ids: list[str]
+
+
+@dataclass
+class SearchHit:
+    """One message found by :meth:`~thinkray.storage.protocols.SessionStore.search_messages`.
+
+    ``score`` is its BM25 score (higher is better; comparable within one search only);
+    ``snippet`` about 160 characters of the matching text part (``part_index``), with
+    ``…`` where it was cut, and ``highlights`` the ``[start, end)`` offsets of the
+    query's words in it; ``created_at`` when the message was stored (epoch seconds)."""
+
+    session_id: str
+    message_id: str
+    role: str
+    score: float
+    snippet: str
+    highlights: list[list[int]]
+    part_index: int
+    created_at: float

@@ -18,6 +18,8 @@ Routes (every one behind the authenticator; ``{agent}`` is an agent class's slug
 - ``GET|POST .../sessions``, ``PATCH|DELETE .../sessions/{sid}``,
   ``POST .../sessions/{sid}/{branch|rewind|unrewind|compact}``,
   ``GET .../sessions/{sid}/status`` (an event stream of status changes).
+- ``GET .../search?q=<words>[&limit=10][&session=<sid>]``: the agent's stored messages
+  that best match (BM25), best first, with session, message id, role and snippet.
 - ``GET .../approvals?session=<sid>``: the tool calls waiting for a human's approval
   (all sessions without ``session``); ``GET .../approvals/{approval_id}``: one
   approval, pending or decided (who answered, when, how);

@@ -408,6 +408,46 @@ async def compact(sid: str, handle: Annotated[Any, Depends(owned_agent)]) -> Res
     return JSONResponse(jsonable(await handle.compact.remote(sid)))
 
 
+@dataclass(frozen=True)
+class SearchRequest:
+    """A search's query string, checked before the agent is reached."""
+
+    query: str
+    limit: int
+    session_id: str | None
+
+
+async def search_request(request: Request) -> SearchRequest:
+    """``?q=`` (required), ``&limit=`` (an integer, default 10; the agent checks its
+    bounds) and ``&session=`` (one session's id), as a 400 when malformed."""
+    params = request.query_params
+    query = params.get("q")
+    if not query or not query.strip():
+        raise HTTPError(400, "the query parameter 'q' is required and must not be empty")
+    raw_limit = params.get("limit", "10")
+    try:
+        limit = int(raw_limit)
+    except ValueError:
+        raise HTTPError(400, f"'limit' must be an integer, got {raw_limit[:40]!r}") from None
+    session_id = params.get("session")
+    if session_id is not None:
+        need_id(session_id, "session id")
+    return SearchRequest(query, limit, session_id)
+
+
+@session_routes.get(f"{BASE}/search")
+async def search(
+    search: Annotated[SearchRequest, Depends(search_request)],
+    handle: Annotated[Any, Depends(owned_agent)],
+) -> Response:
+    """The agent's stored messages that best match ``q`` (BM25), best first, one hit per
+    message: ``{"query", "hits": [{session_id, message_id, role, score, snippet,
+    highlights, part_index, created_at}]}``; 400 for a bad query or limit (1-100), 404
+    for an unknown session or an agent that is not the caller's."""
+    hits = await handle.search.remote(search.query, search.limit, search.session_id)
+    return JSONResponse({"query": search.query, "hits": jsonable(hits)})
+
+
 @session_routes.get(f"{BASE}/sessions/{{sid}}/status")
 async def status(
     agent: str,

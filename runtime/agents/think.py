@@ -68,7 +68,7 @@ from thinkray.runtime.turn.stream import Pacing, RunStream
 from thinkray.runtime.usage import Usage
 from thinkray.storage.protocols import HEAD, SessionStore
 from thinkray.storage.records import ToolCallRecord
-from thinkray.storage.types import PartWrite, SessionInfo, StreamFlush
+from thinkray.storage.types import PartWrite, SearchHit, SessionInfo, StreamFlush
 
 log = logging.getLogger("thinkray.think")
 
@@ -444,6 +444,19 @@ class Think(metaclass=_StartsAfterInit):
     def get_message(self, message_id: str) -> dict[str, Any] | None:
         """One message by id (None if unknown)."""
         return self.store.get_message(message_id)
+
+    @idempotent
+    @remote
+    def search(self, query: str, limit: int = 10, session_id: str | None = None) -> list[SearchHit]:
+        """Search the agent's stored messages, every session or one (``session_id``):
+        ranked hits (BM25), best first, one per message, each with its session,
+        message id, role and a snippet. See ``SessionStore.search_messages``.
+
+        Raises:
+            InvalidInputError: an empty or oversized query; ``limit`` outside 1-100.
+            SessionNotFoundError: ``session_id`` names no session.
+        """
+        return self.store.search_messages(query, limit=limit, session_id=session_id)
 
     @idempotent
     @remote
