@@ -124,6 +124,14 @@ from thinkray.actors.ingress.common import (
     parse_turn,
     rewind_for_regenerate,
 )
+from thinkray.actors.ingress.state import (
+    StateWatcher,
+    follow_state,
+    initial_snapshot,
+    need_state_class,
+    precheck_client_state,
+    state_class,
+)
 from thinkray.storage.errors import NotFoundError, ThinkrayError
 
 log = logging.getLogger("thinkray.ingress.ws")
@@ -181,6 +189,7 @@ class Connection:
     closed: bool = False
     dropped: bool = False
     main: asyncio.Task[Any] | None = None
+    state_version: int | None = None  # the agent state it has (None: not greeted yet)
 
     @property
     def key(self) -> Key:
@@ -252,6 +261,11 @@ class Hub:
         self.waiting: dict[Key, dict[str, Connection]] = {}
         self.owners: dict[Key, str] = {}
         self.pumps: dict[Key, set[asyncio.Task[Any]]] = {}
+        # Synced state (.state): one feed per agent with clients here, the newest
+        # change it brought, and the owner's state event streams.
+        self.feeds: dict[Key, asyncio.Task[Any]] = {}
+        self.latest: dict[Key, dict[str, Any]] = {}
+        self.watchers: dict[Key, dict[str, StateWatcher]] = {}
 
     def add(self, conn: Connection, owned: bool) -> None:
         """Hold ``conn`` (accepted): a member if its principal owns the agent."""
@@ -274,6 +288,8 @@ class Hub:
             group[waiting.pop(other.id).id] = other
         if not waiting:
             self.waiting.pop(conn.key, None)
+        if conn.ing is not None:
+            self.feed(conn.key, conn.ing, conn.principal)
 
     def joined(self, conn: Connection) -> bool:
         """Whether ``conn`` is a member (hears its agent's fan-out)."""
@@ -288,9 +304,9 @@ class Hub:
             if not group:
                 table.pop(conn.key, None)
         if conn.key not in self.groups and conn.key not in self.waiting:
-            self.owners.pop(conn.key, None)
             for task in self.pumps.pop(conn.key, set()):
                 task.cancel()
+        self.release(conn.key)
 
     def track(self, key: Key, task: asyncio.Task[Any]) -> None:
         """Keep a run's fan-out task referenced until it ends or is cancelled."""
@@ -312,6 +328,76 @@ class Hub:
         for conn in self.members(key):
             if conn not in exclude:
                 conn.send(frame)
+
+    # -- synced state --
+
+    def release(self, key: Key) -> None:
+        """Forget what agent ``key`` no longer needs here: its state feed once no member
+        or state stream is left, its owner once no connection or stream is."""
+        if key not in self.groups and key not in self.watchers:
+            feed = self.feeds.pop(key, None)
+            if feed is not None:
+                feed.cancel()
+            self.latest.pop(key, None)
+        if key not in self.groups and key not in self.waiting and key not in self.watchers:
+            self.owners.pop(key, None)
+
+    def feed(self, key: Key, ing: Ingress, who: Principal) -> None:
+        """Make sure agent ``key``'s state changes reach its clients here (a class
+        without state has none); ``who`` owns it (checked)."""
+        if key in self.feeds or state_class(ing, key[0]) is None:
+            return
+        task = asyncio.ensure_future(follow_state(ing, key, who, self.publisher(key)))
+        self.feeds[key] = task
+        task.add_done_callback(
+            lambda t: self.feeds.pop(key, None) if self.feeds.get(key) is t else None
+        )
+
+    def publisher(self, key: Key) -> Callable[[dict[str, Any]], None]:
+        """What the feed of agent ``key`` calls with each change."""
+        return lambda change: self.publish_state(key, change)
+
+    def latest_state(self, key: Key) -> dict[str, Any] | None:
+        """The newest state change of agent ``key`` heard here (None: none yet)."""
+        return self.latest.get(key)
+
+    def publish_state(self, key: Key, change: dict[str, Any]) -> None:
+        """A state change of agent ``key``: a ``cf_agent_state`` frame to each member
+        that has not seen it (not to the connection that sent it, if it was stored as
+        sent), and to the owner's state streams."""
+        version = change["version"]
+        known = self.latest.get(key)
+        if known is None or version > known["version"]:
+            self.latest[key] = change
+        frame = {"type": STATE, "state": change["state"]}
+        for conn in self.members(key):
+            if conn.state_version is None or version <= conn.state_version:
+                continue  # not greeted yet (greet sends the newest), or it has this one
+            conn.state_version = version
+            if not (change.get("exact") and change.get("origin") == conn.id):
+                conn.send(frame)
+        for watcher in list(self.watchers.get(key, {}).values()):
+            watcher.offer(change)
+
+    def watch_state(self, key: Key, watcher: StateWatcher, ing: Ingress) -> None:
+        """Add a state stream of agent ``key`` (its principal was found to own it).
+
+        Raises:
+            NotVisibleError: the hub knows another owner.
+        """
+        owner = self.owners.setdefault(key, watcher.principal.id)
+        if owner != watcher.principal.id:
+            raise NotVisibleError(f"no agent {key[1]!r} of class {key[0]!r}")
+        self.watchers.setdefault(key, {})[watcher.id] = watcher
+        self.feed(key, ing, watcher.principal)
+
+    def unwatch_state(self, key: Key, watcher: StateWatcher) -> None:
+        """A state stream ended."""
+        table = self.watchers.get(key, {})
+        table.pop(watcher.id, None)
+        if not table:
+            self.watchers.pop(key, None)
+        self.release(key)
 
 
 def response(run_id: str, body: str = "", *, done: bool = False, **flags: Any) -> dict[str, Any]:
@@ -434,10 +520,41 @@ async def close(conn: Connection, writer: asyncio.Task[Any]) -> None:
         await asyncio.wait_for(conn.ws.close(code=code), 1.0)
 
 
+async def state_on_connect(conn: Connection) -> dict[str, Any] | None:
+    """The agent's state for a connection's greeting (None for a class without state):
+    the owner's agent's, the class's initial state while nobody owns the name."""
+    cls = state_class(conn.state, conn.slug)
+    if cls is None:
+        return None
+    try:
+        handle = await own_agent(conn)
+        if handle is None:
+            return initial_snapshot(cls)
+        snapshot: dict[str, Any] = await handle.state_snapshot.remote()
+    except Exception as exc:  # e.g. a stored state that no longer fits the model
+        log.warning("no state for %s/%s on connect: %s", conn.slug, conn.name, error_text(exc))
+        return None
+    # A change the feed brought while the snapshot was read is newer: the greeting
+    # has it (after this point, nothing is awaited: the feed sends what comes next).
+    latest = conn.hub.latest_state(conn.key)
+    if conn.hub.joined(conn) and latest is not None and latest["version"] > snapshot["version"]:
+        snapshot = latest
+    return snapshot
+
+
 async def greet(conn: Connection) -> None:
-    """Identity, MCP servers, then a resume offer for a run in flight, else the
-    current session's messages."""
-    conn.send({"type": IDENTITY, "name": conn.name, "agent": conn.slug})
+    """Identity, the agent's state (a class with state; the identity then says
+    ``stateFollows``, so the ``agents`` client is ready once it has the state), MCP
+    servers, then a resume offer for a run in flight, else the current session's
+    messages."""
+    snapshot = await state_on_connect(conn)
+    identity = {"type": IDENTITY, "name": conn.name, "agent": conn.slug}
+    if snapshot is None:
+        conn.send(identity)
+    else:
+        conn.send({**identity, "stateFollows": True})
+        conn.state_version = snapshot["version"]
+        conn.send({"type": STATE, "state": snapshot["state"]})
     conn.send({"type": MCP_SERVERS, "mcp": _EMPTY_MCP})
     handle = await live_agent(conn)
     if handle is not None:
@@ -768,9 +885,28 @@ async def rpc(conn: Connection, frame: dict[str, Any]) -> None:
         conn.send({"type": RPC, "id": rpc_id, "success": False, "error": error})
 
 
+async def set_client_state(conn: Connection, value: Any) -> None:
+    """Check a client's state (before anything is claimed or woken), claim the name
+    if nobody owns it, and hand it to the agent, which stores it and reports it to
+    every feed (this connection is not sent its own change back)."""
+    precheck_client_state(need_state_class(conn.state, conn.slug), value)
+    handle = await agent_of(conn.state, conn.slug, conn.name, conn.principal, claim=True)
+    conn.hub.join(conn)  # its principal owns the name now
+    await handle.set_client_state.remote(value, origin=conn.id)
+
+
 async def state(conn: Connection, frame: dict[str, Any]) -> None:
-    """``cf_agent_state``: this agent has no client state."""
-    conn.send({"type": STATE_ERROR, "error": "this agent has no client state"})
+    """``cf_agent_state`` from a client (``AgentClient.setState``): stored and sent to
+    the agent's other clients, or refused with ``cf_agent_state_error`` to this
+    connection only (nothing stored)."""
+    if "state" not in frame:
+        return  # not a state frame: the package hands it to onMessage (a no-op)
+    try:
+        await set_client_state(conn, frame["state"])
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        conn.send({"type": STATE_ERROR, "error": f"State update rejected: {error_text(exc)}"})
 
 
 HANDLERS: dict[str, FrameHandler] = {
