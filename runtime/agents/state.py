@@ -64,7 +64,7 @@ StateListener = Callable[[StateChange], None]
 def _jsonable(value: Any) -> Any:
     """A model or a mapping as JSON-ready data (what the model validates)."""
     if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
+        return value.model_dump(mode="json", warnings=False)  # validated next
     if isinstance(value, Mapping):
         return dict(value)
     return value
