@@ -21,6 +21,8 @@ the name (its first chat claims it); another principal's name is 404 like a miss
 On connect (server -> client)::
 
     {"type": "cf_agent_identity", "name": <name>, "agent": <slug>}
+      (an agent class with synced state: also "stateFollows": true, then
+       {"type": "cf_agent_state", "state": <the current state>})
     {"type": "cf_agent_mcp_servers", "mcp": {"prompts": [], "resources": [],
                                              "servers": {}, "tools": []}}
     then, as Think does: a run in flight -> {"type": "cf_agent_stream_resuming", "id"}
@@ -58,13 +60,26 @@ no state a reconnect needs. A request id an earlier run of the agent used is ref
 (its chunk log is that run's).
 
 Broadcasts (the chunks of a run to the agent's other tabs, ``cf_agent_chat_messages``
-and ``cf_agent_chat_clear``) reach the connections *this replica* holds. Fanning them
+and ``cf_agent_chat_clear``; not state changes, see below) reach the connections
+*this replica* holds. Fanning them
 out across replicas would take a subscription to the session actor per connection
 (one more streaming call per open tab, all of them idle most of the time) for what is
 a convenience: the session actor is the truth, and a tab on another replica gets it
 at its next reconnect or resume probe, or from ``get-messages``. Deployments that want
 live cross-tab updates pin an agent's connections to one replica (a session-affinity
 load balancer).
+
+Synced state (an agent class with ``state_model``; :mod:`.state`)::
+
+    -> {"type": "cf_agent_state", "state": {...}}   (``AgentClient.setState``)
+    <- {"type": "cf_agent_state_error", "error": "State update rejected: <why>"}
+       to the sender only, when the class does not let clients set its state, the
+       state does not fit its model or its hook refuses (nothing is stored)
+    <- {"type": "cf_agent_state", "state": {...}}   to every member, on each change:
+       a client's (not echoed to its sender when stored as sent), the agent's own, a
+       Python handle's, an HTTP client's. The changes come from the session actor
+       (``state_events``), so they reach the members on every replica. A first
+       ``cf_agent_state`` claims a name nobody owns, as a chat does.
 
 Tool results and approvals: thinkray runs every tool on the server, so a
 ``cf_agent_tool_result`` never has a call to complete. ``cf_agent_tool_approval``
@@ -82,8 +97,8 @@ object, of an unknown type, or binary is ignored (the package hands it to the us
 ``onMessage``, a no-op by default); client-pushed ``cf_agent_chat_messages`` are
 ignored (Think is server-authoritative); ``rpc`` calls are answered
 ``{"type": "rpc", "id", "success": false, "error"}`` (no method is callable here);
-``cf_agent_state`` is answered ``cf_agent_state_error``. Nothing is written and the
-connection stays open.
+``cf_agent_state`` to a class without state is answered ``cf_agent_state_error``.
+Nothing is written and the connection stays open.
 
 A disconnect detaches (never aborts). Each connection has a bounded outbox written by
 its own task, each send bounded by ``slow_consumer_timeout``: a consumer that falls
