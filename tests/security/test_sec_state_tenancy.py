@@ -107,6 +107,8 @@ def test_a_name_claimed_by_a_state_change_is_its_senders(server):
         greet(bob)
         greet(alice)
         send_state(bob, board(7, "bob's"))  # claims the name for Bob
+        # Frames are handled in order: once the probe is answered, the state is stored.
+        assert ping(bob)["type"] == "cf_agent_stream_resume_none"
         with open_ws(base, "bob-st4", BOB) as bob2:
             assert greet(bob2)[1] == {"type": STATE, "state": board(7, "bob's")}
             send_state(bob2, board(8, "bob's too"))
