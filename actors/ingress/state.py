@@ -61,18 +61,31 @@ Key = tuple[str, str]
 Publish = Callable[[dict[str, Any]], None]
 
 
-def state_class(ing: Ingress, slug: str) -> type | None:
-    """Agent class ``slug`` if it declares a synced state, else None (unknown too)."""
+def state_class(ing: Ingress, slug: str, *, strict: bool = False) -> type | None:
+    """Agent class ``slug`` if it declares a synced state, else None (unknown too).
+    A class that cannot be loaded is None too, unless ``strict`` (its ValueError then
+    propagates): a socket's greeting and fan-out go on without state, and the request
+    that needs the class reports the misconfiguration (as an internal error)."""
     route = ing.config.agents.get(slug)
     if route is None:
         return None
-    cls = route.load_class()
+    try:
+        cls = route.load_class()
+    except ValueError:
+        if strict:
+            raise
+        log.debug("agent class %r cannot be loaded: no synced state", slug)
+        return None
     return cls if getattr(cls, "state_model", None) is not None else None
 
 
 def need_state_class(ing: Ingress, slug: str) -> type:
-    """Agent class ``slug``, which must declare a synced state (404 otherwise)."""
-    cls = state_class(ing, slug)
+    """Agent class ``slug``, which must declare a synced state (404 otherwise).
+
+    Raises:
+        ValueError: the class cannot be loaded (a misconfiguration: answered 500).
+    """
+    cls = state_class(ing, slug, strict=True)
     if cls is None:
         if slug not in ing.config.agents:
             raise NotVisibleError(f"unknown agent class {slug!r}")
