@@ -63,6 +63,15 @@ def test_a_client_gets_the_state_first(server):
         assert greet(ws)[1] == {"type": STATE, "state": board(5)}
 
 
+def test_a_socket_waiting_on_a_name_hears_its_owners_http_change(server):
+    base, _ = server
+    with open_ws(base, "alice-s7", ALICE) as ws:
+        assert greet(ws)[1] == {"type": STATE, "state": board(title="new board")}
+        # The PUT claims the name for Alice: her socket, which waited on it, joins.
+        assert put_state(base, "alice-s7", {"state": board(1)}, ALICE).status_code == 200
+        assert next_state(ws) == {"type": STATE, "state": board(1)}
+
+
 def test_a_class_without_state_sends_none_and_refuses_client_state(server):
     base, _ = server
     with open_ws(base, "alice-plain", ALICE, slug="plain") as ws:

@@ -243,9 +243,16 @@ async def get_state(handle: Annotated[Any, Depends(owned_agent)]) -> Response:
     f"{BASE}/state", openapi_extra=json_body_doc({"state": {"type": "object"}}, ["state"])
 )
 async def put_state(
-    value: Annotated[Any, Depends(client_state)], handle: Annotated[Any, Depends(claimed_agent)]
+    agent: str,
+    name: str,
+    value: Annotated[Any, Depends(client_state)],
+    handle: Annotated[Any, Depends(claimed_agent)],
+    who: Annotated[Principal, Depends(principal)],
+    ing: Annotated[Ingress, Depends(ingress)],
 ) -> Response:
-    """A client's state change; every client of the agent hears it."""
+    """A client's state change; every client of the agent hears it (the caller's
+    sockets that waited on a name this request claimed too)."""
+    ing.hub.claimed((agent, name), who)
     return JSONResponse(public(await handle.set_client_state.remote(value)))
 
 

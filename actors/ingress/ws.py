@@ -306,6 +306,14 @@ class Hub:
         if conn.ing is not None:
             self.feed(conn.key, conn.ing, conn.principal)
 
+    def claimed(self, key: Key, who: Principal) -> None:
+        """``who`` owns agent ``key`` now (an HTTP request claimed it): its sockets
+        waiting on the name join (the others go on waiting, hearing nothing)."""
+        for conn in list(self.waiting.get(key, {}).values()):
+            if conn.principal.id == who.id:
+                self.join(conn)  # takes the principal's other waiting sockets along
+                return
+
     def joined(self, conn: Connection) -> bool:
         """Whether ``conn`` is a member (hears its agent's fan-out)."""
         return conn.id in self.groups.get(conn.key, {})
