@@ -642,6 +642,32 @@ class SessionActor:
             remove()
             unbound.cancel()
 
+    async def state_events(self, name: str) -> AsyncIterator[dict[str, Any]]:
+        """Streaming generator: the hosted agent's synced state now, then each change
+        (:class:`~thinkray.runtime.agents.state.StateChange` as a dict), until the agent
+        stops being hosted here. What the ingress fans out to the agent's clients, on
+        every replica: a change made anywhere (the agent itself, a handle, a client
+        through another replica) reaches them all. Not counted as a call (watching
+        does not keep the agent from hibernating); nothing for a class without state."""
+        if self.agent is None or self.name != name or not self.agent.synced_state.enabled:
+            return
+        synced = self.agent.synced_state
+        changes: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        remove = synced.subscribe(lambda change: changes.put_nowait(change.to_dict()))
+        unbound = asyncio.ensure_future(self._unbound.wait())
+        try:
+            yield synced.snapshot().to_dict()
+            while self.name == name:
+                change = asyncio.ensure_future(changes.get())
+                await asyncio.wait({change, unbound}, return_when=asyncio.FIRST_COMPLETED)
+                if not change.done():
+                    change.cancel()
+                    break
+                yield change.result()
+        finally:
+            remove()
+            unbound.cancel()
+
     # -- calls -------------------------------------------------------------------------
 
     @contextmanager

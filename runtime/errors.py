@@ -34,6 +34,7 @@ __all__ = [
     "EditError",
     "ExtensionError",
     "InboxMessageFailedError",
+    "InvalidAgentStateError",
     "InvalidArgumentError",
     "InvalidConfigError",
     "InvalidMessageError",
@@ -43,6 +44,7 @@ __all__ = [
     "ModelError",
     "ModelNotConfiguredError",
     "ModelSwitchError",
+    "NoAgentStateError",
     "NoRunError",
     "NothingToAnswerError",
     "NothingToCompactError",
@@ -51,6 +53,7 @@ __all__ = [
     "RunInterruptedError",
     "SandboxUnavailableError",
     "SessionBusyError",
+    "StateChangeRefusedError",
     "SummarizerError",
     "ToolCallStateError",
     "ToolExecutionError",
@@ -360,6 +363,21 @@ class OperationTimeoutError(ThinkrayError, TimeoutError):
 
 class AccessDeniedError(UserError, PermissionError):
     """The caller's grant does not allow that operation."""
+
+
+class InvalidAgentStateError(UserError, ValueError):
+    """A state that does not fit the agent's ``state_model`` (or is not JSON, or is
+    over ``max_state_bytes``); nothing was stored."""
+
+
+class StateChangeRefusedError(AccessDeniedError):
+    """The agent refused a state change: its clients may not set its state
+    (``client_can_set_state``), or its ``validate_state_change`` hook said no; nothing
+    was stored."""
+
+
+class NoAgentStateError(UserError, LookupError):
+    """The agent's class declares no ``state_model``: it has no synced state."""
 
 
 class UnknownJobError(UserError, KeyError):

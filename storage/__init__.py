@@ -15,6 +15,7 @@ from thinkray.storage.errors import *  # noqa: F403  # every storage error, one 
 from thinkray.storage.errors import __all__ as _errors
 from thinkray.storage.protocols import (
     HEAD,
+    AgentStateStore,
     FiberStore,
     InboxStore,
     JobStore,
@@ -27,6 +28,7 @@ from thinkray.storage.protocols import (
     WorkspaceStore,
 )
 from thinkray.storage.records import (
+    AgentStateRecord,
     EntryInfo,
     FiberRecord,
     InboxRow,
@@ -58,6 +60,8 @@ _LAZY = {
 __all__ = [
     *_errors,
     "HEAD",
+    "AgentStateRecord",
+    "AgentStateStore",
     "DuckDBSessionStore",
     "DuckDBStores",
     "EntryInfo",

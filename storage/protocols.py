@@ -32,6 +32,7 @@ from thinkray.storage.records import (
     DEFAULT_MAX_ENTRIES,
     DEFAULT_MAX_FILE_BYTES,
     DEFAULT_MAX_TOTAL_BYTES,
+    AgentStateRecord,
     EntryInfo,
     FiberRecord,
     FiberStatus,
@@ -56,6 +57,8 @@ from thinkray.storage.types import (
 
 __all__ = [
     "HEAD",
+    "AgentStateRecord",
+    "AgentStateStore",
     "EntryInfo",
     "FiberRecord",
     "FiberStore",
@@ -1031,6 +1034,38 @@ class KeyValueStore(Protocol):
 
 
 @runtime_checkable
+class AgentStateStore(Protocol):
+    """An agent's synced state: one JSON document, replaced whole on each write.
+
+    Contract (checked by ``thinkray.storage.testing.agent_state_store_suite``):
+
+    - :meth:`get` is None until the first :meth:`put`; then the last value put, as
+      JSON gives it back (tuples as lists), with its version.
+    - Each :meth:`put` bumps the version by one (the first is 1), so a reader that
+      saw version ``v`` knows any ``v' > v`` is newer.
+    - A value that is not JSON raises
+      :class:`~thinkray.storage.errors.InvalidInputError` and writes nothing.
+    - **Transactions** follow the module's rule; each method is atomic.
+    """
+
+    def transaction(self) -> AbstractContextManager[None]:
+        """Writes inside commit together or not at all; nested blocks join."""
+        ...
+
+    def get(self) -> AgentStateRecord | None:
+        """The stored state and its version, None if none was ever put."""
+        ...
+
+    def put(self, value: Any, *, now: float | None = None) -> AgentStateRecord:
+        """Replace the state with ``value`` (a JSON value); returns what was stored.
+
+        Raises:
+            InvalidInputError: ``value`` is not JSON; nothing written.
+        """
+        ...
+
+
+@runtime_checkable
 class WorkspaceStore(Protocol):
     """Files and directories of one namespace: a small durable filesystem.
 
@@ -1378,6 +1413,10 @@ class Stores(Protocol):
     def kv(self) -> KeyValueStore:
         """Key/value pairs (for actors that keep no sessions; a session store has its
         own config)."""
+        ...
+
+    def agent_state(self) -> AgentStateStore:
+        """The agent's synced state (one versioned JSON document)."""
         ...
 
     def workspace(

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 __all__ = [
+    "AgentStateRecord",
     "DEFAULT_MAX_ENTRIES",
     "DEFAULT_MAX_FILE_BYTES",
     "DEFAULT_MAX_TOTAL_BYTES",
@@ -427,3 +428,14 @@ class ToolCallAudit:
     by: str | None
     reason: str | None
     at: float
+
+
+@dataclass(frozen=True)
+class AgentStateRecord:
+    """An agent's synced state as stored (:class:`~thinkray.storage.protocols.AgentStateStore`):
+    its JSON ``value``, its ``version`` (1 for the first write, one more for each
+    write after) and when it was written (``updated_at``, epoch seconds)."""
+
+    value: Any
+    version: int
+    updated_at: float

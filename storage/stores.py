@@ -11,6 +11,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from thinkray.storage.agent_state import DuckDBAgentStateStore
 from thinkray.storage.db import Database
 from thinkray.storage.fibers import DuckDBFiberStore
 from thinkray.storage.inbox import DuckDBInboxStore
@@ -51,6 +52,7 @@ class DuckDBStores(Stores):
         self._inbox: DuckDBInboxStore | None = None
         self._registry: DuckDBRegistryStore | None = None
         self._kv: DuckDBKeyValueStore | None = None
+        self._agent_state: DuckDBAgentStateStore | None = None
         self._workspaces: dict[tuple[str, WorkspaceLimits], DuckDBWorkspaceStore] = {}
 
     @contextmanager
@@ -94,6 +96,12 @@ class DuckDBStores(Stores):
         if self._kv is None:
             self._kv = DuckDBKeyValueStore(self._db)
         return self._kv
+
+    @override
+    def agent_state(self) -> DuckDBAgentStateStore:
+        if self._agent_state is None:
+            self._agent_state = DuckDBAgentStateStore(self._db)
+        return self._agent_state
 
     @override
     def workspace(

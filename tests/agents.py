@@ -418,3 +418,42 @@ class GuardedApprovalAgent(ResumingAgent):
     def may_approve(self, approval: dict[str, Any], answered_by: str | None) -> bool:
         path = str((approval.get("input") or {}).get("path", ""))
         return answered_by is not None and "locked" not in path
+
+
+# -- synced state (issue 25, part 3) ----------------------------------------------------
+
+
+class Board(BaseModel):
+    """The synced state of :class:`StateAgent`."""
+
+    count: int = 0
+    title: str = ""
+    items: list[str] = []
+
+
+class StateAgent(ScriptAgent):
+    """An agent with synced state that clients may set; its hook refuses a negative
+    count, and ``bump`` changes the state from inside the agent."""
+
+    state_model = Board
+    initial_state = Board(title="new board")
+    client_can_set_state = True
+
+    def validate_state_change(self, state: Any, source: Any) -> None:
+        from thinkray.runtime.errors import StateChangeRefusedError
+
+        if state.count < 0:
+            raise StateChangeRefusedError("the count cannot go below zero")
+
+    @remote
+    def bump(self, by: int = 1) -> int:
+        """Add ``by`` to the count, as the agent (a server-side change)."""
+        board = self.state
+        board.count += by
+        return int(self.set_state(board).count)
+
+
+class ServerStateAgent(StateAgent):
+    """Synced state only the agent (and Python code through its handle) may set."""
+
+    client_can_set_state = False

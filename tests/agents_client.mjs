@@ -17,6 +17,9 @@
 //   waits for the server's `done`, prints the stored messages.
 // - resume: a long turn read for a few chunks by one client, which closes; a second client
 //   resumes it (`reconnectToStream`) and reads it to the end.
+// - state: two clients with `onStateUpdate` / `onStateUpdateError` (an agent with synced
+//   state): each `setState`s in turn and the other hears it; an invalid `setState` is
+//   refused to its sender only; a change through HTTP (`PUT .../state`) reaches both.
 //
 // Prints one JSON object on stdout.
 import { readFileSync } from 'node:fs';
@@ -41,7 +44,7 @@ async function ticket() {
   return (await response.json()).ticket;
 }
 
-function connect(onFrame) {
+function connect(onFrame, options = {}) {
   const client = new AgentClient({
     host,
     agent: AGENT,
@@ -49,6 +52,7 @@ function connect(onFrame) {
     // A function: PartySocket calls it on every (re)connect, so each gets a fresh ticket.
     query: async () => ({ ticket: await ticket() }),
     maxRetries: 0,
+    ...options,
   });
   if (onFrame) {
     client.addEventListener('message', (event) => onFrame(JSON.parse(event.data)));
@@ -195,7 +199,61 @@ async function resume() {
   };
 }
 
-const scenarios = { chat, cancel, resume };
+/** A client that records what `onStateUpdate` and `onStateUpdateError` are given. */
+function stateClient() {
+  const seen = { updates: [], errors: [] };
+  const client = connect(undefined, {
+    onStateUpdate: (state, source) => seen.updates.push({ source, state }),
+    onStateUpdateError: (error) => seen.errors.push(error),
+  });
+  return { client, seen };
+}
+
+function board(count, title = '') {
+  return { count, title, items: [] };
+}
+
+async function state() {
+  const a = stateClient();
+  const b = stateClient();
+  await Promise.all([a.client.ready, b.client.ready]); // ready once the state landed
+  const initial = { a: a.client.state, b: b.client.state };
+  const from = (seen, source, count) => (u) => u.source === source && u.state.count === count;
+
+  a.client.setState(board(1, 'from a'));
+  await waitFor(from(b.seen, 'server', 1), b.seen.updates, 'b hears a');
+  b.client.setState(board(2, 'from b'));
+  await waitFor(from(a.seen, 'server', 2), a.seen.updates, 'a hears b');
+
+  a.client.setState({ count: 'many' }); // does not fit the agent's state model
+  await waitFor(() => true, a.seen.errors, 'the error for a');
+  b.client.setState(board(3, 'from b'));
+  await waitFor(from(a.seen, 'server', 3), a.seen.updates, 'a hears b again');
+
+  const put = await fetch(`http://${host}/agents/${AGENT}/${encodeURIComponent(name)}/state`, {
+    method: 'PUT',
+    headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ state: board(10, 'from http') }),
+  });
+  await waitFor(from(a.seen, 'server', 10), a.seen.updates, 'a hears http');
+  await waitFor(from(b.seen, 'server', 10), b.seen.updates, 'b hears http');
+  const final = { a: a.client.state, b: b.client.state };
+  a.client.close();
+  b.client.close();
+  const stored = await fetch(`http://${host}/agents/${AGENT}/${encodeURIComponent(name)}/state`, {
+    headers: { authorization: `Bearer ${token}` },
+  });
+  return {
+    initial,
+    final,
+    put: put.status,
+    a: a.seen,
+    b: b.seen,
+    stored: await stored.json(),
+  };
+}
+
+const scenarios = { chat, cancel, resume, state };
 const result = await scenarios[scenario]();
 process.stdout.write(
   JSON.stringify({ agents: version('agents'), ai: version('ai'), ...result }) + '\n',

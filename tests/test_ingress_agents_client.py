@@ -46,6 +46,18 @@ def base(ray_local, tmp_path):
         yield url
 
 
+@pytest.fixture
+def state_base(ray_local, tmp_path):
+    """An agent class with synced state that clients may set (``StateAgent``)."""
+    config = make_config(
+        str(tmp_path / "root"),
+        f"npmst-{tmp_path.name[-10:]}".replace("_", "-"),
+        agent_cls="tests.agents:StateAgent",
+    )
+    with serve_app(config) as url:
+        yield url
+
+
 def run_client(project: Path, base: str, scenario: str, name: str) -> dict[str, Any]:
     host = base[len("http://") :]
     proc = subprocess.run(
@@ -117,3 +129,31 @@ def test_agent_client_resumes_after_reconnecting(agents_client, base):
     assert out["message"]["id"] == assistant["id"]
     assert text_of(out["message"]) == text_of(assistant) == FULL
     assert assistant["metadata"]["status"] == "completed"
+
+
+def board(count: int, title: str = "") -> dict[str, Any]:
+    return {"count": count, "title": title, "items": []}
+
+
+def test_agent_clients_sync_state(agents_client, state_base):
+    """Issue 25, part 3: ``AgentClient``'s ``onStateUpdate`` and ``setState`` between two
+    clients, an invalid ``setState`` refused to its sender only, an HTTP change heard by
+    both."""
+    out = run_client(agents_client, state_base, "state", "alice-npm-state")
+    initial = {"count": 0, "title": "new board", "items": []}
+    assert out["initial"] == {"a": initial, "b": initial}  # the state came before ready
+    a, b = out["a"], out["b"]
+    assert a["updates"][0] == b["updates"][0] == {"source": "server", "state": initial}
+    # Each client hears the other's change from the server, its own only as it set it.
+    assert {"source": "server", "state": board(1, "from a")} in b["updates"]
+    assert {"source": "server", "state": board(1, "from a")} not in a["updates"]
+    assert {"source": "server", "state": board(2, "from b")} in a["updates"]
+    assert {"source": "server", "state": board(3, "from b")} in a["updates"]
+    # The invalid state: an error to its sender, nothing to the other client.
+    assert len(a["errors"]) == 1
+    assert a["errors"][0].startswith("State update rejected: state does not fit Board")
+    assert b["errors"] == []
+    assert all(u["state"].get("count") != "many" for u in b["updates"])
+    assert out["put"] == 200
+    assert out["final"] == {"a": board(10, "from http"), "b": board(10, "from http")}
+    assert out["stored"] == {"state": board(10, "from http"), "version": 4}

@@ -18,6 +18,7 @@ from thinkray.storage.protocols import Stores
 from thinkray.storage.records import ToolCallRecord
 from thinkray.storage.session_store import DuckDBSessionStore
 from thinkray.storage.stores import DuckDBStores, open_stores
+from thinkray.storage.testing.agent_state_store_suite import *  # noqa: F403
 from thinkray.storage.testing.fiber_store_suite import *  # noqa: F403
 from thinkray.storage.testing.inbox_store_suite import *  # noqa: F403
 from thinkray.storage.testing.job_store_suite import *  # noqa: F403

@@ -29,6 +29,8 @@ Routes (every one behind the authenticator; ``{agent}`` is an agent class's slug
   unknown or already-decided approval is 404 and nothing is written; an agent class
   without approvals (plain ``Think``) answers 404. The waiting run's stream goes on:
   the tool runs (``tool-output-available``) or is denied (``tool-output-denied``).
+- ``GET|PUT .../state``, ``GET .../state/stream``: the agent's synced state (a class
+  with ``state_model``; :mod:`.state`), its changes as server-sent events.
 - ``GET /agents/{agent}``: the caller's agents of that class.
 - ``POST .../ws-ticket``: a short-lived ticket to open this agent's WebSocket from a
   browser (``/agents/{agent}/{name}?ticket=...``; :mod:`.tickets`).
@@ -60,6 +62,7 @@ from thinkray.actors.ingress.common import (  # noqa: F401  (the names callers i
 )
 from thinkray.actors.ingress.config import IngressConfig, load_object, resolve_tokens
 from thinkray.actors.ingress.routes import approval_routes, chat_routes, page_routes, session_routes
+from thinkray.actors.ingress.state import state_routes
 from thinkray.actors.ingress.tickets import TICKET_KEY_ENV, Tickets, new_key
 from thinkray.actors.ingress.ws import Hub, ws_routes
 from thinkray.runtime.observability import tracing
@@ -198,6 +201,7 @@ def build_app(config: IngressConfig, ticket_key_bytes: bytes | None = None) -> F
     app.add_middleware(ReplicaHeader, replica=app.state.replica)
     configure_from_env()  # this replica's tracing, as the environment says
     app.add_middleware(TraceContext)
-    for router in (chat_routes, session_routes, approval_routes, page_routes, ws_routes):
+    routers = (chat_routes, session_routes, approval_routes, state_routes, page_routes, ws_routes)
+    for router in routers:
         app.include_router(router)
     return app

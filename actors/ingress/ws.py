@@ -21,6 +21,8 @@ the name (its first chat claims it); another principal's name is 404 like a miss
 On connect (server -> client)::
 
     {"type": "cf_agent_identity", "name": <name>, "agent": <slug>}
+      (an agent class with synced state: also "stateFollows": true, then
+       {"type": "cf_agent_state", "state": <the current state>})
     {"type": "cf_agent_mcp_servers", "mcp": {"prompts": [], "resources": [],
                                              "servers": {}, "tools": []}}
     then, as Think does: a run in flight -> {"type": "cf_agent_stream_resuming", "id"}
@@ -58,13 +60,26 @@ no state a reconnect needs. A request id an earlier run of the agent used is ref
 (its chunk log is that run's).
 
 Broadcasts (the chunks of a run to the agent's other tabs, ``cf_agent_chat_messages``
-and ``cf_agent_chat_clear``) reach the connections *this replica* holds. Fanning them
+and ``cf_agent_chat_clear``; not state changes, see below) reach the connections
+*this replica* holds. Fanning them
 out across replicas would take a subscription to the session actor per connection
 (one more streaming call per open tab, all of them idle most of the time) for what is
 a convenience: the session actor is the truth, and a tab on another replica gets it
 at its next reconnect or resume probe, or from ``get-messages``. Deployments that want
 live cross-tab updates pin an agent's connections to one replica (a session-affinity
 load balancer).
+
+Synced state (an agent class with ``state_model``; :mod:`.state`)::
+
+    -> {"type": "cf_agent_state", "state": {...}}   (``AgentClient.setState``)
+    <- {"type": "cf_agent_state_error", "error": "State update rejected: <why>"}
+       to the sender only, when the class does not let clients set its state, the
+       state does not fit its model or its hook refuses (nothing is stored)
+    <- {"type": "cf_agent_state", "state": {...}}   to every member, on each change:
+       a client's (not echoed to its sender when stored as sent), the agent's own, a
+       Python handle's, an HTTP client's. The changes come from the session actor
+       (``state_events``), so they reach the members on every replica. A first
+       ``cf_agent_state`` claims a name nobody owns, as a chat does.
 
 Tool results and approvals: thinkray runs every tool on the server, so a
 ``cf_agent_tool_result`` never has a call to complete. ``cf_agent_tool_approval``
@@ -82,8 +97,8 @@ object, of an unknown type, or binary is ignored (the package hands it to the us
 ``onMessage``, a no-op by default); client-pushed ``cf_agent_chat_messages`` are
 ignored (Think is server-authoritative); ``rpc`` calls are answered
 ``{"type": "rpc", "id", "success": false, "error"}`` (no method is callable here);
-``cf_agent_state`` is answered ``cf_agent_state_error``. Nothing is written and the
-connection stays open.
+``cf_agent_state`` to a class without state is answered ``cf_agent_state_error``.
+Nothing is written and the connection stays open.
 
 A disconnect detaches (never aborts). Each connection has a bounded outbox written by
 its own task, each send bounded by ``slow_consumer_timeout``: a consumer that falls
@@ -123,6 +138,14 @@ from thinkray.actors.ingress.common import (
     loads_bounded,
     parse_turn,
     rewind_for_regenerate,
+)
+from thinkray.actors.ingress.state import (
+    StateWatcher,
+    follow_state,
+    initial_snapshot,
+    need_state_class,
+    precheck_client_state,
+    state_class,
 )
 from thinkray.storage.errors import NotFoundError, ThinkrayError
 
@@ -181,6 +204,7 @@ class Connection:
     closed: bool = False
     dropped: bool = False
     main: asyncio.Task[Any] | None = None
+    state_version: int | None = None  # the agent state it has (None: not greeted yet)
 
     @property
     def key(self) -> Key:
@@ -252,6 +276,11 @@ class Hub:
         self.waiting: dict[Key, dict[str, Connection]] = {}
         self.owners: dict[Key, str] = {}
         self.pumps: dict[Key, set[asyncio.Task[Any]]] = {}
+        # Synced state (.state): one feed per agent with clients here, the newest
+        # change it brought, and the owner's state event streams.
+        self.feeds: dict[Key, asyncio.Task[Any]] = {}
+        self.latest: dict[Key, dict[str, Any]] = {}
+        self.watchers: dict[Key, dict[str, StateWatcher]] = {}
 
     def add(self, conn: Connection, owned: bool) -> None:
         """Hold ``conn`` (accepted): a member if its principal owns the agent."""
@@ -274,6 +303,16 @@ class Hub:
             group[waiting.pop(other.id).id] = other
         if not waiting:
             self.waiting.pop(conn.key, None)
+        if conn.ing is not None:
+            self.feed(conn.key, conn.ing, conn.principal)
+
+    def claimed(self, key: Key, who: Principal) -> None:
+        """``who`` owns agent ``key`` now (an HTTP request claimed it): its sockets
+        waiting on the name join (the others go on waiting, hearing nothing)."""
+        for conn in list(self.waiting.get(key, {}).values()):
+            if conn.principal.id == who.id:
+                self.join(conn)  # takes the principal's other waiting sockets along
+                return
 
     def joined(self, conn: Connection) -> bool:
         """Whether ``conn`` is a member (hears its agent's fan-out)."""
@@ -288,9 +327,9 @@ class Hub:
             if not group:
                 table.pop(conn.key, None)
         if conn.key not in self.groups and conn.key not in self.waiting:
-            self.owners.pop(conn.key, None)
             for task in self.pumps.pop(conn.key, set()):
                 task.cancel()
+        self.release(conn.key)
 
     def track(self, key: Key, task: asyncio.Task[Any]) -> None:
         """Keep a run's fan-out task referenced until it ends or is cancelled."""
@@ -312,6 +351,76 @@ class Hub:
         for conn in self.members(key):
             if conn not in exclude:
                 conn.send(frame)
+
+    # -- synced state --
+
+    def release(self, key: Key) -> None:
+        """Forget what agent ``key`` no longer needs here: its state feed once no member
+        or state stream is left, its owner once no connection or stream is."""
+        if key not in self.groups and key not in self.watchers:
+            feed = self.feeds.pop(key, None)
+            if feed is not None:
+                feed.cancel()
+            self.latest.pop(key, None)
+        if key not in self.groups and key not in self.waiting and key not in self.watchers:
+            self.owners.pop(key, None)
+
+    def feed(self, key: Key, ing: Ingress, who: Principal) -> None:
+        """Make sure agent ``key``'s state changes reach its clients here (a class
+        without state has none); ``who`` owns it (checked)."""
+        if key in self.feeds or state_class(ing, key[0]) is None:
+            return
+        task = asyncio.ensure_future(follow_state(ing, key, who, self.publisher(key)))
+        self.feeds[key] = task
+        task.add_done_callback(
+            lambda t: self.feeds.pop(key, None) if self.feeds.get(key) is t else None
+        )
+
+    def publisher(self, key: Key) -> Callable[[dict[str, Any]], None]:
+        """What the feed of agent ``key`` calls with each change."""
+        return lambda change: self.publish_state(key, change)
+
+    def latest_state(self, key: Key) -> dict[str, Any] | None:
+        """The newest state change of agent ``key`` heard here (None: none yet)."""
+        return self.latest.get(key)
+
+    def publish_state(self, key: Key, change: dict[str, Any]) -> None:
+        """A state change of agent ``key``: a ``cf_agent_state`` frame to each member
+        that has not seen it (not to the connection that sent it, if it was stored as
+        sent), and to the owner's state streams."""
+        version = change["version"]
+        known = self.latest.get(key)
+        if known is None or version > known["version"]:
+            self.latest[key] = change
+        frame = {"type": STATE, "state": change["state"]}
+        for conn in self.members(key):
+            if conn.state_version is None or version <= conn.state_version:
+                continue  # not greeted yet (greet sends the newest), or it has this one
+            conn.state_version = version
+            if not (change.get("exact") and change.get("origin") == conn.id):
+                conn.send(frame)
+        for watcher in list(self.watchers.get(key, {}).values()):
+            watcher.offer(change)
+
+    def watch_state(self, key: Key, watcher: StateWatcher, ing: Ingress) -> None:
+        """Add a state stream of agent ``key`` (its principal was found to own it).
+
+        Raises:
+            NotVisibleError: the hub knows another owner.
+        """
+        owner = self.owners.setdefault(key, watcher.principal.id)
+        if owner != watcher.principal.id:
+            raise NotVisibleError(f"no agent {key[1]!r} of class {key[0]!r}")
+        self.watchers.setdefault(key, {})[watcher.id] = watcher
+        self.feed(key, ing, watcher.principal)
+
+    def unwatch_state(self, key: Key, watcher: StateWatcher) -> None:
+        """A state stream ended."""
+        table = self.watchers.get(key, {})
+        table.pop(watcher.id, None)
+        if not table:
+            self.watchers.pop(key, None)
+        self.release(key)
 
 
 def response(run_id: str, body: str = "", *, done: bool = False, **flags: Any) -> dict[str, Any]:
@@ -434,10 +543,41 @@ async def close(conn: Connection, writer: asyncio.Task[Any]) -> None:
         await asyncio.wait_for(conn.ws.close(code=code), 1.0)
 
 
+async def state_on_connect(conn: Connection) -> dict[str, Any] | None:
+    """The agent's state for a connection's greeting (None for a class without state):
+    the owner's agent's, the class's initial state while nobody owns the name."""
+    cls = state_class(conn.state, conn.slug)
+    if cls is None:
+        return None
+    try:
+        handle = await own_agent(conn)
+        if handle is None:
+            return initial_snapshot(cls)
+        snapshot: dict[str, Any] = await handle.state_snapshot.remote()
+    except Exception as exc:  # e.g. a stored state that no longer fits the model
+        log.warning("no state for %s/%s on connect: %s", conn.slug, conn.name, error_text(exc))
+        return None
+    # A change the feed brought while the snapshot was read is newer: the greeting
+    # has it (after this point, nothing is awaited: the feed sends what comes next).
+    latest = conn.hub.latest_state(conn.key)
+    if conn.hub.joined(conn) and latest is not None and latest["version"] > snapshot["version"]:
+        snapshot = latest
+    return snapshot
+
+
 async def greet(conn: Connection) -> None:
-    """Identity, MCP servers, then a resume offer for a run in flight, else the
-    current session's messages."""
-    conn.send({"type": IDENTITY, "name": conn.name, "agent": conn.slug})
+    """Identity, the agent's state (a class with state; the identity then says
+    ``stateFollows``, so the ``agents`` client is ready once it has the state), MCP
+    servers, then a resume offer for a run in flight, else the current session's
+    messages."""
+    snapshot = await state_on_connect(conn)
+    identity = {"type": IDENTITY, "name": conn.name, "agent": conn.slug}
+    if snapshot is None:
+        conn.send(identity)
+    else:
+        conn.send({**identity, "stateFollows": True})
+        conn.state_version = snapshot["version"]
+        conn.send({"type": STATE, "state": snapshot["state"]})
     conn.send({"type": MCP_SERVERS, "mcp": _EMPTY_MCP})
     handle = await live_agent(conn)
     if handle is not None:
@@ -768,9 +908,28 @@ async def rpc(conn: Connection, frame: dict[str, Any]) -> None:
         conn.send({"type": RPC, "id": rpc_id, "success": False, "error": error})
 
 
+async def set_client_state(conn: Connection, value: Any) -> None:
+    """Check a client's state (before anything is claimed or woken), claim the name
+    if nobody owns it, and hand it to the agent, which stores it and reports it to
+    every feed (this connection is not sent its own change back)."""
+    precheck_client_state(need_state_class(conn.state, conn.slug), value)
+    handle = await agent_of(conn.state, conn.slug, conn.name, conn.principal, claim=True)
+    conn.hub.join(conn)  # its principal owns the name now
+    await handle.set_client_state.remote(value, origin=conn.id)
+
+
 async def state(conn: Connection, frame: dict[str, Any]) -> None:
-    """``cf_agent_state``: this agent has no client state."""
-    conn.send({"type": STATE_ERROR, "error": "this agent has no client state"})
+    """``cf_agent_state`` from a client (``AgentClient.setState``): stored and sent to
+    the agent's other clients, or refused with ``cf_agent_state_error`` to this
+    connection only (nothing stored)."""
+    if "state" not in frame:
+        return  # not a state frame: the package hands it to onMessage (a no-op)
+    try:
+        await set_client_state(conn, frame["state"])
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        conn.send({"type": STATE_ERROR, "error": f"State update rejected: {error_text(exc)}"})
 
 
 HANDLERS: dict[str, FrameHandler] = {

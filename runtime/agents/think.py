@@ -26,8 +26,9 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
+from pydantic import BaseModel
 from thinkray.runtime.abort import AbortController, AbortSignal
 from thinkray.runtime.agents import model_switch
 from thinkray.runtime.agents.context import AgentContext, context_being_constructed
@@ -44,6 +45,7 @@ from thinkray.runtime.agents.sessions import (
     UnrewindResult,
     resend_message,
 )
+from thinkray.runtime.agents.state import AgentState, StateSource
 from thinkray.runtime.agents.turns import ORPHAN_ERROR, TurnRunner
 from thinkray.runtime.chunks import UIChunk, from_chunk_log
 from thinkray.runtime.durable.fibers import FiberManager
@@ -53,7 +55,12 @@ from thinkray.runtime.durable.services import DurableServices
 from thinkray.runtime.errors import (  # re-exported: the errors live in thinkray.runtime.errors
     InvalidConfigError as InvalidConfigError,
 )
-from thinkray.runtime.errors import ModelNotConfiguredError, UnknownJobError, UnknownRunError
+from thinkray.runtime.errors import (
+    ModelNotConfiguredError,
+    StateChangeRefusedError,
+    UnknownJobError,
+    UnknownRunError,
+)
 from thinkray.runtime.messages import Role, parse_message
 from thinkray.runtime.models.base import Model, ModelMessage
 from thinkray.runtime.remote import idempotent, remote
@@ -139,6 +146,13 @@ class Think(metaclass=_StartsAfterInit):
     # A generation cut off by a crash: "fail" closes it (interrupted); "resume" also
     # answers on from its durable tool calls once none is open (see on_wake).
     recover_generations: Literal["fail", "resume"] = "fail"
+    # Synced state (runtime/agents/state.py): a pydantic model class, its initial value
+    # (a model instance or its data; None: the model's defaults), whether clients may
+    # set it, and its largest size as JSON.
+    state_model: ClassVar[type[BaseModel] | None] = None
+    initial_state: ClassVar[BaseModel | dict[str, Any] | None] = None
+    client_can_set_state: ClassVar[bool] = False
+    max_state_bytes: ClassVar[int] = ROW_MAX_BYTES
 
     def __init__(
         self,
@@ -175,6 +189,9 @@ class Think(metaclass=_StartsAfterInit):
         )
         self._resumes: set[asyncio.Task[Any]] = set()
         self.tool_calls.on_settled = self.on_tool_call_settled
+        self.synced_state = AgentState(
+            type(self), lambda: store.stores().agent_state(), self.max_state_bytes
+        )
         self._constructed = True
 
     # -- identity ---------------------------------------------------------------------
@@ -528,6 +545,83 @@ class Think(metaclass=_StartsAfterInit):
         rewound = self.rewind(session_id, user_message_id, include_target=True)
         new = resend_message(rewound, message)
         return await self.chat(new, callback, session_id=session_id, **kwargs)
+
+    # -- synced state (AgentState) ------------------------------------------------------
+
+    @property
+    def state(self) -> Any:
+        """The current state (a fresh ``state_model`` instance; None for a class
+        without state). Change it with :meth:`set_state`."""
+        return self.synced_state.current() if self.synced_state.enabled else None
+
+    def validate_state_change(self, state: Any, source: StateSource) -> None:
+        """Hook: raise (e.g. :class:`~thinkray.runtime.errors.StateChangeRefusedError`)
+        to refuse a change that fits the model; ``state`` is the validated model
+        instance, ``source`` who sends it. Clients reach it only where
+        ``client_can_set_state`` lets them. Default: every change is accepted."""
+
+    def on_state_update(self, state: Any, source: StateSource) -> None:
+        """Hook: called after a change was stored and sent to the subscribers (what it
+        raises is logged, the change stands)."""
+
+    def _change_state(self, value: Any, source: StateSource, origin: str | None) -> dict[str, Any]:
+        state, data = self.synced_state.check(value)
+        self.validate_state_change(state, source)
+        change = self.synced_state.store(data, origin=origin, sent=value)
+        try:
+            self.on_state_update(self.synced_state.current(), source)
+        except Exception:
+            log.exception("on_state_update of %s failed", type(self).__name__)
+        return change.to_dict()
+
+    @idempotent
+    @remote
+    def get_state(self) -> Any:
+        """The current state (a ``state_model`` instance).
+
+        Raises:
+            NoAgentStateError: the class declares no ``state_model``.
+        """
+        return self.synced_state.current()
+
+    @remote
+    def set_state(self, state: Any) -> Any:
+        """Replace the state (a ``state_model`` instance or its data) as the server:
+        validated, stored, then sent to every connected client. Returns the stored
+        state.
+
+        Raises:
+            InvalidAgentStateError: it does not fit the model (nothing stored).
+            NoAgentStateError: the class declares no ``state_model``.
+        """
+        self._change_state(state, "server", None)
+        return self.synced_state.current()
+
+    @idempotent
+    @remote
+    def state_snapshot(self) -> dict[str, Any]:
+        """The state as clients see it: ``{"state": <JSON>, "version": n, ...}``."""
+        return self.synced_state.snapshot().to_dict()
+
+    @remote
+    def set_client_state(self, state: Any, origin: str | None = None) -> dict[str, Any]:
+        """A client's state change (what the ingress calls): refused unless
+        ``client_can_set_state``, then validated like :meth:`set_state` and checked by
+        ``validate_state_change`` with source ``client``. ``origin``: the sending
+        connection, which is not sent its own change back. Returns the change as
+        :meth:`state_snapshot` does.
+
+        Raises:
+            StateChangeRefusedError: clients may not set this agent's state, or the
+                hook refused (nothing stored).
+            InvalidAgentStateError: it does not fit the model (nothing stored).
+        """
+        if not self.client_can_set_state and self.synced_state.enabled:
+            raise StateChangeRefusedError(
+                f"clients may not set the state of {type(self).__name__} "
+                "(client_can_set_state is off)"
+            )
+        return self._change_state(state, "client", origin)
 
     # -- status, abort, reservations (TurnRunner) -------------------------------------
 
