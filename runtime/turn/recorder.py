@@ -198,16 +198,16 @@ class Recorder:
             envelope = {"id": m["id"], "role": m["role"], "metadata": m["metadata"], "parts": []}
         started = time.perf_counter()
         flush = StreamFlush(
-                session_id=self.session_id,
-                message=envelope,
-                parent_id=self.parent_id,
-                use_head=False,
-                parts=writes,
-                chunks=self._pending_chunks,
-                parts_length=parts_length,
-                usage=self._pending_usage,
-                prune_chunks=prune,
-            )
+            session_id=self.session_id,
+            message=envelope,
+            parent_id=self.parent_id,
+            use_head=False,
+            parts=writes,
+            chunks=self._pending_chunks,
+            parts_length=parts_length,
+            usage=self._pending_usage,
+            prune_chunks=prune,
+        )
         if self.deferred is not None and self.deferred.pending:
             # One transaction: the ledger's waiting writes and the batch commit together.
             with self.store.transaction():
