@@ -97,3 +97,25 @@ async def test_the_counting_seam_sees_every_commit(tmp_path):
         assert count.writes >= 3
     finally:
         store.close()
+
+
+def test_a_long_chunk_run_is_stored_compressed_and_old_rows_still_read(tmp_path):
+    import msgpack
+    from thinkray.storage.types import ChunkWrite, StreamFlush
+
+    store = DuckDBSessionStore(tmp_path / "a.duckdb")
+    try:
+        sid = store.create_session().id
+        chunks = [{"type": "text-delta", "id": "t", "delta": f"w{i} "} for i in range(200)]
+        writes = [ChunkWrite("run-1", i, c) for i, c in enumerate(chunks)]
+        store.flush_stream(StreamFlush(session_id=sid, chunks=writes))
+        [(payload,)] = store.db.fetchall("SELECT payload FROM chunks WHERE generation_id = 'run-1'")
+        raw = msgpack.packb(chunks, use_bin_type=True)
+        assert payload[0] == 0x78 and len(payload) < len(raw) / 3  # zlib, much smaller
+        assert store.get_chunks("run-1") == chunks
+        assert store.get_chunks("run-1", 150) == chunks[150:]
+        # a run written before compression (a plain msgpack array) reads as it did
+        store.db.execute("INSERT INTO chunks VALUES ('run-0', 0, ?, true, 0, 200)", [raw])
+        assert store.get_chunks("run-0") == chunks
+    finally:
+        store.close()
