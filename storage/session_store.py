@@ -1609,10 +1609,9 @@ class DuckDBSessionStore(SessionStore):
     @override
     def message_session(self, message_id: str) -> str | None:
         _check_str(message_id, "message id")
-        with self._tx(keep_cache=True) as con:
-            row = con.execute(
-                "SELECT session_id FROM messages WHERE id = ?", [message_id]
-            ).fetchone()
+        # One statement, no transaction around it: every turn asks this of its user
+        # message (is it a resend?), and BEGIN/COMMIT would double its cost.
+        row = self.db.fetchone("SELECT session_id FROM messages WHERE id = ?", [message_id])
         return None if row is None else str(row[0])
 
     @override
