@@ -777,7 +777,13 @@ class ToolCallLedger:
                 rec.id,
                 ["executing"],
                 "failed",
-                error="the agent's process died while the tool ran; not re-run",
+                # The tool ran, or had run and its result was not committed yet (an
+                # inline result lands with the turn's next batch): either way the turn
+                # was interrupted, and the call is not run again.
+                error=(
+                    "interrupted: the agent's process died while the tool ran (or before "
+                    "its result was recorded); not re-run"
+                ),
             )
             counts["failed"] += moved is not None
 
