@@ -18,9 +18,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import duckdb
 from thinkray.storage.errors import (
@@ -80,6 +80,60 @@ class Migration:
 
     version: int
     apply: Callable[[duckdb.DuckDBPyConnection], None]
+
+
+_READS = ("SELECT", "WITH", "BEGIN", "COMMIT", "ROLLBACK", "PRAGMA", "DESCRIBE", "SHOW")
+
+
+@dataclass
+class StatementCount:
+    """What :meth:`Database.counting` saw: every statement sent to DuckDB, and the
+    commits among them that wrote (a ``COMMIT`` of a transaction with a write in it,
+    or a write run in autocommit: each is one durable write of the file's log; a
+    read-only transaction writes nothing)."""
+
+    statements: int = 0
+    commits: int = 0
+    transactions: int = 0  # every COMMIT, read-only ones included
+    writes: int = 0  # INSERT/UPDATE/DELETE/DDL statements, in or out of a transaction
+    log: list[str] = field(default_factory=list)
+
+    def reset(self) -> None:
+        """Start counting from zero again."""
+        self.statements = self.commits = self.transactions = self.writes = 0
+        self.log.clear()
+
+
+class _CountingConnection:
+    """A DuckDB connection that counts what goes through ``execute`` (everything the
+    stores send does: they hold the connection :attr:`Database.con` hands out)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, count: StatementCount) -> None:
+        self._inner = con
+        self._count = count
+        self._in_tx = False
+        self._wrote = False
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        count = self._count
+        head = sql.lstrip().split(None, 1)[0].upper() if sql.strip() else ""
+        count.statements += 1
+        count.log.append(" ".join(sql.split())[:80])
+        if head == "BEGIN":
+            self._in_tx, self._wrote = True, False
+        elif head in ("COMMIT", "ROLLBACK"):
+            count.transactions += head == "COMMIT"
+            count.commits += head == "COMMIT" and self._wrote
+            self._in_tx = False
+        elif head not in _READS:
+            count.writes += 1
+            self._wrote = True
+            if not self._in_tx:
+                count.commits += 1
+        return self._inner.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 class Database:
@@ -181,6 +235,22 @@ class Database:
         if con is None:
             raise DatabaseClosedError(f"database {self.path!r} is closed")
         return con
+
+    @contextmanager
+    def counting(self) -> Iterator[StatementCount]:
+        """Count the statements and commits sent to DuckDB while the block runs (a
+        seam for tests and benchmarks: a regression in the write path shows up as a
+        count, without timing anything)."""
+        with self._lock:
+            inner = self.con
+            count = StatementCount()
+            self._con = cast(duckdb.DuckDBPyConnection, _CountingConnection(inner, count))
+        try:
+            yield count
+        finally:
+            with self._lock:
+                if self._con is not None:
+                    self._con = inner
 
     # -- queries -------------------------------------------------------------------
 

@@ -145,6 +145,10 @@ class RunState:
     pending: list[UIChunk] = field(default_factory=list, repr=False)
     sink: Callable[[UIChunk], Awaitable[None]] | None = field(default=None, repr=False)
     recorder: Recorder | None = field(default=None, repr=False)  # once the turn prepared
+    # Tool-input chunks recorded and not yet delivered: they go out once the batch that
+    # holds them (and the calls' rows) is durable (see TurnRunner._emit); since when.
+    gated: list[UIChunk] = field(default_factory=list, repr=False)
+    gated_at: float | None = field(default=None, repr=False)
 
     async def emit(self, chunk: UIChunk) -> None:
         """See :meth:`ChatOptions.emit` (which delegates here)."""

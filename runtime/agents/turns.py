@@ -144,6 +144,9 @@ class TurnRunner:
                 ended = bool(run.stream.chunks) and _is_terminal(run.stream.chunks[-1])
                 recorder.flush(final=ended)  # a run past its last chunk completes
                 recorder.close()
+            for chunk in run.gated:  # flushed just now: the live stream gets them too
+                run.stream.push(chunk)
+            run.gated.clear()
         agent.tool_calls.recover(agent._tool_policies())
         agent.tool_calls.cancel_unreleased([r.run_id for r in runs], INTERRUPTED_ERROR)
         for run in runs:
@@ -407,6 +410,7 @@ class TurnRunner:
             cache=self.persist_cache,
             flush_interval=agent.flush_interval,
             is_stale=t.stale,
+            deferred=agent.tool_calls.behind,
         )
         if options.history and options.history[-1]["id"] == options.message_id:
             recorder.continue_message(options.history[-1])  # see _interrupted_reply
@@ -666,14 +670,45 @@ class TurnRunner:
         held: list[UIChunk] | None = None,
     ) -> StreamCallback | None:
         """Record ``chunk`` and send it; a ``finish`` goes to ``held`` instead (when
-        given) until the turn is durable."""
+        given) until the turn is durable.
+
+        A tool call's input chunks are gated: recorded now, sent once a batch holding
+        them is durable (with the call's row, written in that batch). The gate opens
+        at the next other chunk, when the step's calls are decided
+        (:meth:`_release`), or once its oldest chunk is ``flush_interval`` old, so a
+        step's calls cost one write however many there are."""
         recorder.record(chunk)
-        if not is_data_chunk(chunk) and chunk["type"] in _DURABLE_BEFORE_RELEASE:
+        kind = None if is_data_chunk(chunk) else chunk["type"]
+        if kind in _GATED and not recorder.closed:
+            now = time.monotonic()
+            if run.gated_at is None:
+                run.gated_at = now
+            run.gated.append(chunk)
+            if now - run.gated_at >= recorder.flush_interval:
+                callback = await self._release(run, recorder, callback)
+            return callback
+        if run.gated:
+            callback = await self._release(run, recorder, callback)
+        if kind in _DURABLE_BEFORE_RELEASE:
             self._before_release(run, recorder, chunk)
-        if held is not None and chunk["type"] == "finish" and not is_data_chunk(chunk):
+        if held is not None and kind == "finish":
             held.append(chunk)
             return callback
         return await self._deliver(run, callback, chunk)
+
+    async def _release(
+        self, run: RunState, recorder: Recorder, callback: StreamCallback | None
+    ) -> StreamCallback | None:
+        """Open the gate: commit what is recorded (the gated chunks, the calls' rows),
+        then send the gated chunks."""
+        if not run.gated:
+            return callback
+        if not recorder.closed:
+            recorder.flush()
+        gated, run.gated, run.gated_at = run.gated, [], None
+        for chunk in gated:
+            callback = await self._deliver(run, callback, chunk)
+        return callback
 
     async def _deliver(
         self, run: RunState, callback: StreamCallback | None, chunk: UIChunk
@@ -691,9 +726,9 @@ class TurnRunner:
             return None
 
     def _before_release(self, run: RunState, recorder: Recorder, chunk: UIChunk) -> None:
-        """A tool call's chunk goes to no consumer before the call is durable: its
-        message part and chunk log are written now (its ledger row was, by the loop's
-        ``record_call``); a call the turn refused gets its row closed first."""
+        """A refused or failed call's result goes to no consumer before it is durable:
+        its message part and chunk log are written now; a call the turn refused gets
+        its row closed first."""
         if chunk["type"] in ("tool-output-error", "tool-output-denied") and (
             not run.controller.signal.aborted
         ):
@@ -828,6 +863,7 @@ class _Turn:
             on_tool_outcome=self.on_tool_outcome if self.observed else None,
             trace=self.trace,
             record_call=self.record_call,
+            calls_decided=self.calls_decided,
         )
 
     def on_step_finish(self, step: int, usage: Usage, reason: str) -> None:
@@ -845,11 +881,17 @@ class _Turn:
     def on_retry(self, attempt: int, exc: ModelError, delay: float) -> None:
         self.runner.status.retrying(self.sid, attempt, f"{exc} (retry {attempt} in {delay:.1f}s)")
 
+    async def calls_decided(self) -> None:
+        # The step's tool calls are durable in the message (and its chunk log), with
+        # their rows, before any of them runs or waits: a generation cut off while a
+        # call is out (with an executor, awaiting approval) can be resumed from it.
+        if self.recorder is not None:
+            self.callback = await self.runner._release(self.run, self.recorder, self.callback)
+
     def persist_step(self) -> None:
-        # The step's tool calls are durable in the message (and its chunk log)
-        # before any of them runs or waits: a generation cut off while a call
-        # is out (with an executor, awaiting approval) can be resumed from it.
-        if self.recorder is not None and not self.recorder.closed:
+        # What calls_decided left gated (a chunk emitted since) is made durable; the
+        # calls' tasks run beside each other, so its delivery waits for the stream.
+        if self.run.gated and self.recorder is not None and not self.recorder.closed:
             self.recorder.flush()
 
     async def check_permission(self, name: str, value: Any, call_id: str) -> Any:
@@ -870,13 +912,28 @@ class _Turn:
 
     def record_call(self, t: Tool, call_id: str, raw: Any) -> None:
         if not self.stale():
-            self.agent.tool_calls.record(t, call_id, self.run.run_id, self.sid, raw)
+            self.agent.tool_calls.record(
+                t, call_id, self.run.run_id, self.sid, raw, claim=self.unchecked
+            )
+
+    @property
+    def unchecked(self) -> bool:
+        """Whether the agent checks no tool call (``check_tool_permission`` is Think's,
+        which allows everything): an inline call's row is then written claimed, so
+        running it costs no write of its own."""
+        from thinkray.runtime.agents.think import Think
+
+        return type(self.agent).check_tool_permission is Think.check_tool_permission
 
 
-_DURABLE_BEFORE_RELEASE = frozenset(
-    {"tool-input-start", "tool-input-available", "tool-output-error", "tool-output-denied"}
+_DURABLE_BEFORE_RELEASE = frozenset({"tool-output-error", "tool-output-denied"})
+"""Tool-call results a consumer is given only once what they announce is stored."""
+
+_GATED = frozenset(
+    {"tool-input-start", "tool-input-delta", "tool-input-available", "tool-input-error"}
 )
-"""Tool-call chunks a consumer is given only once what they announce is stored."""
+"""A tool call's input chunks: a consumer is given them only once a batch holding them
+(and the call's row) is durable (``TurnRunner._emit``)."""
 
 CONTENT_CHUNKS = frozenset(
     {"text-delta", "reasoning-delta", "tool-input-start", "tool-input-available"}

@@ -52,7 +52,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from thinkray.runtime.abort import AbortController, AbortError, AbortSignal
 from thinkray.runtime.errors import (
@@ -63,6 +63,7 @@ from thinkray.runtime.errors import (
     UnknownToolCallError,
 )
 from thinkray.runtime.tools.base import Tool, ToolContext, ToolPolicy, run_tool
+from thinkray.storage.codec import pack
 from thinkray.storage.errors import InvalidInputError
 from thinkray.storage.protocols import ToolCallStore
 from thinkray.storage.records import ToolCallRecord
@@ -72,6 +73,42 @@ log = logging.getLogger("thinkray.tools.durable")
 LatePolicy = Literal["discard", "store"]
 OPEN = ("pending", "awaiting-approval", "executing")
 MAX_LEASE = 24 * 3600.0  # the longest lease an executor may ask for
+
+
+class WriteBehind:
+    """The ledger's store, with the turn's writes that may wait (a recorded call's
+    row, an inline call's result) queued until the turn's next batch commits them in
+    its own transaction (:meth:`drain`, called by the recorder): a tool call then costs
+    no commit of its own. Any other use of the store drains the queue first, so
+    everything that reads or moves a call sees every write before it, in order; and
+    what must be durable before something happens (a claimed call's row before its
+    tool runs) is drained right there."""
+
+    def __init__(self, store: ToolCallStore) -> None:
+        self.inner = store
+        self._queue: list[Callable[[], Any]] = []
+
+    @property
+    def pending(self) -> bool:
+        """Whether writes wait in the queue."""
+        return bool(self._queue)
+
+    def defer(self, write: Callable[[], Any]) -> None:
+        """Queue ``write`` (it runs inside the transaction of the next drain)."""
+        self._queue.append(write)
+
+    def drain(self) -> None:
+        """Run the queued writes, in order, in one transaction (joining one that is
+        open: the recorder's batch)."""
+        while self._queue:
+            writes, self._queue = self._queue, []
+            with self.inner.transaction():
+                for write in writes:
+                    write()
+
+    def __getattr__(self, name: str) -> Any:
+        self.drain()
+        return getattr(self.inner, name)
 
 
 def policy_of(t: Tool) -> ToolPolicy:
@@ -93,7 +130,15 @@ class ToolCallLedger:
             raise InvalidInputError(
                 f"late_results must be 'discard' or 'store', not {late_results!r}"
             )
-        self.store = store
+        # The store, behind the queue of writes the turn's batches carry (WriteBehind).
+        self.behind = WriteBehind(store)
+        self.store: ToolCallStore = cast(ToolCallStore, self.behind)
+        # Rows recorded and not written yet (queued); rows recorded to be claimed by
+        # this ledger in the same batch (an inline call the turn will run), and their
+        # claimed records once the batch ran: by row id.
+        self._unwritten: dict[str, ToolCallRecord] = {}
+        self._claiming: set[str] = set()
+        self._preclaimed: dict[str, ToolCallRecord] = {}
         self.late_results: LatePolicy = late_results
         self.executor_id = f"inline-{uuid.uuid4().hex[:8]}"
         self._waiters: dict[str, asyncio.Future[ToolCallRecord]] = {}
@@ -119,33 +164,65 @@ class ToolCallLedger:
     # -- the turn's side ------------------------------------------------------------
 
     def record(
-        self, t: Tool, tool_call_id: str, run_id: str | None, session_id: str | None, input: Any
+        self,
+        t: Tool,
+        tool_call_id: str,
+        run_id: str | None,
+        session_id: str | None,
+        input: Any,
+        *,
+        claim: bool = False,
     ) -> None:
-        """Write the row of a call the model just produced, before anyone is shown the
-        call: ``pending``, held from executors until :meth:`execute` releases it (after
-        the turn's permission check). A call that already has its row (a re-run) is
-        left as it is."""
-        durable = policy_of(t).decoupled
-
-        def held(row_id: str) -> ToolCallRecord:
-            return ToolCallRecord(
-                id=row_id,
-                tool_name=t.name,
-                run_id=run_id,
-                session_id=session_id,
-                input=input,
-                durable=durable,
-            )
-
-        row_id = tool_call_id
-        try:
-            self.store.insert(held(row_id))
-        except InvalidInputError:
-            row_id, rec = self._lookup(tool_call_id, run_id)
-            if rec is not None:
-                return
-            self.store.insert(held(row_id))
+        """Queue the row of a call the model just produced, to be written before anyone
+        is shown the call (the turn's next batch, which the turn commits before it
+        releases the call's chunks): ``pending``, held from executors until
+        :meth:`execute` releases it (after the turn's permission check). ``claim``
+        (an inline tool whose permission needs no check): claimed by this ledger in
+        the same batch, so running it needs no write of its own. A call that already
+        has its row (a re-run) is left as it is."""
+        policy = policy_of(t)
+        row_id, rec = self._peek(tool_call_id, run_id)
+        if rec is not None:
+            return
+        self._unwritten[row_id] = ToolCallRecord(
+            id=row_id,
+            tool_name=t.name,
+            run_id=run_id,
+            session_id=session_id,
+            input=input,
+            durable=policy.decoupled,
+        )
+        self.behind.defer(lambda: self._write_recorded(row_id))
+        if claim and not policy.decoupled:
+            self._claiming.add(row_id)
+            self.behind.defer(lambda: self._claim_recorded(row_id))
         self._held[(tool_call_id, run_id)] = row_id
+
+    def _write_recorded(self, row_id: str) -> None:
+        rec = self._unwritten.pop(row_id, None)
+        if rec is not None:
+            self.store.insert(rec)
+
+    def _claim_recorded(self, row_id: str) -> None:
+        if row_id in self._claiming:
+            got = self.store.transition(
+                row_id, ["pending"], "executing", executor=self.executor_id, claim=True
+            )
+            if got is not None:
+                self._preclaimed[row_id] = got
+
+    def _peek(self, tool_call_id: str, run_id: str | None) -> tuple[str, ToolCallRecord | None]:
+        """:meth:`_lookup` without draining the queue (rows queued count as written)."""
+
+        def get(row_id: str) -> ToolCallRecord | None:
+            queued = self._unwritten.get(row_id)
+            return queued if queued is not None else self.behind.inner.get(row_id)
+
+        rec = get(tool_call_id)
+        if rec is None or rec.run_id is None or run_id is None or rec.run_id == run_id:
+            return tool_call_id, rec
+        scoped = f"{tool_call_id}~{run_id}"
+        return scoped, get(scoped)
 
     def refuse(self, tool_call_id: str, run_id: str | None, reason: str) -> None:
         """The turn refused a call it recorded (its permission check said no): its row,
@@ -197,7 +274,9 @@ class ToolCallLedger:
             )
 
         call_id, rec, created = self._row_of(ctx, fresh)
-        if not created:
+        if not created and self._preclaimed.pop(call_id, None) is rec:
+            pass  # claimed by this ledger when recorded, its row durable: run it
+        elif not created:
             if rec.finished:
                 return _outcome(rec)  # ran before (a re-run turn): never again
             if not policy.decoupled:
@@ -227,7 +306,23 @@ class ToolCallLedger:
         except Exception as exc:
             self._failed(call_id, f"{type(exc).__name__}: {exc}")
             raise
-        return self._finish(call_id, "completed", self.executor_id, result=output)
+        return self._completed(call_id, output, ctx.signal)
+
+    def _completed(self, call_id: str, output: Any, signal: AbortSignal) -> Any:
+        """This ledger's inline execution of ``call_id`` returned ``output``. Its row
+        moves with the turn's next batch (no commit of its own): nothing else can move
+        an inline call while its turn runs but the turn's abort, and an abort's
+        cancellation reads the ledger, which writes this move first. A result that
+        cannot be stored, or a turn already aborted, takes the direct path."""
+        try:
+            pack(output, "tool call result")
+        except InvalidInputError:
+            return self._finish(call_id, "completed", self.executor_id, result=output)
+        if signal.aborted:
+            return self._finish(call_id, "completed", self.executor_id, result=output)
+        executor = self.executor_id
+        self.behind.defer(lambda: self._finish(call_id, "completed", executor, result=output))
+        return output
 
     async def _decoupled(
         self, t: Tool, value: Any, ctx: ToolContext, rec: ToolCallRecord, *, fresh_row: bool
@@ -254,6 +349,14 @@ class ToolCallLedger:
         """The call's row id, its row, and whether it was just created (``fresh``)."""
         rec: ToolCallRecord | None
         held = self._held.pop((ctx.tool_call_id, ctx.run_id), None)
+        if held is not None and held in self._claiming:
+            # Claimed when recorded: its row is made durable before the tool runs (the
+            # turn's batch wrote it already, unless no batch ran since).
+            self._claiming.discard(held)
+            self.behind.drain()
+            claimed = self._preclaimed.get(held)
+            if claimed is not None:
+                return held, claimed, False
         try:
             if held is not None:  # recorded when the model produced it: released now
                 rec = self.store.get(held)
@@ -394,6 +497,8 @@ class ToolCallLedger:
         return moved
 
     def _cancel(self, call_id: str, status: str, reason: str) -> bool:
+        self._claiming.discard(call_id)
+        self._preclaimed.pop(call_id, None)
         moved = self.store.transition(call_id, OPEN, status, error=reason)
         if moved is not None:
             self._resolve(moved)
@@ -672,7 +777,13 @@ class ToolCallLedger:
                 rec.id,
                 ["executing"],
                 "failed",
-                error="the agent's process died while the tool ran; not re-run",
+                # The tool ran, or had run and its result was not committed yet (an
+                # inline result lands with the turn's next batch): either way the turn
+                # was interrupted, and the call is not run again.
+                error=(
+                    "interrupted: the agent's process died while the tool ran (or before "
+                    "its result was recorded); not re-run"
+                ),
             )
             counts["failed"] += moved is not None
 

@@ -119,7 +119,10 @@ class LoopHooks:
     ``chat`` span per model call and an ``execute_tool`` span per tool call).
     ``record_call(tool, tool_call_id, input)`` as soon as the model produced a valid call,
     before its ``tool-input-available`` chunk is yielded (the turn writes the call's
-    row there, so no consumer sees a call that a crash would erase)."""
+    row with its next batch, and shows no consumer a call before that batch is
+    durable). ``calls_decided()`` once a step's model call ended with tool calls,
+    before any of them is checked or run (the turn commits the step's calls there,
+    in one write, and releases their chunks)."""
 
     on_step_finish: Callable[[int, Usage, str], Any] | None = None
     on_retry: Callable[[int, ModelError, float], Any] | None = None
@@ -129,6 +132,7 @@ class LoopHooks:
     on_tool_outcome: Callable[[str, str], Any] | None = None
     trace: TurnTrace | None = None
     record_call: Callable[[Tool, str, Any], Any] | None = None
+    calls_decided: Callable[[], Awaitable[Any]] | None = None
 
 
 @dataclass
@@ -207,6 +211,8 @@ async def run_loop(
             history.append(ModelMessage(role="assistant", content=st.assistant_content))
 
         if st.calls:
+            if hooks.calls_decided is not None:
+                await hooks.calls_decided()
             tool_results: list[ToolResultContent] = []
             denials: dict[str, str] = {}  # call id -> reason, for tool-output-denied
             async for out in _execute_calls(st.calls, tools, signal, tool_context, hooks, denials):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from thinkray.runtime.chunks import UIChunk
 from thinkray.runtime.turn.builder import MessageBuilder
@@ -31,6 +31,21 @@ DEFAULT_FLUSH_INTERVAL = 0.03
 
 TERMINAL_CHUNKS = frozenset({"finish", "abort", "error"})
 """The chunk types that end a run's stream: written only with the run's final batch."""
+
+
+class Deferred(Protocol):
+    """Writes that wait for the recorder's next batch (the tool-call ledger's
+    :class:`~thinkray.runtime.tools.durable.WriteBehind`): :meth:`drain` runs them
+    inside the batch's transaction."""
+
+    @property
+    def pending(self) -> bool:
+        """Whether writes wait."""
+        ...
+
+    def drain(self) -> None:
+        """Run the waiting writes (joining the open transaction)."""
+        ...
 
 
 class Recorder:
@@ -51,6 +66,7 @@ class Recorder:
         flush_interval: float = DEFAULT_FLUSH_INTERVAL,
         is_stale: Callable[[], bool] = lambda: False,
         record_chunks: bool = True,
+        deferred: Deferred | None = None,
     ) -> None:
         self.store = store
         self.session_id = session_id
@@ -61,6 +77,7 @@ class Recorder:
         self.flush_interval = flush_interval
         self.is_stale = is_stale
         self.record_chunks = record_chunks
+        self.deferred = deferred
         self._dirty: set[int] = set()
         self._pending_chunks: list[ChunkWrite] = []
         self._pending_usage: list[dict[str, Any]] = []
@@ -144,6 +161,8 @@ class Recorder:
             self._timer.cancel()
             self._timer = None
         if self.is_stale():
+            if self.deferred is not None:
+                self.deferred.drain()  # the ledger's writes are not the session's
             self._dirty.clear()
             self._pending_chunks.clear()
             self._pending_usage.clear()
@@ -168,6 +187,7 @@ class Recorder:
             and not need_envelope
             and parts_length is None
             and prune is None
+            and not (self.deferred is not None and self.deferred.pending)
         ):
             self._pending_chunks = held
             self._oldest_pending = None
@@ -177,19 +197,24 @@ class Recorder:
             m = self.builder.message
             envelope = {"id": m["id"], "role": m["role"], "metadata": m["metadata"], "parts": []}
         started = time.perf_counter()
-        self.store.flush_stream(
-            StreamFlush(
-                session_id=self.session_id,
-                message=envelope,
-                parent_id=self.parent_id,
-                use_head=False,
-                parts=writes,
-                chunks=self._pending_chunks,
-                parts_length=parts_length,
-                usage=self._pending_usage,
-                prune_chunks=prune,
-            )
+        flush = StreamFlush(
+            session_id=self.session_id,
+            message=envelope,
+            parent_id=self.parent_id,
+            use_head=False,
+            parts=writes,
+            chunks=self._pending_chunks,
+            parts_length=parts_length,
+            usage=self._pending_usage,
+            prune_chunks=prune,
         )
+        if self.deferred is not None and self.deferred.pending:
+            # One transaction: the ledger's waiting writes and the batch commit together.
+            with self.store.transaction():
+                self.deferred.drain()
+                self.store.flush_stream(flush)
+        else:
+            self.store.flush_stream(flush)
         self.flush_seconds += time.perf_counter() - started
         self.flushes += 1
         self._inserted = True

@@ -1,0 +1,121 @@
+"""The turn's write path (issue 23): how many DuckDB statements and commits a turn
+costs, counted through :meth:`Database.counting` (no timing). A turn without tools
+commits at most three times (the user message, the batches, the end of the turn); an
+inline tool call adds nothing beyond its step's one write (the step's calls decided),
+however many calls the step makes. The recorder's timer is pushed out of the way
+(``flush_interval``) so that only the structural writes are counted, whatever the
+machine's load."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from thinkray.runtime import Think, tool
+from thinkray.runtime.models.testing import ScriptedModel, reply, tool_call
+from thinkray.storage.db import StatementCount
+from thinkray.storage.session_store import DuckDBSessionStore
+
+from tests.conftest import Collector
+
+TEXT = [f"w{i} " for i in range(200)]
+ran: list[str] = []
+
+
+@tool
+def lookup(query: str) -> dict:
+    """Echoes the query."""
+    ran.append(query)
+    return {"query": query, "hits": 3}
+
+
+def _agent(path: Any, replies: list[Any]) -> Think:
+    agent = Think(DuckDBSessionStore(path), model=ScriptedModel(replies))
+    agent.get_tools = lambda: {"lookup": lookup}  # type: ignore[method-assign]
+    agent.flush_interval = 3600.0  # only the structural writes: no timer batches
+    return agent
+
+
+async def _counted(agent: Think, text: str) -> tuple[StatementCount, Any]:
+    db = agent.store.db  # type: ignore[attr-defined]
+    collector = Collector()
+    with db.counting() as count:
+        result = await agent.chat(text, collector)
+    assert result.status == "completed", result.error
+    return count, result
+
+
+def _calls(n: int, turn: int) -> list[Any]:
+    return [tool_call("lookup", {"query": f"t{turn} c{i}"}, id=f"c{turn}-{i}") for i in range(n)]
+
+
+async def test_a_turn_without_tools_commits_at_most_three_times(tmp_path):
+    agent = _agent(tmp_path / "a.duckdb", [reply(*TEXT) for _ in range(3)])
+    try:
+        await agent.chat("warm up")  # the session and the tables are made once
+        for turn in range(2):
+            count, _ = await _counted(agent, f"turn {turn}")
+            assert count.commits <= 3, count.log
+            # the user message, the turn's end, and what each needs to read first
+            assert count.statements <= 12, count.log
+    finally:
+        agent.close()
+
+
+@pytest.mark.parametrize("calls", [1, 3])
+async def test_an_inline_tool_call_adds_no_commit_beyond_its_step(tmp_path, calls):
+    ran.clear()
+    replies = [reply(*TEXT)]
+    for turn in range(2):
+        replies += [reply(*_calls(calls, turn), *TEXT), reply(*TEXT[:50])]
+    agent = _agent(tmp_path / "a.duckdb", replies)
+    try:
+        plain, _ = await _counted(agent, "no tools")
+        for turn in range(2):
+            count, result = await _counted(agent, f"turn {turn}")
+            # one more durable write than a turn without tools: the step's calls
+            # decided (their rows, claimed, with their parts and chunks); their results
+            # land with the turn's end
+            assert count.commits <= plain.commits + 1, count.log
+            rows = agent.list_tool_calls(run_id=result.run_id)
+            assert [r["status"] for r in rows] == ["completed"] * calls
+            assert all(r["attempts"] == 1 for r in rows)
+        assert len(ran) == 2 * calls  # each call ran once
+    finally:
+        agent.close()
+
+
+async def test_the_counting_seam_sees_every_commit(tmp_path):
+    store = DuckDBSessionStore(tmp_path / "a.duckdb")
+    try:
+        sid = store.create_session().id
+        with store.db.counting() as count:
+            store.append_message(sid, {"id": "m1", "role": "user", "parts": []})
+            store.set_config("k", 1)
+            store.delete_config("k")  # one autocommit statement
+        assert count.commits == 3
+        assert count.writes >= 3
+    finally:
+        store.close()
+
+
+def test_a_long_chunk_run_is_stored_compressed_and_old_rows_still_read(tmp_path):
+    import msgpack
+    from thinkray.storage.types import ChunkWrite, StreamFlush
+
+    store = DuckDBSessionStore(tmp_path / "a.duckdb")
+    try:
+        sid = store.create_session().id
+        chunks = [{"type": "text-delta", "id": "t", "delta": f"w{i} "} for i in range(200)]
+        writes = [ChunkWrite("run-1", i, c) for i, c in enumerate(chunks)]
+        store.flush_stream(StreamFlush(session_id=sid, chunks=writes))
+        [(payload,)] = store.db.fetchall("SELECT payload FROM chunks WHERE generation_id = 'run-1'")
+        raw = msgpack.packb(chunks, use_bin_type=True)
+        assert payload[0] == 0x78 and len(payload) < len(raw) / 3  # zlib, much smaller
+        assert store.get_chunks("run-1") == chunks
+        assert store.get_chunks("run-1", 150) == chunks[150:]
+        # a run written before compression (a plain msgpack array) reads as it did
+        store.db.execute("INSERT INTO chunks VALUES ('run-0', 0, ?, true, 0, 200)", [raw])
+        assert store.get_chunks("run-0") == chunks
+    finally:
+        store.close()
