@@ -46,6 +46,7 @@ from thinkray.runtime.models.base import (
 )
 from thinkray.runtime.observability.tracing import TurnTrace
 from thinkray.runtime.tools.base import Tool, ToolContext, ToolInputError, run_tool, tool_spec
+from thinkray.runtime.turn.context import user_model_messages
 from thinkray.runtime.usage import Usage
 
 log = logging.getLogger("thinkray.loop")
@@ -129,6 +130,10 @@ class LoopHooks:
     on_tool_outcome: Callable[[str, str], Any] | None = None
     trace: TurnTrace | None = None
     record_call: Callable[[Tool, str, Any], Any] | None = None
+    # ``take_steered()`` at a step boundary the loop goes on from: user messages that
+    # joined the turn meanwhile (the ``steer`` busy policy). Each is yielded as a
+    # ``data-steer`` chunk and read by the model before its next call.
+    take_steered: Callable[[], list[dict[str, Any]]] | None = None
 
 
 @dataclass
@@ -217,9 +222,26 @@ async def run_loop(
             )
         yield {"type": "finish-step"}
         result.finish_reason = st.finish_reason
+        steered = _steered(hooks, st, step + 1 < max_steps)
+        for message in steered:
+            yield {"type": "data-steer", "id": message["id"], "data": {"message": message}}
+            history.extend(user_model_messages(message))
+        if steered:
+            continue
         if not st.calls or st.finish_reason not in ("tool-calls", "stop", "other"):
             break
     yield {"type": "finish", "finishReason": result.finish_reason}
+
+
+def _steered(hooks: LoopHooks, st: _StepState, more_steps: bool) -> list[dict[str, Any]]:
+    """Messages that join the turn at this boundary: taken only when another model
+    call may follow (a step that ended with tool calls, or with the model done), so a
+    message taken is always read; otherwise they wait for a turn of their own."""
+    if hooks.take_steered is None or not more_steps:
+        return []
+    if st.finish_reason not in ("tool-calls", "stop", "other"):
+        return []
+    return list(hooks.take_steered())
 
 
 class _StepState:
