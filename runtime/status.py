@@ -70,7 +70,9 @@ class StatusBoard:
         """Record ``status`` and tell every subscriber, in subscription order."""
         # The queue is kept apart (set_queue): a status read earlier must not bring
         # back a queue that has changed since.
-        self._status[session_id] = status.model_copy(update={"queue": []}) if status.queue else status
+        self._status[session_id] = (
+            status.model_copy(update={"queue": []}) if status.queue else status
+        )
         current = self.get(session_id)
         for listener in list(self._listeners):
             listener(session_id, current)

@@ -105,7 +105,9 @@ class DuckDBTurnQueueStore(MigratedStore, TurnQueueStore):
 
     def __init__(self, db: Database) -> None:
         super().__init__(db)
-        row = db.fetchone(f"SELECT max(CASE WHEN seq < 0 THEN seq + {AHEAD} ELSE seq END) FROM {TABLE}")
+        row = db.fetchone(
+            f"SELECT max(CASE WHEN seq < 0 THEN seq + {AHEAD} ELSE seq END) FROM {TABLE}"
+        )
         self._last: float = float((row[0] if row else None) or 0.0)
 
     def add(self, row: QueuedTurn, *, first: bool = False) -> tuple[QueuedTurn, bool]:
@@ -133,6 +135,7 @@ class DuckDBTurnQueueStore(MigratedStore, TurnQueueStore):
         return row, True
 
     def get(self, message_id: str) -> QueuedTurn | None:
+        """One row (None: unknown)."""
         found = self.db.fetchone(f"SELECT {_COLS} FROM {TABLE} WHERE id = ?", [message_id])
         return _row(found) if found else None
 
@@ -217,6 +220,7 @@ class DuckDBTurnQueueStore(MigratedStore, TurnQueueStore):
         return requeued, failed
 
     def count(self, status: str | None = None) -> int:
+        """How many rows (of this status)."""
         if status is None:
             row = self.db.fetchone(f"SELECT count(*) FROM {TABLE}")
         else:

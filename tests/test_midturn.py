@@ -79,10 +79,13 @@ def finals_per_user_message(history: list[dict]) -> dict[str, int]:
         if m["role"] == "user":
             current = m["id"]
             counts[current] = 0
-        elif m["role"] == "assistant" and current is not None:
-            if (m.get("metadata") or {}).get("status") in ("completed", "aborted", "error"):
-                counts[current] += 1
+        elif m["role"] == "assistant" and current is not None and _final(m):
+            counts[current] += 1
     return counts
+
+
+def _final(message: dict) -> bool:
+    return (message.get("metadata") or {}).get("status") in ("completed", "aborted", "error")
 
 
 # -- the policy (pure) ------------------------------------------------------------------
@@ -357,9 +360,7 @@ async def test_steer_reaches_the_model_before_its_next_call(store):
     # The stored history gives the model the same view on the next turn.
     history = agent.get_history()
     model_view = to_model_messages(history)
-    assert any(
-        m.role == "user" and m.content[0].text == "in Fahrenheit please" for m in model_view
-    )
+    assert any(m.role == "user" and m.content[0].text == "in Fahrenheit please" for m in model_view)
     # The steerer's stream follows the turn from its message on.
     assert steer.stream.chunks[0]["type"] == "data-steer"
     assert steer.stream.chunks[-1]["type"] == "finish"

@@ -154,14 +154,11 @@ def test_latest_from_several_processes_answers_only_the_newest(
     procs = _senders(ray_local, ns, session, 2)
     # Each arrival supersedes the one waiting before it: one waits at the end.
     wait_until(
-        lambda: sum(
-            1
-            for m in agent.get_history.remote(session).result()
-            if m["role"] == "user"
-        )
-        == 1
-        and _queue_len(agent, session) == 1
-        and _superseded(agent) == 5,
+        lambda: (
+            sum(1 for m in agent.get_history.remote(session).result() if m["role"] == "user") == 1
+            and _queue_len(agent, session) == 1
+            and _superseded(agent) == 5
+        ),
         timeout=120,
     )
     gate.touch()
@@ -276,7 +273,9 @@ def test_queue_over_http_from_several_client_processes(ray_local, tmp_path):
     with serve_app(config) as base:
         path = "/agents/chat/alice-q/chat"
         # A bad policy is a 400 before anything is written.
-        bad = httpx.post(f"{base}{path}", json={**chat_body("c1", "x", "bad"), "onBusy": "soon"}, headers=ALICE)
+        bad = httpx.post(
+            f"{base}{path}", json={**chat_body("c1", "x", "bad"), "onBusy": "soon"}, headers=ALICE
+        )
         assert bad.status_code == 400
         holder = threading.Thread(
             target=post_chat, args=(base, path, chat_body("c1", "hold on", "u-hold"), ALICE)
@@ -285,7 +284,16 @@ def test_queue_over_http_from_several_client_processes(ray_local, tmp_path):
         wait_until(lambda: "hold on" in _model_log(log), timeout=60)
         procs = [
             subprocess.Popen(
-                [sys.executable, "-c", textwrap.dedent(HTTP_SENDER), base, path, "c1", f"h{i}", "2"],
+                [
+                    sys.executable,
+                    "-c",
+                    textwrap.dedent(HTTP_SENDER),
+                    base,
+                    path,
+                    "c1",
+                    f"h{i}",
+                    "2",
+                ],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -303,7 +311,9 @@ def test_queue_over_http_from_several_client_processes(ray_local, tmp_path):
         stored = httpx.get(f"{base}{path}/c1/messages", headers=ALICE).json()
         counts = _finals(stored)
         assert all(counts[mid] == 1 for mid in results) and counts["u-hold"] == 1
-        assert sorted(_model_log(log)) == sorted(["hold on", *(m.replace("-", " #") for m in results)])
+        assert sorted(_model_log(log)) == sorted(
+            ["hold on", *(m.replace("-", " #") for m in results)]
+        )
 
 
 def _http_queue(base: str) -> int:

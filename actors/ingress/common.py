@@ -14,13 +14,13 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from thinkray.actors.ingress.agents import NotVisibleError
+from thinkray.runtime.agents.midturn import BUSY_POLICIES
 from thinkray.runtime.errors import (
     AccessDeniedError,
     ApprovalNotFoundError,
     MessageIdConflictError,
     SessionBusyError,
 )
-from thinkray.runtime.agents.midturn import BUSY_POLICIES
 from thinkray.runtime.messages import parse_message
 from thinkray.storage.errors import NotFoundError, UserError
 from thinkray.storage.types import InvalidInputError

@@ -212,9 +212,7 @@ async def chat(
         await rewind_for_regenerate(handle, chat.chat_id, turn.regenerate_id)
     else:
         await ensure_session(handle, chat.chat_id)
-    stream = handle.stream_chat.remote(
-        turn.message, session_id=chat.chat_id, on_busy=turn.on_busy
-    )
+    stream = handle.stream_chat.remote(turn.message, session_id=chat.chat_id, on_busy=turn.on_busy)
     await stream.start()  # busy and the actor's own checks answer 4xx, before any byte
     return SSEResponse(sse_stream(stream), ing.config.slow_consumer_timeout)
 

@@ -79,7 +79,7 @@ def check_policy(value: Any) -> BusyPolicy:
         raise InvalidArgumentError(
             f"unknown busy policy {str(value)[:40]!r}; one of {', '.join(BUSY_POLICIES)}"
         )
-    return value  # type: ignore[no-any-return]
+    return value
 
 
 def decide(
@@ -124,6 +124,7 @@ class TurnQueue:
     # -- storage --------------------------------------------------------------------
 
     def store(self, create: bool = True) -> TurnQueueStore | None:
+        """The agent's queue store (None: ``create`` is False and it has none yet)."""
         if self._store is None:
             stores = getattr(self.runner.agent.store, "stores", None)
             if stores is None:
@@ -157,6 +158,7 @@ class TurnQueue:
         return [_entry(row) for row in store.waiting(session_id)]
 
     def has_waiting(self, session_id: str | None = None) -> bool:
+        """Whether messages wait (in one session, or in any)."""
         if session_id is None:
             return any(self.waiting.values())
         return bool(self.waiting.get(session_id))
@@ -311,6 +313,7 @@ class TurnQueue:
         self._show(sid)
 
     def drain_all(self) -> None:
+        """:meth:`drain` every session with messages waiting (the wake)."""
         for sid in list(self.waiting):
             self.drain(sid)
 
@@ -336,7 +339,12 @@ class TurnQueue:
         if run is None:
             run_id = new_id("run") if fresh else row.run_id
             assistant = new_id("msg") if fresh else row.assistant_id
-            run = RunState(run_id, row.session_id, AbortController(), RunStream(run_id, row.session_id, assistant))
+            run = RunState(
+                run_id,
+                row.session_id,
+                AbortController(),
+                RunStream(run_id, row.session_id, assistant),
+            )
             if waiter is not None:
                 _mirror_all(run.stream, waiter.run.stream)
         callback = waiter.callback if waiter is not None else None
@@ -360,7 +368,12 @@ class TurnQueue:
         store = self.store(create=False)
         if exc is not None:
             if store is not None and not self.closing:
-                store.move([message_id], "failed", only_from=("running",), outcome={"status": "error", "error": str(exc)})
+                store.move(
+                    [message_id],
+                    "failed",
+                    only_from=("running",),
+                    outcome={"status": "error", "error": str(exc)},
+                )
             self._settle(message_id, exc)
             return
         result = task.result()
@@ -370,12 +383,18 @@ class TurnQueue:
                     [message_id],
                     "answered",
                     only_from=("running",),
-                    outcome={"status": result.status, "run_id": result.run_id, "message_id": result.message_id},
+                    outcome={
+                        "status": result.status,
+                        "run_id": result.run_id,
+                        "message_id": result.message_id,
+                    },
                 )
         self._settle(message_id, result)
 
     def _fail(self, store: TurnQueueStore, row: QueuedTurn, error: str) -> None:
-        store.move([row.id], "failed", only_from=("running",), outcome={"status": "error", "error": error})
+        store.move(
+            [row.id], "failed", only_from=("running",), outcome={"status": "error", "error": error}
+        )
         self._settle(row.id, _row_result(row, "error", error))
 
     def _settle(self, message_id: str, outcome: ChatResult | BaseException) -> None:
@@ -390,7 +409,9 @@ class TurnQueue:
         if not waiter.run.stream.done:
             if isinstance(outcome, ChatResult) and outcome.status == "superseded":
                 waiter.run.stream.push(_superseded_chunk(outcome))
-            waiter.run.stream.close(outcome.error if isinstance(outcome, ChatResult) else str(outcome))
+            waiter.run.stream.close(
+                outcome.error if isinstance(outcome, ChatResult) else str(outcome)
+            )
         if not waiter.result.done():
             if isinstance(outcome, BaseException):
                 waiter.result.set_exception(outcome)
@@ -399,7 +420,9 @@ class TurnQueue:
 
     def _finished(self, row: QueuedTurn, result: ChatResult) -> RunState:
         """A run that runs nothing: the outcome the row records, at once."""
-        run = RunState(new_id("run"), row.session_id, AbortController(), RunStream("", row.session_id))
+        run = RunState(
+            new_id("run"), row.session_id, AbortController(), RunStream("", row.session_id)
+        )
         run.stream.run_id = run.run_id
         if result.status == "superseded":
             run.stream.push(_superseded_chunk(result))
@@ -453,7 +476,9 @@ class TurnQueue:
             if exc is not None:
                 self._settle(message_id, exc)
                 return
-            result = dataclasses.replace(task.result(), steered_into=run.run_id, user_message_id=message_id)
+            result = dataclasses.replace(
+                task.result(), steered_into=run.run_id, user_message_id=message_id
+            )
             self._settle(message_id, result)
 
         run.task.add_done_callback(joined)
@@ -466,7 +491,9 @@ class TurnQueue:
         store = self.store(create=False)
         if message_id is None or store is None:
             return False
-        moved = store.move([message_id], "cancelled", outcome={"status": "aborted", "error": reason})
+        moved = store.move(
+            [message_id], "cancelled", outcome={"status": "aborted", "error": reason}
+        )
         if not moved:
             return False
         row = moved[0]
@@ -479,7 +506,11 @@ class TurnQueue:
         store = self.store(create=False)
         if store is None:
             return
-        rows = store.move([r.id for r in store.waiting(sid)], "cancelled", outcome={"status": "aborted", "error": reason})
+        rows = store.move(
+            [r.id for r in store.waiting(sid)],
+            "cancelled",
+            outcome={"status": "aborted", "error": reason},
+        )
         for row in rows:
             self._settle(row.id, _row_result(row, "aborted"))
         self.waiting.pop(sid, None)
@@ -491,7 +522,9 @@ class TurnQueue:
         for waiter in list(self.waiters.values()):
             waiter.result.cancel()
             if not waiter.run.stream.done:
-                waiter.run.stream.close("the agent closed before this message's turn; it runs when the agent wakes")
+                waiter.run.stream.close(
+                    "the agent closed before this message's turn; it runs when the agent wakes"
+                )
         self.waiters.clear()
         self.by_run.clear()
 
@@ -569,4 +602,3 @@ _TASKS: set[asyncio.Future[Any]] = set()
 def _keep(task: asyncio.Future[Any]) -> None:
     _TASKS.add(task)
     task.add_done_callback(_TASKS.discard)
-

@@ -15,7 +15,7 @@ import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from thinkray.runtime.abort import AbortError, AbortSignal, abortable
 from thinkray.runtime.chunks import (
@@ -224,7 +224,8 @@ async def run_loop(
         result.finish_reason = st.finish_reason
         steered = _steered(hooks, st, step + 1 < max_steps)
         for message in steered:
-            yield {"type": "data-steer", "id": message["id"], "data": {"message": message}}
+            steer = {"type": "data-steer", "id": message["id"], "data": {"message": message}}
+            yield cast("LoopChunk", steer)  # a data chunk: the loop's one
             history.extend(user_model_messages(message))
         if steered:
             continue
