@@ -373,8 +373,11 @@ def test_a_queued_message_cut_off_mid_turn_is_run_again_and_answered_once(
     holder.join(60)
     wait_until(lambda: "hold two" in _model_log(log), timeout=60)
     assert agent.queued_message.remote("m-hold").result()["status"] == "running"
-    kill_agent_process(ns, "busy")
-    # The wake runs what the crash left: "hold two" again (it waits on the gate).
+    old_pid = kill_agent_process(ns, "busy")
+    # Any call wakes the agent (a read is re-sent to the woken one); the wake runs what
+    # the crash left: "hold two" again (it waits on the gate), then "later".
+    agent.get_status.remote(session).result()
+    assert ns.where("busy")["pid"] != old_pid
     wait_until(lambda: _model_log(log).count("hold two") == 2, timeout=120)
     gate.touch()
     outcomes = []
