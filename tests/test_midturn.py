@@ -364,6 +364,12 @@ async def test_steer_reaches_the_model_before_its_next_call(store):
     # The steerer's stream follows the turn from its message on.
     assert steer.stream.chunks[0]["type"] == "data-steer"
     assert steer.stream.chunks[-1]["type"] == "finish"
+    # Sent again (any policy, the session idle): that turn's answer, never a new turn.
+    calls = len(gated.model.requests)
+    again = await agent.chat(user("in Fahrenheit please", "msg-steer"))
+    assert again.replayed and again.message_id == result.message_id
+    assert len(gated.model.requests) == calls
+    assert user_texts(agent.get_history()) == ["weather?"]
 
 
 async def test_steer_on_the_last_step_makes_the_turn_go_on(store):
@@ -435,3 +441,41 @@ async def test_interrupt_aborts_the_turn_keeps_its_partial_and_answers_next(stor
     assert user_texts(history) == ["one", "urgent", "queued"]
     kept = [m for m in history if m["id"] == aborted.message_id][0]
     assert kept["metadata"]["status"] == "aborted"
+
+
+# -- the store ---------------------------------------------------------------------------
+
+
+def test_the_turn_queue_store_orders_claims_once_and_survives_a_reopen(tmp_path):
+    from thinkray.storage.records import QueuedTurn
+    from thinkray.storage.session_store import DuckDBSessionStore
+
+    path = tmp_path / "q.duckdb"
+    store = DuckDBSessionStore(path)
+    assert store.stores().turn_queue(create=False) is None  # reading adds no table
+    queue = store.stores().turn_queue()
+    for mid, first in (("a", False), ("b", False), ("i1", True), ("c", False), ("i2", True)):
+        row, created = queue.add(
+            QueuedTurn(id=mid, session_id="s", message={"id": mid}), first=first
+        )
+        assert created
+    again, created = queue.add(QueuedTurn(id="a", session_id="s", message={"id": "x"}))
+    assert not created and again.message == {"id": "a"}  # the first write wins
+    assert [r.id for r in queue.waiting("s")] == ["i1", "i2", "a", "b", "c"]
+    assert [r.id for r in queue.move(["i1"], "running", attempts=1)] == ["i1"]
+    assert queue.move(["i1"], "running", attempts=1) == []  # claimed once
+    store.close()
+
+    store = DuckDBSessionStore(path)
+    queue = store.stores().turn_queue(create=False)
+    assert queue is not None
+    requeued, failed = queue.requeue_running(max_attempts=3)
+    assert [r.id for r in requeued] == ["i1"] and failed == []
+    queue.add(QueuedTurn(id="d", session_id="s", message={"id": "d"}))
+    queue.add(QueuedTurn(id="i3", session_id="s", message={"id": "i3"}), first=True)
+    assert [r.id for r in queue.waiting("s")] == ["i1", "i2", "i3", "a", "b", "c", "d"]
+    for _ in range(3):
+        queue.move(["b"], "running", only_from=("queued", "running"), attempts=1)
+    requeued, failed = queue.requeue_running(max_attempts=3)
+    assert [r.id for r in failed] == ["b"] and failed[0].outcome["status"] == "error"
+    store.close()

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from thinkray.runtime.abort import AbortController, AbortSignal
-from thinkray.runtime.agents.replay import check_resent
+from thinkray.runtime.agents.replay import Answered, check_resent
 from thinkray.runtime.agents.runs import ChatResult, RunState, StreamCallback
 from thinkray.runtime.chunks import UIChunk
 from thinkray.runtime.errors import InvalidArgumentError, MessageIdConflictError, SessionBusyError
@@ -115,6 +115,7 @@ class TurnQueue:
     def __init__(self, runner: TurnRunner) -> None:
         self.runner = runner
         self._store: TurnQueueStore | None = None
+        self._absent = False
         self.waiters: dict[str, Waiter] = {}  # message id -> waiter
         self.by_run: dict[str, str] = {}  # a waiter's run id -> message id
         self.waiting: dict[str, list[str]] = {}  # session id -> message ids, in order
@@ -125,6 +126,8 @@ class TurnQueue:
 
     def store(self, create: bool = True) -> TurnQueueStore | None:
         """The agent's queue store (None: ``create`` is False and it has none yet)."""
+        if self._store is None and not create and self._absent:
+            return None  # looked already; only this object creates it
         if self._store is None:
             stores = getattr(self.runner.agent.store, "stores", None)
             if stores is None:
@@ -134,6 +137,7 @@ class TurnQueue:
                     )
                 return None
             self._store = stores().turn_queue(create=create)
+            self._absent = self._store is None
         return self._store
 
     def recover(self) -> None:
@@ -194,12 +198,28 @@ class TurnQueue:
                     follower.task = asyncio.ensure_future(_shielded(run.task))
                     return follower
             return None
+        if row.status == "steered":
+            return self._steered_again(row)
         if row.status == "superseded":
             return self._finished(row, _superseded_result(row))
         if row.status in ("cancelled", "failed"):
             outcome = row.outcome
             return self._finished(row, _row_result(row, outcome.get("status", "aborted")))
         return None  # running or answered: the turn runner finds it in the store
+
+    def _steered_again(self, row: QueuedTurn) -> RunState | None:
+        """A resent message that joined a turn: that turn (followed while it runs,
+        else its answer replayed)."""
+        runner = self.runner
+        run = runner.runs.get(str(row.outcome.get("run_id")))
+        if run is not None and run.task is not None:
+            follower = RunState(run.run_id, row.session_id, run.controller, run.stream)
+            follower.task = asyncio.ensure_future(_shielded(run.task))
+            return follower
+        answer = runner.agent.store.get_message(str(row.outcome.get("message_id")))
+        if answer is None:
+            return None
+        return runner.replay_answer(row.session_id, Answered(row.id, answer))
 
     def _wait_for(self, row: QueuedTurn) -> RunState:
         """A waiter for a row this incarnation has none for (the sender's resend after
@@ -454,7 +474,8 @@ class TurnQueue:
         store = self.store(create=False)
         if store is None:
             return
-        store.move([message_id], "steered", outcome={"status": "steered", "run_id": run.run_id})
+        outcome = {"status": "steered", "run_id": run.run_id, "message_id": run.stream.message_id}
+        store.move([message_id], "steered", outcome=outcome)
         waiter = self.waiters.get(message_id)
         for order in self.waiting.values():
             if message_id in order:

@@ -267,8 +267,8 @@ class TurnRunner:
             session_id = agent.sessions.create().id
         sid = agent.sessions.resolve(session_id)
         agent.store.get_session(sid)  # unknown id: a clear error, never a silent create
-        if user_msg is not None and policy != "reject":
-            known = self._known(sid, user_msg["id"])
+        if user_msg is not None:
+            known = self._known(sid, user_msg["id"], follow=policy != "reject")
             if known is not None:
                 return known
         action = decide(
@@ -335,11 +335,12 @@ class TurnRunner:
             held = entries[0]["run_id"] if entries else None
         return held
 
-    def _known(self, sid: str, message_id: str) -> RunState | None:
-        """A message id already in flight or queued here: the same turn again (a
-        resend follows it, never starts a second), or a queued message's outcome."""
+    def _known(self, sid: str, message_id: str, *, follow: bool) -> RunState | None:
+        """A message id already queued here, or (``follow``) in flight: the same turn
+        again (a resend follows it, never starts a second), or a queued message's
+        outcome. Under ``reject`` a resend of the run in flight stays refused as busy."""
         known = self.queue.existing(sid, message_id)
-        if known is not None:
+        if known is not None or not follow:
             return known
         run = self.runs.get(self.session_runs.get(sid, ""))
         if run is None or run.user_message_id != message_id or run.task is None:
