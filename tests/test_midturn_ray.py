@@ -399,3 +399,46 @@ def test_a_queued_message_cut_off_mid_turn_is_run_again_and_answered_once(
     assert statuses.count("interrupted") == 1  # the cut-off partial, kept and marked
     assert _model_log(log).count("later") == 1
     assert agent.queued_message.remote("m-hold").result()["status"] == "answered"
+
+
+def test_queue_over_websocket_and_a_bad_policy_refused(ray_local, tmp_path):
+    from tests.ingress_support import make_config, serve_app
+    from tests.test_ingress_ws import (
+        RESPONSE,
+        chat_request,
+        chunks_of,
+        greeting,
+        is_done,
+        open_ws,
+        read_until,
+        text_of,
+    )
+
+    gate, log = tmp_path / "gate", tmp_path / "model.log"
+    config = make_config(
+        str(tmp_path / "root"),
+        f"mt-ws-{tmp_path.name[-8:]}".replace("_", "-"),
+        agent_cls="tests.midturn_agents:GateAgent",
+        agent_kwargs={"gate": str(gate), "log": str(log)},
+    )
+    with serve_app(config) as base, open_ws(base, "alice-w") as ws:
+        greeting(ws)
+        ws.send(chat_request("r1", "hold on", "w1", onBusy="reject"))
+        wait_until(lambda: "hold on" in _model_log(log), timeout=60)
+        ws.send(chat_request("r2", "again", "w2", onBusy="reject"))
+        seen = read_until(ws, is_done("r2"))
+        refused = seen[-1]
+        assert refused["error"] and "already has a run" in refused["body"]
+        ws.send(chat_request("r3", "bogus", "w3", onBusy="someday"))
+        seen += read_until(ws, is_done("r3"))
+        bad = seen[-1]
+        assert bad["error"] and "onBusy" in bad["body"]
+        ws.send(chat_request("r4", "queued one", "w4", onBusy="queue"))
+        gate.touch()
+        frames = seen + read_until(ws, is_done("r4"))
+        frames += [] if any(is_done("r1")(f) for f in frames) else read_until(ws, is_done("r1"))
+        assert text_of(chunks_of(frames, "r1")) == "partial re: hold on"
+        assert text_of(chunks_of(frames, "r4")) == "re: queued one"
+        errors = [f["id"] for f in frames if f["type"] == RESPONSE and f.get("error")]
+        assert errors == ["r2", "r3"]
+    assert _model_log(log) == ["hold on", "queued one"]
