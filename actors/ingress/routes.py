@@ -434,7 +434,14 @@ async def watch_status(handle: Any, name: str, session_id: str, stale: bool) -> 
         log.debug("status watch of %s ended: %s", name, exc)
 
 
-IDLE = {"state": "idle", "attempt": None, "message": None, "started_at": None, "run_id": None}
+IDLE = {
+    "state": "idle",
+    "attempt": None,
+    "message": None,
+    "started_at": None,
+    "run_id": None,
+    "queue": [],
+}
 
 
 async def status_events(
