@@ -434,7 +434,7 @@ async def watch_status(handle: Any, name: str, session_id: str, stale: bool) -> 
         log.debug("status watch of %s ended: %s", name, exc)
 
 
-IDLE = {
+IDLE: dict[str, Any] = {
     "state": "idle",
     "attempt": None,
     "message": None,
