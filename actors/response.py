@@ -13,7 +13,9 @@ Exactly once from the caller's side:
 - The actor died mid-call (``RayActorError``): an ``@idempotent`` method is re-sent to
   the woken agent. A turn (``chat``/``stream_chat``) carries a user message id the
   handle assigned before sending: if the woken agent has no message with that id, the
-  turn never started and is re-sent; otherwise it raises
+  turn never started and is re-sent; nor when the message is in the agent's queue of
+  messages sent while a turn ran (the woken agent answers it once: the resend follows
+  that answer, see :mod:`thinkray.runtime.agents.midturn`); otherwise it raises
   :class:`~thinkray.runtime.errors.RunInterruptedError` (the agent marks the partial
   answer ``interrupted`` when it wakes). Any other call raises
   :class:`~thinkray.runtime.errors.CallInterruptedError`: it is never re-run silently.
@@ -198,10 +200,13 @@ def _may_resend_sync(handle: AgentHandle[Any], policy: CrashPolicy, during: str)
         found: Any = ray.get(
             actor.invoke.remote(handle.name, "get_message", (turn.message_id,), {})
         )
+        queued = found is not None and ray.get(
+            actor.invoke.remote(handle.name, "queued_message", (turn.message_id,), {})
+        )
     except Exception:  # cannot tell whether the turn started: it may have
         handle._forget_actor()
         raise policy.interrupted(during) from None
-    if found is not None:
+    if found is not None and not queued:
         raise policy.interrupted(during)
     return True
 
@@ -217,10 +222,13 @@ async def _may_resend_async(handle: AgentHandle[Any], policy: CrashPolicy, durin
     try:
         actor = await handle._actor_async(stale=True)
         found = await actor.invoke.remote(handle.name, "get_message", (turn.message_id,), {})
+        queued = found is not None and await actor.invoke.remote(
+            handle.name, "queued_message", (turn.message_id,), {}
+        )
     except Exception:
         handle._forget_actor()
         raise policy.interrupted(during) from None
-    if found is not None:
+    if found is not None and not queued:
         raise policy.interrupted(during)
     return True
 

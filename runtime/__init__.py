@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from thinkray.runtime.abort import AbortController, AbortError, AbortSignal
     from thinkray.runtime.agents.agent import Agent
     from thinkray.runtime.agents.context import AgentContext
+    from thinkray.runtime.agents.midturn import BUSY_POLICIES, BusyPolicy
     from thinkray.runtime.agents.persistent import PersistentAgent
     from thinkray.runtime.agents.runs import ChatOptions, ChatResult, RunState, StreamCallback
     from thinkray.runtime.agents.sessions import RewindResult, UnrewindResult
@@ -47,6 +48,8 @@ _LAZY = {
     "AbortSignal": "thinkray.runtime.abort",
     "Agent": "thinkray.runtime.agents.agent",
     "AgentContext": "thinkray.runtime.agents.context",
+    "BUSY_POLICIES": "thinkray.runtime.agents.midturn",
+    "BusyPolicy": "thinkray.runtime.agents.midturn",
     "ChatOptions": "thinkray.runtime.agents.runs",
     "ChatResult": "thinkray.runtime.agents.runs",
     "CompactionConfig": "thinkray.runtime.capabilities.compaction",
@@ -85,6 +88,8 @@ __all__ = [
     "AbortSignal",
     "Agent",
     "AgentContext",
+    "BUSY_POLICIES",
+    "BusyPolicy",
     "ChatOptions",
     "ChatResult",
     "CompactionConfig",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel
 from thinkray.runtime.errors import (  # re-exported: the errors live in thinkray.runtime.errors
@@ -27,6 +27,10 @@ class SessionStatus(BaseModel):
     message: str | None = None
     started_at: int | None = None  # epoch ms, when busy or retrying
     run_id: str | None = None
+    # Messages waiting for their turn (busy policies ``queue``, ``latest``, ``steer``,
+    # ``interrupt``), first to run first: ``message_id``, ``run_id``, ``mode``,
+    # ``queued_at`` (epoch ms).
+    queue: list[dict[str, Any]] = []
 
 
 StatusListener = Callable[[str, SessionStatus], None]
@@ -37,11 +41,26 @@ class StatusBoard:
 
     def __init__(self) -> None:
         self._status: dict[str, SessionStatus] = {}
+        self._queues: dict[str, list[dict[str, Any]]] = {}
         self._listeners: list[StatusListener] = []
 
     def get(self, session_id: str) -> SessionStatus:
-        """The session's status (idle for a session never seen)."""
-        return self._status.get(session_id) or SessionStatus()
+        """The session's status (idle for a session never seen), with its queue."""
+        status = self._status.get(session_id) or SessionStatus()
+        queue = self._queues.get(session_id)
+        return status.model_copy(update={"queue": list(queue)}) if queue else status
+
+    def set_queue(self, session_id: str, queue: list[dict[str, Any]]) -> None:
+        """The session's waiting messages changed: subscribers hear the status again."""
+        if not queue and session_id not in self._queues:
+            return
+        if queue:
+            self._queues[session_id] = list(queue)
+        else:
+            self._queues.pop(session_id, None)
+        current = self.get(session_id)
+        for listener in list(self._listeners):
+            listener(session_id, current)
 
     def is_idle(self, session_id: str) -> bool:
         """Whether no run holds the session (``idle`` or ``error``): a turn may start."""
@@ -49,9 +68,14 @@ class StatusBoard:
 
     def set(self, session_id: str, status: SessionStatus) -> None:
         """Record ``status`` and tell every subscriber, in subscription order."""
-        self._status[session_id] = status
+        # The queue is kept apart (set_queue): a status read earlier must not bring
+        # back a queue that has changed since.
+        self._status[session_id] = (
+            status.model_copy(update={"queue": []}) if status.queue else status
+        )
+        current = self.get(session_id)
         for listener in list(self._listeners):
-            listener(session_id, status)
+            listener(session_id, current)
 
     def busy(self, session_id: str, run_id: str) -> None:
         """Run ``run_id`` starts on the session now."""
@@ -85,7 +109,7 @@ class StatusBoard:
 
     def items(self) -> list[tuple[str, SessionStatus]]:
         """Every session with a recorded status (idle ones included), and its status."""
-        return list(self._status.items())
+        return [(sid, self.get(sid)) for sid in self._status]
 
     def subscribe(self, listener: StatusListener) -> Callable[[], None]:
         """Call ``listener(session_id, status)`` on every change; returns the remover."""

@@ -38,6 +38,7 @@ from thinkray.storage.records import (
     FiberStatus,
     InboxRow,
     JobRecord,
+    QueuedTurn,
     ScheduleKind,
     ScheduleRecord,
     SubAgentRecord,
@@ -65,6 +66,7 @@ __all__ = [
     "InboxRow",
     "InboxStore",
     "JobRecord",
+    "QueuedTurn",
     "ToolCallAudit",
     "ToolCallRecord",
     "ToolCallStore",
@@ -76,6 +78,7 @@ __all__ = [
     "Stores",
     "SubAgentRecord",
     "Thread",
+    "TurnQueueStore",
     "WorkspaceLimits",
     "WorkspaceStore",
 ]
@@ -929,6 +932,58 @@ class InboxStore(Protocol):
         ...
 
 
+class TurnQueueStore(Protocol):
+    """User messages sent while their session had a turn in flight, waiting for their
+    own turn (or answered since): see :mod:`thinkray.storage.turn_queue`.
+
+    Contract: :meth:`add` is idempotent on the message id (the first write wins, and
+    it returns only after the commit: an acknowledgement); :meth:`move` changes a row
+    only from the statuses it names, in one transaction, and returns the rows it
+    moved, so a row is claimed (``queued`` -> ``running``) once; rows are listed in
+    queue order (``seq``), also across a reopen; :meth:`requeue_running` puts back
+    what a dead incarnation left ``running`` (or fails it after ``max_attempts``)."""
+
+    def transaction(self) -> AbstractContextManager[None]:
+        """Writes inside commit together or not at all; nested blocks join."""
+        ...
+
+    def add(self, row: QueuedTurn, *, first: bool = False) -> tuple[QueuedTurn, bool]:
+        """Store ``row`` at the end of its session's queue (``first``: at its head);
+        ``(stored, False)`` when the id exists."""
+        ...
+
+    def get(self, message_id: str) -> QueuedTurn | None:
+        """One row (None: unknown)."""
+        ...
+
+    def waiting(self, session_id: str | None = None) -> list[QueuedTurn]:
+        """``queued`` rows in queue order."""
+        ...
+
+    def rows(self, session_id: str | None = None) -> list[QueuedTurn]:
+        """Every row in queue order."""
+        ...
+
+    def move(
+        self,
+        ids: Iterable[str],
+        status: str,
+        *,
+        only_from: Iterable[str] = ("queued",),
+        **fields: Any,
+    ) -> list[QueuedTurn]:
+        """Move the rows in one of ``only_from`` to ``status``; returns those moved."""
+        ...
+
+    def requeue_running(self, *, max_attempts: int) -> tuple[list[QueuedTurn], list[QueuedTurn]]:
+        """``running`` rows back to ``queued`` (or ``failed`` past ``max_attempts``)."""
+        ...
+
+    def count(self, status: str | None = None) -> int:
+        """How many rows (of this status)."""
+        ...
+
+
 @runtime_checkable
 class RegistryStore(Protocol):
     """An orchestrator's registry of sub-agents, keyed by name.
@@ -1404,6 +1459,11 @@ class Stores(Protocol):
 
     def inbox(self) -> InboxStore:
         """A persistent agent's inbox."""
+        ...
+
+    def turn_queue(self, create: bool = True) -> TurnQueueStore | None:
+        """Messages sent while a turn ran (None when ``create`` is False and the
+        database has no queue yet)."""
         ...
 
     def registry(self) -> RegistryStore:

@@ -21,6 +21,9 @@ __all__ = [
     "INBOX_FINISHED",
     "INBOX_STATUSES",
     "JOB_FINISHED",
+    "QUEUE_STATUSES",
+    "QUEUE_WAITING",
+    "QueuedTurn",
     "JOB_STATUSES",
     "SCHEDULE_KINDS",
     "TOOL_CALL_FINISHED",
@@ -244,6 +247,47 @@ class InboxRow:
             "updated_at": self.updated_at,
             **({"extra": self.extra} if self.extra else {}),
         }
+
+
+# -- messages sent while a turn runs (thinkray.storage.turn_queue) ----------------------
+
+QUEUE_STATUSES: tuple[str, ...] = (
+    "queued",
+    "running",
+    "answered",
+    "steered",
+    "superseded",
+    "cancelled",
+    "failed",
+)
+QUEUE_WAITING: tuple[str, ...] = ("queued",)
+
+
+@dataclass
+class QueuedTurn:
+    """A user message that waits for (or got) its turn. ``message`` is the UIMessage
+    as sent; ``mode`` the busy policy it came under; ``run_id`` and ``assistant_id``
+    the ids its turn will use (fixed when it is queued, so a waiter can follow it);
+    ``target_run`` the run a ``steer`` joins; ``outcome`` what became of it
+    (``status``, ``run_id``, ``superseded_by``, ``error``)."""
+
+    id: str
+    session_id: str
+    status: str = "queued"
+    seq: float = 0.0
+    message: dict[str, Any] = field(default_factory=dict)
+    mode: str = "queue"
+    run_id: str = ""
+    assistant_id: str = ""
+    attempts: int = 0
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    target_run: str | None = None
+    outcome: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, as a dict."""
+        return asdict(self)
 
 
 # -- sub-agent registry ----------------------------------------------------------------

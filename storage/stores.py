@@ -26,6 +26,7 @@ from thinkray.storage.records import (
 )
 from thinkray.storage.registry import DuckDBRegistryStore
 from thinkray.storage.tool_calls import DuckDBToolCallStore
+from thinkray.storage.turn_queue import DuckDBTurnQueueStore, has_turn_queue
 from thinkray.storage.types import InvalidInputError
 from thinkray.storage.workspace import DuckDBWorkspaceStore
 from typing_extensions import override
@@ -50,6 +51,7 @@ class DuckDBStores(Stores):
         self._jobs: DuckDBJobStore | None = None
         self._tool_calls: DuckDBToolCallStore | None = None
         self._inbox: DuckDBInboxStore | None = None
+        self._turn_queue: DuckDBTurnQueueStore | None = None
         self._registry: DuckDBRegistryStore | None = None
         self._kv: DuckDBKeyValueStore | None = None
         self._agent_state: DuckDBAgentStateStore | None = None
@@ -84,6 +86,14 @@ class DuckDBStores(Stores):
         if self._inbox is None:
             self._inbox = DuckDBInboxStore(self._db)
         return self._inbox
+
+    @override
+    def turn_queue(self, create: bool = True) -> DuckDBTurnQueueStore | None:
+        if self._turn_queue is None:
+            if not create and not has_turn_queue(self._db):
+                return None  # reading must not add a table to every agent's file
+            self._turn_queue = DuckDBTurnQueueStore(self._db)
+        return self._turn_queue
 
     @override
     def registry(self) -> DuckDBRegistryStore:

@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from thinkray.actors.ingress.agents import NotVisibleError
+from thinkray.runtime.agents.midturn import BUSY_POLICIES
 from thinkray.runtime.errors import (
     AccessDeniedError,
     ApprovalNotFoundError,
@@ -172,6 +173,9 @@ class Turn:
 
     message: dict[str, Any] | None
     regenerate_id: str | None = None
+    # The body's ``onBusy``: what the message does if its session is busy (None: the
+    # agent's policy; see thinkray.runtime.agents.midturn).
+    on_busy: str | None = None
 
     @property
     def claims(self) -> bool:
@@ -184,6 +188,11 @@ def parse_turn(body: dict[str, Any]) -> Turn:
     refused request writes nothing: no owner claimed, no session created."""
     messages = body.get("messages")
     trigger = body.get("trigger", "submit-message")
+    on_busy = body.get("onBusy")
+    if on_busy is not None and on_busy not in BUSY_POLICIES:
+        raise HTTPError(
+            400, f"'onBusy' must be one of {', '.join(BUSY_POLICIES)}", "invalid_busy_policy"
+        )
     if not isinstance(messages, list):
         raise HTTPError(400, "'messages' must be a list of UI messages")
     if trigger not in TRIGGERS:
@@ -192,14 +201,14 @@ def parse_turn(body: dict[str, Any]) -> Turn:
         message_id = body.get("messageId")
         if message_id is not None and not isinstance(message_id, str):
             raise HTTPError(400, "'messageId' must be a string")
-        return Turn(None, message_id)
+        return Turn(None, message_id, on_busy)
     if not messages or not isinstance(messages[-1], dict):
         raise HTTPError(400, "submit-message needs the new message last in 'messages'")
     message = messages[-1]
     if message.get("role") != "user":
         raise HTTPError(400, "the message to submit must have role 'user'")
     parse_message(message)  # InvalidMessageError (400) before any write
-    return Turn(message)
+    return Turn(message, on_busy=on_busy)
 
 
 async def ensure_session(handle: Any, chat_id: str) -> None:

@@ -212,7 +212,7 @@ async def chat(
         await rewind_for_regenerate(handle, chat.chat_id, turn.regenerate_id)
     else:
         await ensure_session(handle, chat.chat_id)
-    stream = handle.stream_chat.remote(turn.message, session_id=chat.chat_id)
+    stream = handle.stream_chat.remote(turn.message, session_id=chat.chat_id, on_busy=turn.on_busy)
     await stream.start()  # busy and the actor's own checks answer 4xx, before any byte
     return SSEResponse(sse_stream(stream), ing.config.slow_consumer_timeout)
 
@@ -474,7 +474,14 @@ async def watch_status(handle: Any, name: str, session_id: str, stale: bool) -> 
         log.debug("status watch of %s ended: %s", name, exc)
 
 
-IDLE = {"state": "idle", "attempt": None, "message": None, "started_at": None, "run_id": None}
+IDLE: dict[str, Any] = {
+    "state": "idle",
+    "attempt": None,
+    "message": None,
+    "started_at": None,
+    "run_id": None,
+    "queue": [],
+}
 
 
 async def status_events(

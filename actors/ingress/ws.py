@@ -670,7 +670,9 @@ async def start_turn(conn: Connection, run_id: str, body: dict[str, Any]) -> Any
         if session_id is None:
             raise HTTPError(400, "nothing to regenerate: no conversation yet")
         await rewind_for_regenerate(handle, session_id, turn.regenerate_id)
-    stream = handle.stream_chat.remote(turn.message, session_id=session_id, run_id=run_id)
+    stream = handle.stream_chat.remote(
+        turn.message, session_id=session_id, run_id=run_id, on_busy=turn.on_busy
+    )
     await stream.start()  # busy, invalid, a reused run id: refused here, before any chunk
     return stream
 

@@ -29,9 +29,11 @@ if TYPE_CHECKING:
 
 __all__ = ["ChatOptions", "ChatResult", "RunState", "RunStatus", "StreamCallback"]
 
-RunStatus = Literal["completed", "aborted", "error", "interrupted"]
+RunStatus = Literal["completed", "aborted", "error", "interrupted", "superseded"]
 """How a run ended: ``completed`` (the model finished), ``aborted`` (explicit abort,
-clear, delete or shutdown; partial output kept) or ``error`` (the error is reported)."""
+clear, delete or shutdown; partial output kept) or ``error`` (the error is reported).
+``superseded``: a queued message dropped for a newer one (the ``latest`` busy
+policy); no turn ran for it."""
 
 
 class StreamCallback(Protocol):
@@ -106,6 +108,12 @@ class ChatResult:
     # True when the user message had been answered before: nothing ran, ``message``
     # is the stored answer (a resent message id replays its turn, never runs it again).
     replayed: bool = False
+    # A message queued under the ``latest`` busy policy that a newer one replaced
+    # (status ``superseded``): the newer message's id.
+    superseded_by: str | None = None
+    # A message that joined a running turn (the ``steer`` busy policy): that run's id
+    # (``run_id`` and the result are that run's).
+    steered_into: str | None = None
 
     @property
     def text(self) -> str:
@@ -149,6 +157,9 @@ class RunState:
     # holds them (and the calls' rows) is durable (see TurnRunner._emit); since when.
     gated: list[UIChunk] = field(default_factory=list, repr=False)
     gated_at: float | None = field(default=None, repr=False)
+    user_message_id: str | None = None  # the user message the run answers (None: a rerun)
+    # Ids of messages that join this turn at its next step boundary (``steer``).
+    steers: list[str] = field(default_factory=list, repr=False)
 
     async def emit(self, chunk: UIChunk) -> None:
         """See :meth:`ChatOptions.emit` (which delegates here)."""

@@ -32,6 +32,7 @@ from pydantic import BaseModel
 from thinkray.runtime.abort import AbortController, AbortSignal
 from thinkray.runtime.agents import model_switch
 from thinkray.runtime.agents.context import AgentContext, context_being_constructed
+from thinkray.runtime.agents.midturn import BusyPolicy, check_policy
 from thinkray.runtime.agents.recovery import (
     INTERRUPTED_ERROR,
     RecoveredRun,
@@ -153,6 +154,10 @@ class Think(metaclass=_StartsAfterInit):
     initial_state: ClassVar[BaseModel | dict[str, Any] | None] = None
     client_can_set_state: ClassVar[bool] = False
     max_state_bytes: ClassVar[int] = ROW_MAX_BYTES
+    # A user message sent while its session is busy: "reject" (SessionBusyError),
+    # "queue", "latest", "steer" or "interrupt" (see thinkray.runtime.agents.midturn);
+    # each turn entry point takes ``on_busy=`` to override it for one message.
+    on_busy: BusyPolicy = "reject"
 
     def __init__(
         self,
@@ -169,6 +174,7 @@ class Think(metaclass=_StartsAfterInit):
         self.context = context or context_being_constructed() or AgentContext()
         self._model = model
         self._config: dict[str, Any] | None = None
+        check_policy(self.on_busy)
         self.status = StatusBoard()
         self.turns = TurnRunner(self, self.status)
         self.sessions = SessionManager(store, self.turns)
@@ -188,6 +194,8 @@ class Think(metaclass=_StartsAfterInit):
             store, self._call_outcome
         )
         self._resumes: set[asyncio.Task[Any]] = set()
+        # Messages a dead incarnation had queued wait again (on_wake runs them).
+        self.turns.queue.recover()
         self.tool_calls.on_settled = self.on_tool_call_settled
         self.synced_state = AgentState(
             type(self), lambda: store.stores().agent_state(), self.max_state_bytes
@@ -628,8 +636,27 @@ class Think(metaclass=_StartsAfterInit):
     @idempotent
     @remote
     def get_status(self, session_id: str | None = None) -> SessionStatus:
-        """The session's status (idle, busy, retrying or error)."""
+        """The session's status (idle, busy, retrying or error), with the messages
+        waiting for their turn (``queue``)."""
         return self.status.get(self.sessions.resolve(session_id))
+
+    @idempotent
+    @remote
+    def queued_messages(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        """The messages waiting for a turn (of one session; None: every session),
+        first to run first: ``message_id``, ``run_id``, ``mode``, ``queued_at``."""
+        sid = self.sessions.resolve(session_id) if session_id is not None else None
+        return self.turns.queue.pending(sid)
+
+    @idempotent
+    @remote
+    def queued_message(self, message_id: str) -> dict[str, Any] | None:
+        """What became of a message sent while its session was busy: its row
+        (``status``: queued, running, answered, steered, superseded, cancelled or
+        failed; ``outcome``), or None if it was never queued."""
+        store = self.turns.queue.store(create=False)
+        row = store.get(message_id) if store is not None else None
+        return row.to_dict() if row is not None else None
 
     @idempotent
     @remote
@@ -687,10 +714,12 @@ class Think(metaclass=_StartsAfterInit):
         tools: dict[str, Tool] | None = None,
         run_id: str | None = None,
         role: Role = "user",
+        on_busy: BusyPolicy | None = None,
     ) -> ChatResult:
         """Run one turn and return its result. ``message=None`` answers the current
         history again (after a rewind, say). Raises before writing anything for an
-        invalid message, an unknown session or a busy session."""
+        invalid message, an unknown session or a busy session (``on_busy``, default
+        the agent's :attr:`on_busy`, says what a busy session does instead)."""
         run = self.start_chat(
             message,
             callback,
@@ -699,6 +728,7 @@ class Think(metaclass=_StartsAfterInit):
             tools=tools,
             run_id=run_id,
             role=role,
+            on_busy=on_busy,
         )
         assert run.task is not None
         return await run.task
@@ -713,9 +743,14 @@ class Think(metaclass=_StartsAfterInit):
         tools: dict[str, Tool] | None = None,
         run_id: str | None = None,
         role: Role = "user",
+        on_busy: BusyPolicy | None = None,
     ) -> RunState:
         """Start a turn in the background; returns its :class:`RunState` at once
-        (``run_id``, ``stream``, ``task``). Validation errors raise here."""
+        (``run_id``, ``stream``, ``task``). Validation errors raise here. On a busy
+        session (``on_busy``, default :attr:`on_busy`) the run may wait for its turn:
+        its stream fills and its task resolves once it ran (or was superseded,
+        steered into the running turn, or cancelled). Every entry point (the handle,
+        HTTP, WebSocket, an ACP server) starts turns here, so one policy applies."""
         return self.turns.start(
             message,
             callback,
@@ -724,6 +759,7 @@ class Think(metaclass=_StartsAfterInit):
             tools=tools,
             run_id=run_id,
             role=role,
+            on_busy=on_busy,
         )
 
     @remote
@@ -734,11 +770,14 @@ class Think(metaclass=_StartsAfterInit):
         session_id: str | None = None,
         run_id: str | None = None,
         role: Role = "user",
+        on_busy: BusyPolicy | None = None,
     ) -> AsyncIterator[UIChunk]:
         """Run one turn and yield its UI chunks as they are produced. Leaving early
         detaches: the turn goes on (stop it with :meth:`abort`). Raises like
         :meth:`chat` before anything is written."""
-        run = self.start_chat(message, session_id=session_id, run_id=run_id, role=role)
+        run = self.start_chat(
+            message, session_id=session_id, run_id=run_id, role=role, on_busy=on_busy
+        )
         async for batch in run.stream.follow():
             for chunk in batch:
                 yield chunk
@@ -885,6 +924,9 @@ class Think(metaclass=_StartsAfterInit):
         run = self.turns.runs.get(run_id)
         if run is not None and run.task is not None:
             return await asyncio.shield(run.task)
+        waiter = self.turns.queue.waiters.get(self.turns.queue.by_run.get(run_id, ""))
+        if waiter is not None:
+            return await asyncio.shield(waiter.result)
         result = self.turns.results.get(run_id)
         if result is None:
             raise UnknownRunError(
@@ -980,6 +1022,7 @@ class Think(metaclass=_StartsAfterInit):
         cut off whose tool calls are all settled (those awaiting an approval or an
         executor resume when it comes)."""
         await self.durable.start()
+        self.turns.queue.drain_all()  # messages a crash or a hibernation left waiting
         if self.recover_generations == "resume":
             for run in self.recovered_runs:
                 if run.session_id is not None and not run.open_calls:
@@ -1097,11 +1140,15 @@ class Think(metaclass=_StartsAfterInit):
                 self.turns.persist_cache.forget(w.message_id)
 
     def has_pending_work(self) -> bool:
-        """True while fibers or scheduled tasks run here: do not hibernate."""
-        return self.durable.has_pending_work()
+        """True while fibers or scheduled tasks run here, or messages wait for their
+        turn: do not hibernate."""
+        return self.durable.has_pending_work() or self.turns.queue.has_waiting()
 
     def next_alarm_at(self) -> float | None:
-        """Epoch seconds of the next due schedule (what a waker needs), or None."""
+        """Epoch seconds of the next due schedule (what a waker needs), or None. Now,
+        while messages wait for their turn (a forced hibernation wakes it at once)."""
+        if self.turns.queue.has_waiting():
+            return time.time()
         return self.durable.next_alarm_at()
 
     async def aclose(self) -> None:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from thinkray.runtime.abort import AbortController, AbortError, AbortSignal, abortable
 from thinkray.runtime.agents import model_switch
+from thinkray.runtime.agents.midturn import STEER_CHUNK, BusyPolicy, TurnQueue, check_policy, decide
 from thinkray.runtime.agents.recovery import INTERRUPTED_ERROR, close_stream_of_stopped_run
 from thinkray.runtime.agents.replay import Answered, answer_chunks, check_resent
 from thinkray.runtime.agents.runs import ChatOptions, ChatResult, RunState, RunStatus
@@ -92,6 +93,10 @@ class TurnRunner:
         self.clear_generation: dict[str, int] = {}
         # Finished runs' results, newest last (bounded by the agent's recent_results).
         self.results: OrderedDict[str, ChatResult] = OrderedDict()
+        # Messages sent while their session was busy (the busy policy; midturn).
+        self.queue = TurnQueue(self)
+        # A steered message's own run id -> the run it joined (abort reaches that run).
+        self.aliases: dict[str, str] = {}
 
     # -- the index of runs ------------------------------------------------------------
 
@@ -110,12 +115,18 @@ class TurnRunner:
         """The session was cleared or deleted: abort its run and make the run's
         pending writes stale (they are discarded, never land in the new state)."""
         self.clear_generation[session_id] = self.clear_generation.get(session_id, 0) + 1
+        self.queue.cancel_session(session_id, reason)
         run_id = self.session_runs.get(session_id)
         if run_id is not None:
             self.runs[run_id].controller.abort(reason)
 
     def abort(self, session_id: str | None, run_id: str | None, reason: str) -> bool:
-        """Abort the run in flight (by run id, else the session's). False if none."""
+        """Abort the run in flight (by run id, else the session's). False if none. A
+        waiting message's run id cancels that message (it never runs)."""
+        if run_id is not None:
+            if self.queue.cancel(run_id, reason):
+                return True
+            run_id = self.aliases.get(run_id, run_id)
         if run_id is None:
             run_id = self.session_runs.get(session_id) if session_id else None
         run = self.runs.get(run_id) if run_id else None
@@ -134,6 +145,7 @@ class TurnRunner:
         flushed; its tool calls' rows say what a wake would say (they die with it);
         its stream gets the chunks the wake's recovery will store for it, ending in
         the same ``error``, so a live consumer and a later replay see one ending."""
+        self.queue.close()
         runs = list(self.runs.values())
         if not runs:
             return
@@ -182,6 +194,18 @@ class TurnRunner:
         finally:
             del self.reserved[session_id]
             self.status.set(session_id, previous)
+            self._drain_soon(session_id)
+
+    def _drain_soon(self, session_id: str) -> None:
+        """The session is free: its next waiting message starts (on the next loop
+        iteration, after whoever freed it finished its own step)."""
+        if self.queue.closing or not self.queue.has_waiting(session_id):
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop (a synchronous close): the next wake drains it
+        loop.call_soon(self.queue.drain, session_id)
 
     def own_turn(self, session_id: str) -> RunState | None:
         """See :meth:`Think.own_turn`."""
@@ -227,13 +251,18 @@ class TurnRunner:
         tools: dict[str, Tool] | None,
         run_id: str | None,
         role: Role,
+        on_busy: BusyPolicy | None = None,
     ) -> RunState:
         """Validate, register and start a turn as a task; returns its RunState at once.
+        A session that is busy applies ``on_busy`` (default: the agent's; see
+        :mod:`~thinkray.runtime.agents.midturn`): the returned run may be waiting.
 
         Raises before anything is written: an invalid or oversized message
-        (``MessageTooLargeError``), an unknown session, a busy or reserved session, an
-        empty session with no message, a run id in use."""
+        (``MessageTooLargeError``), an unknown busy policy, an unknown session, a busy
+        or reserved session (policy ``reject``), an empty session with no message, a
+        run id in use."""
         agent = self.agent
+        policy = check_policy(on_busy if on_busy is not None else agent.on_busy)
         user_msg = parse_message(message, role=role) if message is not None else None
         if user_msg is not None:
             check_message_size(user_msg, agent.max_user_message_bytes)
@@ -241,10 +270,19 @@ class TurnRunner:
             session_id = agent.sessions.create().id
         sid = agent.sessions.resolve(session_id)
         agent.store.get_session(sid)  # unknown id: a clear error, never a silent create
-        if sid in self.session_runs:
-            raise SessionBusyError(sid, self.session_runs[sid])
-        if sid in self.reserved:
-            raise SessionBusyError(sid, self.reserved[sid])
+        if user_msg is not None:
+            known = self._known(sid, user_msg["id"], follow=policy != "reject")
+            if known is not None:
+                return known
+        action = decide(
+            policy,
+            running=sid in self.session_runs,
+            reserved=sid in self.reserved,
+            waiting=len(self.queue.waiting.get(sid, ())),
+            has_message=user_msg is not None,
+        )
+        if action == "reject":
+            raise SessionBusyError(sid, self._holder(sid))
         if user_msg is None and not agent.store.message_count(sid):
             raise NothingToAnswerError(
                 "nothing to answer: the session is empty and no message was given"
@@ -253,20 +291,70 @@ class TurnRunner:
         # (under the caller's run id too: a replay writes no chunk log to mix).
         answered = check_resent(agent.store, sid, user_msg["id"]) if user_msg else None
         message_id = (self._interrupted_reply(sid) if user_msg is None else None) or new_id("msg")
-        if run_id is not None and run_id in self.runs:
+        if run_id is not None and (run_id in self.runs or run_id in self.queue.by_run):
             raise DuplicateRunError(f"run id {run_id!r} is already in flight")
         if answered is not None:
             return self._replay(sid, run_id or new_id("run"), answered, callback)
         if run_id is not None:
             self._check_new_run_id(run_id)
+        if action != "run":
+            assert user_msg is not None  # decide() rejects a rerun of a busy session
+            return self.queue.enqueue(
+                sid,
+                user_msg,
+                action,
+                run_id=run_id,
+                signal=signal,
+                callback=callback,
+                tools=tools or {},
+            )
         run_id = run_id or new_id("run")
         controller = AbortController(parent=signal)
         run = RunState(run_id, sid, controller, RunStream(run_id, sid, message_id))
-        self.runs[run_id] = run
-        self.session_runs[sid] = run_id
-        self.status.busy(sid, run_id)
-        run.task = asyncio.ensure_future(self._turn(run, user_msg, callback, tools or {}))
+        self.launch(run, user_msg, callback, tools or {})
         return run
+
+    def launch(
+        self,
+        run: RunState,
+        user_msg: dict[str, Any] | None,
+        callback: StreamCallback | None,
+        tools: dict[str, Tool],
+    ) -> None:
+        """Register ``run`` as its session's run in flight and start its turn task."""
+        sid = run.session_id
+        run.user_message_id = user_msg["id"] if user_msg is not None else None
+        self.runs[run.run_id] = run
+        self.session_runs[sid] = run.run_id
+        self.status.busy(sid, run.run_id)
+        run.task = asyncio.ensure_future(self._turn(run, user_msg, callback, tools))
+
+    def _holder(self, sid: str) -> str | None:
+        """What holds a busy session: its run, its reservation, or its first waiting
+        message's run."""
+        held = self.session_runs.get(sid) or self.reserved.get(sid)
+        if held is None and self.queue.waiting.get(sid):
+            entries = self.queue.pending(sid)
+            held = entries[0]["run_id"] if entries else None
+        return held
+
+    def _known(self, sid: str, message_id: str, *, follow: bool) -> RunState | None:
+        """A message id already queued here, or (``follow``) in flight: the same turn
+        again (a resend follows it, never starts a second), or a queued message's
+        outcome. Under ``reject`` a resend of the run in flight stays refused as busy."""
+        known = self.queue.existing(sid, message_id)
+        if known is not None or not follow:
+            return known
+        run = self.runs.get(self.session_runs.get(sid, ""))
+        if run is None or run.user_message_id != message_id or run.task is None:
+            return None
+        follower = RunState(run.run_id, sid, run.controller, run.stream)
+        follower.task = asyncio.ensure_future(_shielded(run.task))
+        return follower
+
+    def replay_answer(self, sid: str, answered: Answered) -> RunState:
+        """A run that replays ``answered`` (see :meth:`_replay`) under a new run id."""
+        return self._replay(sid, new_id("run"), answered, None)
 
     def _replay(
         self, sid: str, run_id: str, answered: Answered, callback: StreamCallback | None
@@ -691,6 +779,13 @@ class TurnRunner:
             callback = await self._release(run, recorder, callback)
         if kind in _DURABLE_BEFORE_RELEASE:
             self._before_release(run, recorder, chunk)
+        elif is_data_chunk(chunk) and chunk["type"] == STEER_CHUNK:
+            # The steered message is in the turn's message and its row says so, in one
+            # transaction: a crash leaves it either waiting or in the message, never
+            # both and never neither.
+            with self.agent.store.transaction():
+                recorder.flush()
+                self.queue.steered(run, str(chunk.get("id")))
         if held is not None and kind == "finish":
             held.append(chunk)
             return callback
@@ -749,6 +844,7 @@ class TurnRunner:
             self.status.error(run.session_id, error or "error")
         else:
             self.status.idle(run.session_id)
+        self._drain_soon(run.session_id)
 
     # -- storage upkeep ---------------------------------------------------------------
 
@@ -864,7 +960,14 @@ class _Turn:
             trace=self.trace,
             record_call=self.record_call,
             calls_decided=self.calls_decided,
+            take_steered=self.take_steered,
         )
+
+    def take_steered(self) -> list[dict[str, Any]]:
+        """The user messages that join this turn now (``steer``), for the next call."""
+        if self.stale():
+            return []
+        return self.runner.queue.take_steers(self.run)
 
     def on_step_finish(self, step: int, usage: Usage, reason: str) -> None:
         self.step_usage = self.step_usage + usage
@@ -996,6 +1099,11 @@ async def _deliver(
 
 def _is_terminal(chunk: UIChunk) -> bool:
     return not is_data_chunk(chunk) and chunk["type"] in TERMINAL_CHUNKS
+
+
+async def _shielded(task: asyncio.Future[ChatResult]) -> ChatResult:
+    """Another caller's wait on a run: its cancellation must not cancel the run."""
+    return await asyncio.shield(task)
 
 
 async def _discard(chunk: UIChunk) -> None:

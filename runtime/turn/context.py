@@ -110,8 +110,30 @@ def _assistant_steps(message: dict[str, Any]) -> list[ModelMessage]:
             results.append(_tool_result(part, state))
         elif ptype == "data-compaction":
             content.append(TextContent(text=_summary_text(part)))
+        elif ptype == "data-steer":
+            # A user message that joined the turn between two steps (the ``steer``
+            # busy policy): the model read it there, after that step's tool results.
+            close_step()
+            steered = (part.get("data") or {}).get("message")
+            if isinstance(steered, dict):
+                out.extend(user_model_messages(steered))
     close_step()
     return out
+
+
+def user_model_messages(message: dict[str, Any]) -> list[ModelMessage]:
+    """A user (or system) UIMessage as the model reads it: its text and files."""
+    content: list[Any] = []
+    for part in message.get("parts", ()):
+        ptype = part.get("type")
+        if ptype == "text" and part.get("text"):
+            content.append(TextContent(text=part["text"]))
+        elif ptype == "file":
+            content.append(_file_content(part))
+    if not content:
+        return []
+    role = "system" if message.get("role") == "system" else "user"
+    return [ModelMessage(role=role, content=content)]
 
 
 def to_model_messages(messages: list[dict[str, Any]]) -> list[ModelMessage]:
@@ -135,15 +157,7 @@ def to_model_messages(messages: list[dict[str, Any]]) -> list[ModelMessage]:
                 continue
             out.extend(_assistant_steps(message))
             continue
-        content: list[Any] = []
-        for part in parts:
-            ptype = part.get("type")
-            if ptype == "text" and part.get("text"):
-                content.append(TextContent(text=part["text"]))
-            elif ptype == "file":
-                content.append(_file_content(part))
-        if content:
-            out.append(ModelMessage(role="system" if role == "system" else "user", content=content))
+        out.extend(user_model_messages(message))
     return out
 
 

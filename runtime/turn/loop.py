@@ -15,7 +15,7 @@ import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from thinkray.runtime.abort import AbortError, AbortSignal, abortable
 from thinkray.runtime.chunks import (
@@ -46,6 +46,7 @@ from thinkray.runtime.models.base import (
 )
 from thinkray.runtime.observability.tracing import TurnTrace
 from thinkray.runtime.tools.base import Tool, ToolContext, ToolInputError, run_tool, tool_spec
+from thinkray.runtime.turn.context import user_model_messages
 from thinkray.runtime.usage import Usage
 
 log = logging.getLogger("thinkray.loop")
@@ -133,6 +134,10 @@ class LoopHooks:
     trace: TurnTrace | None = None
     record_call: Callable[[Tool, str, Any], Any] | None = None
     calls_decided: Callable[[], Awaitable[Any]] | None = None
+    # ``take_steered()`` at a step boundary the loop goes on from: user messages that
+    # joined the turn meanwhile (the ``steer`` busy policy). Each is yielded as a
+    # ``data-steer`` chunk and read by the model before its next call.
+    take_steered: Callable[[], list[dict[str, Any]]] | None = None
 
 
 @dataclass
@@ -203,13 +208,7 @@ async def run_loop(
                 _end_model_call(hooks, chat_span, chat_error, st)
             await _sleep_or_abort(delay, signal)
 
-        result.steps = step + 1
-        result.usage = result.usage + st.usage
-        if hooks.on_step_finish:
-            hooks.on_step_finish(step, st.usage, st.finish_reason)
-        if st.assistant_content:
-            history.append(ModelMessage(role="assistant", content=st.assistant_content))
-
+        _end_step(step, st, hooks, result, history)
         if st.calls:
             if hooks.calls_decided is not None:
                 await hooks.calls_decided()
@@ -223,9 +222,40 @@ async def run_loop(
             )
         yield {"type": "finish-step"}
         result.finish_reason = st.finish_reason
+        steered = _steered(hooks, st, step + 1 < max_steps)
+        for message in steered:
+            steer = {"type": "data-steer", "id": message["id"], "data": {"message": message}}
+            yield cast("LoopChunk", steer)  # a data chunk: the loop's one
+            history.extend(user_model_messages(message))
+        if steered:
+            continue
         if not st.calls or st.finish_reason not in ("tool-calls", "stop", "other"):
             break
     yield {"type": "finish", "finishReason": result.finish_reason}
+
+
+def _end_step(
+    step: int, st: _StepState, hooks: LoopHooks, result: LoopResult, history: list[ModelMessage]
+) -> None:
+    """A step's model call is over: count it and its usage, tell the hook, and put the
+    assistant's message into the history the next call reads."""
+    result.steps = step + 1
+    result.usage = result.usage + st.usage
+    if hooks.on_step_finish:
+        hooks.on_step_finish(step, st.usage, st.finish_reason)
+    if st.assistant_content:
+        history.append(ModelMessage(role="assistant", content=st.assistant_content))
+
+
+def _steered(hooks: LoopHooks, st: _StepState, more_steps: bool) -> list[dict[str, Any]]:
+    """Messages that join the turn at this boundary: taken only when another model
+    call may follow (a step that ended with tool calls, or with the model done), so a
+    message taken is always read; otherwise they wait for a turn of their own."""
+    if hooks.take_steered is None or not more_steps:
+        return []
+    if st.finish_reason not in ("tool-calls", "stop", "other"):
+        return []
+    return list(hooks.take_steered())
 
 
 class _StepState:
