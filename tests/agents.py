@@ -418,3 +418,16 @@ class GuardedApprovalAgent(ResumingAgent):
     def may_approve(self, approval: dict[str, Any], answered_by: str | None) -> bool:
         path = str((approval.get("input") or {}).get("path", ""))
         return answered_by is not None and "locked" not in path
+
+
+class BlockingAgent(ScriptAgent):
+    """A remote method that blocks the event loop (a sync sleep): what a misbehaving
+    agent does to its siblings in an agent host (tests/test_hosts.py)."""
+
+    @remote
+    def block(self, seconds: float) -> str:
+        """Sleep on the event loop's thread."""
+        import time
+
+        time.sleep(seconds)
+        return "blocked"
