@@ -1380,6 +1380,8 @@ class Directory:
         try:
             await entry.actor.handle.watch.remote(name)
         except ray.exceptions.RayActorError:
+            if entry.actor.actor_id in self.hosts:
+                self._drop_host(entry.actor.actor_id, kill=False)  # a host: all its slots
             if self.entries.get(name) is entry:
                 self.entries.pop(name, None)  # _watch may have removed it meanwhile
                 self.counters["crashes"] += 1

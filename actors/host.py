@@ -334,10 +334,7 @@ class AgentHost:
     def _report(self) -> dict[str, Any]:
         info = self._info()
         info["state"] = "host"
-        info["namespaces"] = {
-            name: (a._transit or a.spec).namespace if (a._transit or a.spec) else None
-            for name, a in list(self.activations.items())
-        }
+        info["namespaces"] = {name: _namespace_of(a) for name, a in list(self.activations.items())}
         return info
 
     # -- live view ---------------------------------------------------------------------
@@ -385,4 +382,10 @@ async def _retrying(read: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, 
     return await read()
 
 
-RemoteAgentHost = ray.remote(concurrency_groups={CONTROL_GROUP: CONTROL_CONCURRENCY})(AgentHost)
+def _namespace_of(activation: SessionActor) -> str | None:
+    """The namespace of the agent an activation hosts, binds or hibernates."""
+    spec = activation._transit or activation.spec
+    return spec.namespace if spec is not None else None
+
+
+RemoteAgentHost = ray.remote(concurrency_groups={CONTROL_GROUP: CONTROL_CONCURRENCY})(AgentHost)  # type: ignore[call-overload]
