@@ -197,6 +197,7 @@ class HostRecord:
     capacity: int
     draining: bool = False
     empty_since: float | None = None
+    bindings: int = 0  # agents it hosted so far (recycled at recycle_after x capacity)
 
 
 def _transient(info: dict[str, Any]) -> bool:
@@ -966,10 +967,18 @@ class Directory:
 
     def _release_slot(self, slot: PooledActor) -> None:
         """A host's agent hibernated: its slot is free again (a draining host's is not;
-        the host stops once it hosts nobody). Hosts are not recycled by bindings."""
+        the host stops once it hosts nobody). A host that hosted recycle_after times its
+        capacity drains, to be recycled."""
         record = self.hosts.get(slot.actor_id)
         if record is None:
             return  # the host is gone
+        record.bindings += 1
+        if not record.draining and record.bindings >= self.cfg.recycle_after * record.capacity:
+            # Recycle the process as a dedicated actor is (long-lived workers accumulate
+            # memory), once its agents left: it takes no more meanwhile.
+            record.draining = True
+            self.free = [a for a in self.free if a.actor_id != slot.actor_id]
+            self.counters["actors_recycled"] += 1
         if record.draining:
             if not any(e.actor.actor_id == slot.actor_id for e in self.entries.values()):
                 self._drop_host(slot.actor_id)
