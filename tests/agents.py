@@ -431,3 +431,9 @@ class BlockingAgent(ScriptAgent):
 
         time.sleep(seconds)
         return "blocked"
+
+
+class DedicatedScriptAgent(ScriptAgent):
+    """A ScriptAgent that asks for a Ray actor of its own even under placement hosts."""
+
+    dedicated_actor = True

@@ -141,3 +141,12 @@ def _host_handle(ns, name):
         if handle._actor_id.hex() == actor_id:
             return handle
     raise AssertionError(f"no host for {name}")
+
+
+def test_an_agent_class_may_require_a_dedicated_actor(namespace_factory):
+    from tests.agents import DedicatedScriptAgent
+
+    ns = hosts_ns(namespace_factory, DedicatedScriptAgent)
+    assert ns.stats()["placement"] == "dedicated"
+    ns.get("alone").chat.remote("hi").result()
+    assert ns.where("alone")["placement"] == "dedicated"
