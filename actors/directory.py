@@ -704,7 +704,11 @@ class Directory:
         while self._bind_times and self._bind_times[0] < now - RATE_WINDOW:
             self._bind_times.popleft()
         boost = policy.decayed_boost(self._boost, self._boost_at, now, self.cfg.pool_ttl)
-        return policy.target(self._pool_config(), len(self._bind_times), self._start_secs, boost)
+        target = policy.target(self._pool_config(), len(self._bind_times), self._start_secs, boost)
+        if self._hosted() and self.entries:
+            spread = policy.spread_target(self._per_start(), len(self.hosts), self._max_starting)
+            target = max(target, spread)
+        return target
 
     def _pop_free(self, node_id: str | None) -> PooledActor | None:
         if self._hosted():

@@ -227,6 +227,14 @@ def pick_host(hosts: Sequence[HostLoad]) -> str | None:
     return min(open_, key=lambda h: (-h.free, h.host_id)).host_id
 
 
+def spread_target(per_start: int, hosts: int, cores: int) -> int:
+    """Free agent slots to keep while fewer hosts run than ``cores`` (the CPUs the
+    directory may start actors for): over half a host's worth, so the next host starts
+    once one is half full. A host is one process, so it uses one core at most: agents
+    spread over a host per core before they pack. 0 once there are enough hosts."""
+    return per_start // 2 + 1 if hosts < cores else 0
+
+
 def hosts_to_retire(
     hosts: Sequence[HostLoad], target: int, waiting: bool, now: float, pool_ttl: float
 ) -> list[str]:

@@ -100,3 +100,11 @@ def test_empty_hosts_retire_after_the_ttl_while_enough_slots_stay_free():
 def test_a_drained_host_stops_once_empty():
     hosts = [HostLoad("a", free=8, capacity=8, draining=True), HostLoad("b", 2, 8, draining=True)]
     assert hosts_to_retire(hosts, target=0, waiting=False, now=0.0, pool_ttl=60.0) == ["a"]
+
+
+def test_a_host_per_core_before_agents_pack():
+    from thinkray.actors.pool_policy import spread_target
+
+    assert spread_target(64, hosts=1, cores=2) == 33  # the 2nd host starts at half full
+    assert spread_target(64, hosts=2, cores=2) == 0
+    assert spread_target(1, hosts=0, cores=2) == 1
