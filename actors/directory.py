@@ -319,6 +319,7 @@ class Directory:
         self.entries: dict[str, Entry] = {}
         self.free: list[PooledActor] = []
         self.hosts: dict[str, HostRecord] = {}  # placement "hosts": actor id -> host
+        self._started_slots: dict[str, list[PooledActor]] = {}  # see _start_actor
         self.waiters: deque[_Waiter] = deque()
         self.starting = 0  # actor starts in flight
         self.starting_peak = 0
@@ -634,14 +635,17 @@ class Directory:
             self.cfg.preload, self.cfg.warm_up, module
         )
 
-    async def _start_actor(self, node_id: str | None = None) -> list[PooledActor]:
-        """Start an actor; its free slots (one; a host's capacity under ``hosts``)."""
+    async def _start_actor(self, node_id: str | None = None) -> PooledActor:
+        """Start an actor; its first free slot (a host's others wait in
+        ``_started_slots`` for :meth:`_run_start`)."""
         handle = self._new_actor(node_id)
         info = await handle.ready.remote()
         self.counters["actors_created"] += 1
         if not info.get("host"):
-            return [PooledActor(handle, info["actor_id"], info["node_id"], info["pid"])]
-        return self._host_slots(handle, info)
+            return PooledActor(handle, info["actor_id"], info["node_id"], info["pid"])
+        first, *rest = self._host_slots(handle, info)
+        self._started_slots[first.actor_id] = rest
+        return first
 
     def _host_slots(
         self, handle: Any, info: dict[str, Any], adopted: bool = False
@@ -883,7 +887,7 @@ class Directory:
     async def _run_start(self, node_id: str | None, waiter: _Waiter | None) -> None:
         started = time.monotonic()
         try:
-            slots = await self._start_actor(node_id)
+            actor = await self._start_actor(node_id)
         except Exception as exc:
             self.starting -= 1
             log.warning("could not start a pooled actor: %s", exc)
@@ -898,13 +902,12 @@ class Directory:
         self._failures = 0
         took = time.monotonic() - started
         self._start_secs = policy.smoothed_start_secs(self._start_secs, took)
-        if self._closed or not slots:
-            if slots:
-                with contextlib.suppress(Exception):
-                    ray.kill(slots[0].handle, no_restart=True)
+        rest = self._started_slots.pop(actor.actor_id, [])  # a host's other slots
+        if self._closed:
+            with contextlib.suppress(Exception):
+                ray.kill(actor.handle, no_restart=True)
             return
-        actor, rest = slots[0], slots[1:]
-        self.free.extend(rest)  # a host's other slots (none for a dedicated actor)
+        self.free.extend(rest)
         if waiter is not None and not waiter.future.done():
             waiter.start_pending = False
             if waiter.may_exceed or self._live() < self.cfg.max_live:
