@@ -120,14 +120,21 @@ import time
 import uuid
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from thinkray.actors import pool_policy as policy
 from thinkray.actors.errors import ActorBusyError, InvalidStateError, WakeError
 from thinkray.actors.metrics import install_ray_metrics
-from thinkray.actors.pool_policy import FRESH_GRACE, RATE_WINDOW, CpuMeter, PoolConfig, Waiting
+from thinkray.actors.pool_policy import (
+    FRESH_GRACE,
+    RATE_WINDOW,
+    CpuMeter,
+    HostLoad,
+    PoolConfig,
+    Waiting,
+)
 from thinkray.actors.session_actor import DEFAULT_PRELOAD, BindSpec, RemoteSessionActor
 from thinkray.runtime.observability.metrics import metrics
 from thinkray.storage.alarms import read_alarms, write_alarm
@@ -169,6 +176,36 @@ GAUGE_INTERVAL = 2.0
 exports metrics every few seconds anyway."""
 RAY_NAMESPACE = "thinkray"
 """The Ray namespace of the directories' and session actors' names."""
+
+Placement = Literal["dedicated", "hosts"]
+"""Where a namespace runs its live agents: ``dedicated``, a Ray actor process each (the
+default: isolation), or ``hosts``, packed up to ``host_capacity`` per agent host actor
+(:mod:`thinkray.actors.host`: megabytes and milliseconds per agent, not a process)."""
+PLACEMENTS = ("dedicated", "hosts")
+
+
+@dataclass
+class HostRecord:
+    """An agent host of the pool (placement ``hosts``): its handle, where it runs, its
+    capacity, whether it takes no more agents (``draining``: a failed wake left a
+    database open in it; it stops once empty) and since when all its slots are free."""
+
+    handle: Any
+    actor_id: str
+    node_id: str
+    pid: int
+    capacity: int
+    draining: bool = False
+    empty_since: float | None = None
+    bindings: int = 0  # agents it hosted so far (recycled at recycle_after x capacity)
+
+
+def _transient(info: dict[str, Any]) -> bool:
+    """Whether an actor's report shows a bind or hibernation in flight (for a host: of
+    any of its agents)."""
+    if info.get("state") in TRANSIENT:
+        return True
+    return any(state in TRANSIENT for state in (info.get("agents") or {}).values())
 
 
 def shard_of(name: str, shards: int) -> int:
@@ -222,12 +259,20 @@ class NamespaceConfig:
     # each new pooled actor runs one throwaway turn before it is a spare (SessionActor.
     # _warm_up); off where actors are cheap to keep cold (tests, short scripts)
     warm_up: bool = True
+    # "dedicated": a Ray actor per live agent; "hosts": up to host_capacity agents per
+    # agent host actor (thinkray.actors.host). Under hosts the pool counts free agent
+    # slots: pool_size, max_pool and the spares' target are slots, and a start adds
+    # host_capacity of them.
+    placement: Placement = "dedicated"
+    host_capacity: int = 64
 
 
-@dataclass
+@dataclass(eq=False)
 class PooledActor:
     """A generic session actor of the pool: its handle, where it runs, how many
-    agents it has hosted so far (``bindings``) and since when it is a spare."""
+    agents it has hosted so far (``bindings``) and since when it is a spare. Under
+    placement ``hosts``, one free agent slot of the host ``actor_id`` (a host has one
+    such object per slot, all with its handle)."""
 
     handle: Any
     actor_id: str
@@ -273,6 +318,8 @@ class Directory:
         self.cfg = config
         self.entries: dict[str, Entry] = {}
         self.free: list[PooledActor] = []
+        self.hosts: dict[str, HostRecord] = {}  # placement "hosts": actor id -> host
+        self._started_slots: dict[str, list[PooledActor]] = {}  # see _start_actor
         self.waiters: deque[_Waiter] = deque()
         self.starting = 0  # actor starts in flight
         self.starting_peak = 0
@@ -398,7 +445,7 @@ class Directory:
         for handle, info in await asyncio.gather(*(ask(n) for n in found)):
             if handle is None:
                 continue
-            if info is not None and info.get("state") in TRANSIENT:
+            if info is not None and _transient(info):
                 self._settle_later(handle, info)  # never a spare while in flight
             else:
                 self._adopt_one(handle, info)
@@ -415,6 +462,9 @@ class Directory:
         agent becomes live here, a generic actor a spare; a mute or broken one, or
         one hosting another namespace's agent or a name already live elsewhere, is
         stopped."""
+        if info is not None and info.get("host"):
+            self._adopt_host(handle, info)
+            return
         bound = info.get("bound") if info is not None else None
         known = self.entries.get(bound) if bound is not None else None
         if info is not None and known is not None and known.actor.actor_id == info.get("actor_id"):
@@ -444,20 +494,57 @@ class Directory:
         self.counters["adopted"] += 1
         self._spawn(self._watch(bound, entry))
 
+    def _adopt_host(self, handle: Any, info: dict[str, Any]) -> None:
+        """Take over an agent host: its agents of this namespace become live here (one
+        already live elsewhere, never expected, is hibernated on the host), its free
+        slots join the pool; a host with a broken activation drains."""
+        if info["actor_id"] in self.hosts:
+            return  # known already
+        slots = self._host_slots(handle, info, adopted=True)
+        record = self.hosts[info["actor_id"]]
+        namespaces = info.get("namespaces") or {}
+        for name, state in (info.get("agents") or {}).items():
+            if state != "bound":
+                continue  # broken (below), or idle: its slot is counted as taken
+            if namespaces.get(name) != self.cfg.namespace or name in self.entries:
+                self._spawn(
+                    self._abandon_slot(
+                        PooledActor(handle, record.actor_id, record.node_id, record.pid), name
+                    )
+                )
+                continue
+            entry = Entry(PooledActor(handle, record.actor_id, record.node_id, record.pid))
+            self.entries[name] = entry
+            self.counters["adopted"] += 1
+            self._spawn(self._watch(name, entry))
+        if info.get("broken"):
+            record.draining = True
+            return
+        for slot in slots:
+            self._offer(slot)
+
     def _settle_later(self, handle: Any, info: dict[str, Any]) -> None:
         """A session actor with a bind or hibernation in flight, whose caller was the
         previous directory: taken over once it ends (:meth:`_settle`). Meanwhile the
         agent concerned is neither live nor free to bind elsewhere (its file and
         lease are held), so its resolve and hibernate wait for the outcome."""
-        session = info.get("session")
-        ours = info.get("bound_namespace") == self.cfg.namespace and isinstance(session, str)
-        name = session if ours else None
-        task = self._spawn(self._settle(handle, name))
-        if name is not None:
+        if info.get("host"):
+            namespaces = info.get("namespaces") or {}
+            names = [
+                n
+                for n, state in (info.get("agents") or {}).items()
+                if state in TRANSIENT and namespaces.get(n) == self.cfg.namespace
+            ]
+        else:
+            session = info.get("session")
+            ours = info.get("bound_namespace") == self.cfg.namespace and isinstance(session, str)
+            names = [session] if ours and isinstance(session, str) else []
+        task = self._spawn(self._settle(handle, names[0] if len(names) == 1 else None, names))
+        for name in names:
             self._settling[name] = task
         self.counters["adopt_settling"] += 1
 
-    async def _settle(self, handle: Any, name: str | None) -> None:
+    async def _settle(self, handle: Any, name: str | None, names: list[str] | None = None) -> None:
         deadline = time.monotonic() + SETTLE_TIMEOUT
         info: dict[str, Any] | None = None
         try:
@@ -470,15 +557,16 @@ class Directory:
                     info = None
                     break
                 state = info.get("state") if isinstance(info, dict) else None
-                if state not in TRANSIENT:
+                if not isinstance(info, dict) or not _transient(info):
                     break
                 if state == "binding" and time.monotonic() > deadline:
                     info = None  # a wake stuck in its agent's hook: stop it
                     break
             self._adopt_one(handle, info)
         finally:
-            if name is not None and self._settling.get(name) is asyncio.current_task():
-                del self._settling[name]
+            for settled in names if names is not None else [name]:
+                if settled is not None and self._settling.get(settled) is asyncio.current_task():
+                    del self._settling[settled]
 
     async def _await_settling(self, name: str) -> None:
         """Wait until a bind or hibernation of ``name`` that a rebuild found in flight
@@ -511,12 +599,22 @@ class Directory:
 
     # -- pool ------------------------------------------------------------------------
 
+    def _hosted(self) -> bool:
+        return self.cfg.placement == "hosts"
+
+    def _per_start(self) -> int:
+        """Agent slots one start adds (a host's capacity under placement ``hosts``)."""
+        return max(1, self.cfg.host_capacity) if self._hosted() else 1
+
     def _new_actor(self, node_id: str | None = None) -> Any:
+        kind = "host-" if self._hosted() else ""
+        prefix = session_actor_prefix(self.cfg.namespace, self.cfg.shard)
         options: dict[str, Any] = {
             "num_cpus": 0,
-            "max_concurrency": 1000,
+            # a host keeps a watch, maybe a stream and a status feed per agent pending
+            "max_concurrency": max(1000, 8 * self._per_start()),
             # Named, so that a replacement directory finds it (see the module).
-            "name": f"{session_actor_prefix(self.cfg.namespace, self.cfg.shard)}{uuid.uuid4().hex}",
+            "name": f"{prefix}{kind}{uuid.uuid4().hex}",
             "namespace": RAY_NAMESPACE,
         }
         if self.cfg.detached:
@@ -527,15 +625,59 @@ class Directory:
             options.pop("resources", None)
         # The agent class's module too: deserializing the first BindSpec imports it.
         module = self.cfg.agent_cls.__module__
+        if self._hosted():
+            from thinkray.actors.host import RemoteAgentHost
+
+            return RemoteAgentHost.options(**options).remote(
+                self.cfg.preload, self.cfg.warm_up, module, self._per_start(), self.cfg.namespace
+            )
         return RemoteSessionActor.options(**options).remote(
             self.cfg.preload, self.cfg.warm_up, module
         )
 
     async def _start_actor(self, node_id: str | None = None) -> PooledActor:
+        """Start an actor; its first free slot (a host's others wait in
+        ``_started_slots`` for :meth:`_run_start`)."""
         handle = self._new_actor(node_id)
         info = await handle.ready.remote()
         self.counters["actors_created"] += 1
-        return PooledActor(handle, info["actor_id"], info["node_id"], info["pid"])
+        if not info.get("host"):
+            return PooledActor(handle, info["actor_id"], info["node_id"], info["pid"])
+        first, *rest = self._host_slots(handle, info)
+        self._started_slots[first.actor_id] = rest
+        return first
+
+    def _host_slots(
+        self, handle: Any, info: dict[str, Any], adopted: bool = False
+    ) -> list[PooledActor]:
+        """Register a host (started or adopted) and return its free slots."""
+        record = HostRecord(
+            handle, info["actor_id"], info["node_id"], info["pid"], int(info["capacity"])
+        )
+        self.hosts[record.actor_id] = record
+        self.counters["hosts_adopted" if adopted else "hosts_started"] += 1
+        taken = len(info.get("agents") or {})
+        return [
+            PooledActor(handle, record.actor_id, record.node_id, record.pid)
+            for _ in range(max(0, record.capacity - taken))
+        ]
+
+    def _host_loads(self) -> list[HostLoad]:
+        free: defaultdict[str, int] = defaultdict(int)
+        for slot in self.free:
+            free[slot.actor_id] += 1
+        return [
+            HostLoad(h.actor_id, free[h.actor_id], h.capacity, h.draining, h.empty_since)
+            for h in self.hosts.values()
+        ]
+
+    def _drop_host(self, actor_id: str, kill: bool = True) -> None:
+        """Forget host ``actor_id`` (dead, retired or drained): its free slots go."""
+        record = self.hosts.pop(actor_id, None)
+        self.free = [a for a in self.free if a.actor_id != actor_id]
+        if record is not None and kill:
+            with contextlib.suppress(Exception):
+                ray.kill(record.handle, no_restart=True)
 
     def _live(self) -> int:
         return len(self.entries) + self.binding
@@ -544,8 +686,11 @@ class Directory:
         """The settings the pool policy reads (read anew: ``_max_starting`` is resolved
         once the cluster's CPUs are known)."""
         cfg = self.cfg
+        pool_size = cfg.pool_size
+        if self._hosted():  # slots: keep a quarter host free ahead of demand
+            pool_size = max(pool_size, self._per_start() // 4)
         return PoolConfig(
-            pool_size=cfg.pool_size,
+            pool_size=pool_size,
             max_live=cfg.max_live,
             max_pool=cfg.max_pool,
             pool_ttl=cfg.pool_ttl,
@@ -563,11 +708,31 @@ class Directory:
         while self._bind_times and self._bind_times[0] < now - RATE_WINDOW:
             self._bind_times.popleft()
         boost = policy.decayed_boost(self._boost, self._boost_at, now, self.cfg.pool_ttl)
-        return policy.target(self._pool_config(), len(self._bind_times), self._start_secs, boost)
+        target = policy.target(self._pool_config(), len(self._bind_times), self._start_secs, boost)
+        if self._hosted() and self.entries:
+            spread = policy.spread_target(self._per_start(), len(self.hosts), self._max_starting)
+            target = max(target, spread)
+        return target
 
     def _pop_free(self, node_id: str | None) -> PooledActor | None:
+        if self._hosted():
+            return self._pop_host_slot(node_id)
         for i in range(len(self.free) - 1, -1, -1):  # the most recently used first
             if node_id is None or self.free[i].node_id == node_id:
+                return self.free.pop(i)
+        return None
+
+    def _pop_host_slot(self, node_id: str | None) -> PooledActor | None:
+        """A free slot of the least loaded host (on ``node_id`` if given)."""
+        loads = self._host_loads()
+        if node_id is not None:
+            loads = [h for h in loads if self.hosts[h.host_id].node_id == node_id]
+        chosen = policy.pick_host(loads)
+        if chosen is None:
+            return None
+        for i in range(len(self.free) - 1, -1, -1):
+            if self.free[i].actor_id == chosen:
+                self.hosts[chosen].empty_since = None
                 return self.free.pop(i)
         return None
 
@@ -696,6 +861,7 @@ class Directory:
                 calm=self._cpu.calm(),
                 credit=self._credit,
                 served_at=self._served_at,
+                per_start=self._per_start(),
             )
         )
         self._credit = plan.credit
@@ -736,10 +902,12 @@ class Directory:
         self._failures = 0
         took = time.monotonic() - started
         self._start_secs = policy.smoothed_start_secs(self._start_secs, took)
+        rest = self._started_slots.pop(actor.actor_id, [])  # a host's other slots
         if self._closed:
             with contextlib.suppress(Exception):
                 ray.kill(actor.handle, no_restart=True)
             return
+        self.free.extend(rest)
         if waiter is not None and not waiter.future.done():
             waiter.start_pending = False
             if waiter.may_exceed or self._live() < self.cfg.max_live:
@@ -774,11 +942,21 @@ class Directory:
             return
         actor.free_since = time.monotonic()
         self.free.append(actor)
+        record = self.hosts.get(actor.actor_id)
+        if (
+            record is not None
+            and record.empty_since is None
+            and sum(1 for a in self.free if a.actor_id == actor.actor_id) >= record.capacity
+        ):
+            record.empty_since = actor.free_since
         self._pool_grew.set()
         self._kick()
         self._wake_pool()  # a spare's retirement to schedule
 
     def _release(self, actor: PooledActor) -> None:
+        if self._hosted():
+            self._release_slot(actor)
+            return
         actor.bindings += 1
         if self._closed or actor.bindings >= self.cfg.recycle_after:
             # Recycle the process: long-lived workers accumulate memory.
@@ -794,6 +972,35 @@ class Directory:
             return
         self._offer(actor)
 
+    def _release_slot(self, slot: PooledActor) -> None:
+        """A host's agent hibernated: its slot is free again (a draining host's is not;
+        the host stops once it hosts nobody). A host that hosted recycle_after times its
+        capacity drains, to be recycled."""
+        record = self.hosts.get(slot.actor_id)
+        if record is None:
+            return  # the host is gone
+        record.bindings += 1
+        if not record.draining and record.bindings >= self.cfg.recycle_after * record.capacity:
+            # Recycle the process as a dedicated actor is (long-lived workers accumulate
+            # memory), once its agents left: it takes no more meanwhile.
+            record.draining = True
+            self.free = [a for a in self.free if a.actor_id != slot.actor_id]
+            self.counters["actors_recycled"] += 1
+        if record.draining:
+            if not any(e.actor.actor_id == slot.actor_id for e in self.entries.values()):
+                self._drop_host(slot.actor_id)
+                self.counters["hosts_drained"] += 1
+            return
+        self._offer(slot)
+
+    def _retire_hosts(self, now: float) -> None:
+        retire = policy.hosts_to_retire(
+            self._host_loads(), self.target(), bool(self.waiters), now, self.cfg.pool_ttl
+        )
+        for host_id in retire:
+            self._drop_host(host_id)
+            self.counters["hosts_retired"] += 1
+
     async def _pool_loop(self) -> None:
         """Retire spares above the target unused for ``pool_ttl``, and re-check a
         deficit (spares waiting for an idle core, a start backoff) every
@@ -806,6 +1013,9 @@ class Directory:
             retire = policy.spares_to_retire(
                 [a.free_since for a in self.free], self.target(), bool(self.waiters), now, ttl
             )
+            if self._hosted():
+                self._retire_hosts(now)
+                retire = []
             for actor in [self.free[i] for i in retire]:
                 self.free.remove(actor)
                 with contextlib.suppress(Exception):
@@ -997,14 +1207,26 @@ class Directory:
             if isinstance(error, ray.exceptions.RayActorError):
                 self._note_error("bind", name, f"the pooled actor died: {error}")
                 last_error = error  # the pooled actor died: take another
+                if actor.actor_id in self.hosts:
+                    self._drop_host(actor.actor_id, kill=False)  # its other slots too
                 self._kick()
                 continue
             if isinstance(error, asyncio.CancelledError):
+                if actor.actor_id in self.hosts:
+                    # Killing a host would kill its other agents: undo this one.
+                    self._spawn(self._abandon_slot(actor, name))
+                    raise error
                 # Whether the actor bound is unknown: never reuse it.
                 with contextlib.suppress(Exception):
                     ray.kill(actor.handle, no_restart=True)
                 self._kick()
                 raise error
+            if isinstance(error, ActorBusyError) and actor.actor_id in self.hosts:
+                # The host hosts that agent already, or is full (never expected: a
+                # rebuild's count was off): bind elsewhere, the slot is not free.
+                self._note_error("bind", name, f"an agent host refused the bind: {error}")
+                last_error = error
+                continue
             if isinstance(error, ActorBusyError):
                 # Not a spare after all (never expected): take it over once whatever
                 # it does ends, and bind on another actor.
@@ -1024,10 +1246,34 @@ class Directory:
         self._note_error("bind", name, f"could not bind: {last_error}")
         raise InvalidStateError(f"could not bind {name!r}: {last_error}")
 
+    async def _abandon_slot(self, slot: PooledActor, name: str) -> None:
+        """A bind on a host was cancelled mid-way: hibernate whatever it bound (once
+        the bind has ended), then the slot is free again."""
+        for _ in range(50):
+            try:
+                report = await slot.handle.hibernate.remote(name, True)
+            except Exception:  # the host died: its slots go with it
+                self._drop_host(slot.actor_id, kill=False)
+                return
+            if report.get("ok"):
+                self._release_slot(slot)
+                return
+            await asyncio.sleep(0.1)  # the bind is still in flight
+        self._note_error("bind", name, "a cancelled bind on an agent host never ended")
+
     def _give_back(self, actor: PooledActor, error: BaseException) -> None:
         """A bind failed on ``actor`` and undid itself: the actor is a spare again,
         unless its failed wake could not close the agent's database (WakeError not
-        ``clean``): then its process is stopped, which frees the file."""
+        ``clean``): then its process is stopped, which frees the file (a host is
+        drained instead: it takes no more agents and stops once its others left)."""
+        record = self.hosts.get(actor.actor_id)
+        if record is not None and isinstance(error, WakeError) and not error.clean:
+            record.draining = True
+            self.free = [a for a in self.free if a.actor_id != actor.actor_id]
+            self.counters["hosts_draining"] += 1
+            self._release_slot(actor)
+            self._kick()
+            return
         if isinstance(error, WakeError) and not getattr(error, "clean", True):
             with contextlib.suppress(Exception):
                 ray.kill(actor.handle, no_restart=True)
@@ -1150,6 +1396,8 @@ class Directory:
         try:
             await entry.actor.handle.watch.remote(name)
         except ray.exceptions.RayActorError:
+            if entry.actor.actor_id in self.hosts:
+                self._drop_host(entry.actor.actor_id, kill=False)  # a host: all its slots
             if self.entries.get(name) is entry:
                 self.entries.pop(name, None)  # _watch may have removed it meanwhile
                 self.counters["crashes"] += 1
@@ -1272,6 +1520,8 @@ class Directory:
             "alarms": dict(self.alarms),
             "counters": dict(self.counters),
             "recovery_secs": self.recovery_secs,
+            "placement": self.cfg.placement,
+            "hosts": self._hosts_summary(),
             "pool": {
                 "target": self.target(),
                 "max_starting": self._max_starting,
@@ -1279,6 +1529,23 @@ class Directory:
                 "bind_rate": len(self._bind_times) / RATE_WINDOW,
                 "start_secs": round(self._start_secs, 3),
             },
+        }
+
+    def _hosts_summary(self) -> dict[str, dict[str, Any]]:
+        """Placement ``hosts``: each host's pid, capacity, agents live on it and free
+        slots (empty under ``dedicated``)."""
+        live: defaultdict[str, int] = defaultdict(int)
+        for entry in self.entries.values():
+            live[entry.actor.actor_id] += 1
+        return {
+            load.host_id: {
+                "pid": self.hosts[load.host_id].pid,
+                "capacity": load.capacity,
+                "live": live[load.host_id],
+                "free": load.free,
+                "draining": load.draining,
+            }
+            for load in self._host_loads()
         }
 
     async def live_actor(self, name: str) -> dict[str, Any] | None:
@@ -1292,6 +1559,7 @@ class Directory:
             "actor_id": entry.actor.actor_id,
             "node_id": entry.actor.node_id,
             "pid": entry.actor.pid,
+            "placement": "hosts" if entry.actor.actor_id in self.hosts else "dedicated",
         }
 
     async def shutdown(self) -> None:
@@ -1313,6 +1581,8 @@ class Directory:
             with contextlib.suppress(Exception):
                 ray.kill(actor.handle, no_restart=True)
         self.free.clear()
+        for host_id in list(self.hosts):
+            self._drop_host(host_id)
         await self._stop_bridges()
         self._set_gauges()
 
@@ -1379,7 +1649,7 @@ class Directory:
                 "bound_at": entry.bound_at,
             }
             try:
-                snap = await asyncio.wait_for(entry.actor.handle.snapshot.remote(), timeout)
+                snap = await asyncio.wait_for(entry.actor.handle.snapshot.remote(name), timeout)
             except Exception as exc:  # dead, wedged or slow: shown, never waited on
                 reason = "timeout" if isinstance(exc, TimeoutError) else type(exc).__name__
                 return {**base, "unreachable": True, "reason": reason, "sessions": []}

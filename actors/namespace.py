@@ -48,14 +48,17 @@ from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeAlias, TypeVar, ca
 import ray
 from ray.actor import ActorHandle
 from thinkray.actors.directory import (
+    PLACEMENTS,
     RAY_NAMESPACE,
     NamespaceConfig,
+    Placement,
     RemoteDirectory,
     directory_name,
     session_actor_prefix,
     shard_of,
 )
 from thinkray.actors.errors import RemoteCallError
+from thinkray.actors.host import DEFAULT_HOST_CAPACITY
 from thinkray.actors.response import (
     AgentResponse,
     AgentResponseStream,
@@ -209,6 +212,14 @@ class AgentNamespace(Generic[A]):
     K)`` live agents, and so on: the directory module weighs this choice).
     ``ns.directory`` is the directory's actor handle with one shard, a
     :class:`DirectoryRouter` (per-name calls only) with several.
+    ``placement`` (:data:`~thinkray.actors.directory.Placement`) chooses where live
+    agents run: ``"dedicated"`` (the default), a Ray actor process each; ``"hosts"``,
+    up to ``host_capacity`` agents per agent host actor (:mod:`thinkray.actors.host`),
+    each with its own file, turn lock and hibernation, at megabytes and milliseconds
+    per agent instead of a process. The pool then counts free agent slots (a host
+    started adds ``host_capacity``). An agent class with ``dedicated_actor = True``
+    always gets its own actor. A host that dies takes its agents with it; each wakes
+    on its next call or alarm, as after a dedicated actor's crash.
     ``warm_up=False`` skips the throwaway turn each new pooled actor runs before it
     becomes a spare (it saves the first agent an actor hosts ~75 ms of CPU, at ~130
     ms per actor started): for tests and short scripts that start many namespaces.
@@ -237,10 +248,18 @@ class AgentNamespace(Generic[A]):
         start_patience: float = 0.5,
         directories: int = 1,
         warm_up: bool = True,
+        placement: Placement = "dedicated",
+        host_capacity: int = DEFAULT_HOST_CAPACITY,
     ) -> None:
         validate_name(name, "namespace")
         if not isinstance(directories, int) or directories < 1:
             raise ValueError(f"directories must be a positive integer, not {directories!r}")
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}, not {placement!r}")
+        if not isinstance(host_capacity, int) or host_capacity < 1:
+            raise ValueError(f"host_capacity must be a positive integer, not {host_capacity!r}")
+        if getattr(agent_cls, "dedicated_actor", False):
+            placement = "dedicated"  # the class asks for a process of its own
         # Absolute: the actors open the files from their own working directory (a URI
         # root, s3://... or file://..., is kept as given: thinkray.storage.objectstore).
         storage_root = storage_root if "://" in storage_root else os.path.abspath(storage_root)
@@ -268,6 +287,8 @@ class AgentNamespace(Generic[A]):
             shards=directories,
             detached=detached,
             warm_up=warm_up,
+            placement=placement,
+            host_capacity=host_capacity,
         )
         handles = [_create_shard(replace(config, shard=i), detached) for i in range(directories)]
         self._router = DirectoryRouter(name, handles, config, detached)

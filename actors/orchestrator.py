@@ -272,6 +272,9 @@ class Orchestrator(Agent):
     """Registry, shared workspace, delegation. Subclass to set :attr:`subagent_cls`."""
 
     subagent_cls: type[Think] = SubAgent
+    # its own actor even in a namespace of hosts: it owns bridges and delegates, and its
+    # tools may be CPU-heavy (its sub-agents may still share hosts)
+    dedicated_actor = True
     subagent_pool_size: int = 2
     subagent_idle_timeout: float | None = 300.0
 

@@ -92,6 +92,9 @@ class PoolContext:
     calm: bool
     credit: float
     served_at: float
+    # agent slots one start adds: 1 for a dedicated actor, the capacity of an agent
+    # host (placement "hosts"); ``free`` then counts free slots, not actors
+    per_start: int = 1
 
 
 @dataclass(frozen=True)
@@ -175,29 +178,84 @@ def plan_starts(ctx: PoolContext) -> StartPlan:
     starts), spending it. Never more than ``max_starting`` in flight. A shortfall left
     over is a ``deficit``; with none, nothing changes (the credit included)."""
     cfg = ctx.config
+    per = max(1, ctx.per_start)
     need = _demand(ctx)
     spares = max(0, min(ctx.target, cfg.max_live + 1 - ctx.live - need))
-    have = ctx.free + ctx.starting
+    have = ctx.free + ctx.starting * per
     short = need + spares - have
     if short <= 0:
         return StartPlan(0, ctx.credit, False)
+    short_starts = math.ceil(short / per)  # what is short, in starts
     room = cfg.max_starting - ctx.starting
     credit = ctx.credit
     if have < ctx.fill or ctx.calm:
-        allowed = short
+        allowed = short_starts
     elif _stalled(ctx, need):
-        allowed = need - have
+        allowed = math.ceil((need - have) / per)
     elif not need and have < min(cfg.pool_size, spares):
         # Below the floor with nobody waiting: replenish, one start at a time while
         # the node is busy (the next wake, or a crashed agent's, finds a spare).
         allowed = 1 - ctx.starting
-    elif credit >= short:
-        allowed = min(short, room)
+    elif credit >= short_starts:
+        allowed = min(short_starts, room)
         credit -= allowed
     else:
         allowed = 0
     allowed = min(allowed, room)
-    return StartPlan(max(0, allowed), credit, short > allowed)
+    return StartPlan(max(0, allowed), credit, short_starts > allowed)
+
+
+@dataclass(frozen=True)
+class HostLoad:
+    """One agent host as placement sees it: its id, ``free`` slots of ``capacity``,
+    whether it takes no more agents (``draining``), and since when all its slots are
+    free (``empty_since``, monotonic seconds; None while it hosts an agent)."""
+
+    host_id: str
+    free: int
+    capacity: int
+    draining: bool = False
+    empty_since: float | None = None
+
+
+def pick_host(hosts: Sequence[HostLoad]) -> str | None:
+    """The host a bind goes to: the least loaded one with a free slot (the most free
+    slots; ties by id, so placement is stable), never a draining one. None: all full."""
+    open_ = [h for h in hosts if h.free > 0 and not h.draining]
+    if not open_:
+        return None
+    return min(open_, key=lambda h: (-h.free, h.host_id)).host_id
+
+
+def spread_target(per_start: int, hosts: int, cores: int) -> int:
+    """Free agent slots to keep while fewer hosts run than ``cores`` (the CPUs the
+    directory may start actors for): over half a host's worth, so the next host starts
+    once one is half full. A host is one process, so it uses one core at most: agents
+    spread over a host per core before they pack. 0 once there are enough hosts."""
+    return per_start // 2 + 1 if hosts < cores else 0
+
+
+def hosts_to_retire(
+    hosts: Sequence[HostLoad], target: int, waiting: bool, now: float, pool_ttl: float
+) -> list[str]:
+    """The empty hosts to stop: each whose slots have all been free for ``pool_ttl``,
+    longest empty first, as long as the free slots left stay at ``target`` or more;
+    none while binds are ``waiting``. A draining host is stopped as soon as it is
+    empty."""
+    if waiting:
+        return []
+    free = sum(h.free for h in hosts if not h.draining)
+    out = [h.host_id for h in hosts if h.draining and h.free >= h.capacity]
+    empty = sorted(
+        (h for h in hosts if not h.draining and h.empty_since is not None),
+        key=lambda h: (h.empty_since, h.host_id),
+    )
+    for host in empty:
+        aged = host.empty_since is not None and host.empty_since + pool_ttl <= now
+        if aged and free - host.capacity >= target:
+            out.append(host.host_id)
+            free -= host.capacity
+    return out
 
 
 def credit_after_reclaim(credit: float) -> float:

@@ -798,8 +798,9 @@ class SessionActor:
 
     # -- live view (thinkray top) --
 
-    async def snapshot(self) -> dict[str, Any]:
-        """What ``thinkray top`` shows of this actor, read from memory only (no file
+    async def snapshot(self, name: str | None = None) -> dict[str, Any]:
+        """What ``thinkray top`` shows of this actor (``name``: the agent asked about,
+        the one it hosts; an agent host routes by it), read from memory only (no file
         access, never waits on a turn): the hosted agent (``agent``, None when generic),
         its ``namespace``, ``actor_id``, ``node_id``, ``pid``, calls in flight and, for
         each session with a run in flight or a status other than idle, a row of

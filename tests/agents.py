@@ -457,3 +457,22 @@ class ServerStateAgent(StateAgent):
     """Synced state only the agent (and Python code through its handle) may set."""
 
     client_can_set_state = False
+
+
+class BlockingAgent(ScriptAgent):
+    """A remote method that blocks the event loop (a sync sleep): what a misbehaving
+    agent does to its siblings in an agent host (tests/test_hosts.py)."""
+
+    @remote
+    def block(self, seconds: float) -> str:
+        """Sleep on the event loop's thread."""
+        import time
+
+        time.sleep(seconds)
+        return "blocked"
+
+
+class DedicatedScriptAgent(ScriptAgent):
+    """A ScriptAgent that asks for a Ray actor of its own even under placement hosts."""
+
+    dedicated_actor = True

@@ -217,6 +217,10 @@ def ray_local():
 # were the defaults before).
 TEST_POOL_SIZE = int(__import__("os").environ.get("THINKRAY_TEST_POOL_SIZE", "1"))
 TEST_WARM_UP = __import__("os").environ.get("THINKRAY_TEST_WARM_UP", "0") == "1"
+# THINKRAY_TEST_PLACEMENT=hosts runs every namespace a test makes on agent hosts (the
+# actor-level suites' conformance under both placements; tests/test_hosts.py runs a
+# subset under hosts in every run).
+TEST_PLACEMENT = __import__("os").environ.get("THINKRAY_TEST_PLACEMENT", "dedicated")
 
 
 @pytest.fixture
@@ -233,6 +237,7 @@ def namespace_factory(ray_local, tmp_path):
         kwargs.setdefault("storage_root", str(tmp_path / "root"))
         kwargs.setdefault("pool_size", TEST_POOL_SIZE)
         kwargs.setdefault("warm_up", TEST_WARM_UP)
+        kwargs.setdefault("placement", TEST_PLACEMENT)
         name = kwargs.pop("name", f"t{next(counter)}-{tmp_path.name[-12:]}".replace("_", "-"))
         ns = AgentNamespace(name, agent_cls or ScriptAgent, **kwargs)
         _STARTS["namespaces"] += 1

@@ -143,6 +143,9 @@ class Think(metaclass=_StartsAfterInit):
     recover_fibers: bool = True  # restart interrupted fibers from their checkpoint on wake
     models: dict[str, Model] | None = None  # model_id -> Model, for per-turn selection
     observe_turns: bool = True  # turns are traced and measured (a host's warm-up is not)
+    # True: a namespace always runs this agent in a Ray actor of its own, even with
+    # placement "hosts" (CPU-heavy tools, native code that could take its siblings down)
+    dedicated_actor: bool = False
     late_tool_results: LatePolicy = "discard"  # a result for a cancelled call: or "store"
     # A generation cut off by a crash: "fail" closes it (interrupted); "resume" also
     # answers on from its durable tool calls once none is open (see on_wake).

@@ -180,6 +180,13 @@ METRICS: dict[str, MetricSpec] = _specs(
         ("namespace", "shard"),
     ),
     MetricSpec(
+        "thinkray_host_loop_lag_seconds",
+        "gauge",
+        "An agent host's event-loop lag: the most a 50 ms timer fired late over the "
+        "last 2 s (placement hosts; what one agent's blocking work costs its siblings).",
+        ("namespace",),
+    ),
+    MetricSpec(
         "thinkray_spans_dropped_total",
         "counter",
         "Finished spans dropped because the exporter's queue was full or it failed.",

@@ -240,6 +240,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--skip-actors", action="store_true", help="in-process only (no Ray, no W2)"
     )
     parser.add_argument("--skip-w2", action="store_true", help="skip W2")
+    parser.add_argument(
+        "--placement",
+        choices=("dedicated", "hosts", "both"),
+        default="both",
+        help="the actor runs' placement: an actor per agent, agent hosts, or both (both)",
+    )
+    parser.add_argument("--host-capacity", type=int, default=64, help="agents per agent host (64)")
     parser.add_argument("--root", help="storage folder (default: a temp folder, removed after)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars on stderr")
 
@@ -258,6 +265,8 @@ class _Settings:
     actors: bool
     w2: bool
     bars: bool = True  # progress bars on stderr (not --quiet)
+    placements: tuple[str, ...] = ("dedicated",)
+    host_capacity: int = 64
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> _Settings:
@@ -275,6 +284,12 @@ class _Settings:
             actors=not args.skip_actors,
             w2=not (args.skip_actors or args.skip_w2),
             bars=not getattr(args, "quiet", False),
+            placements=(
+                ("dedicated", "hosts")
+                if getattr(args, "placement", "both") == "both"
+                else (args.placement,)
+            ),
+            host_capacity=getattr(args, "host_capacity", 64),
         )
 
     @property
@@ -471,6 +486,8 @@ class _ActorFigures:
     w2_machine: tuple[float, float] | None = None  # busy core-seconds, wall seconds
     w2_actor_cpu: float = 0.0
     w2_counters: dict[str, int] = field(default_factory=dict)
+    placement: str = "dedicated"
+    live_agents: int = 0  # live agents the USS figures cover (hosts: several per pid)
 
 
 def _counters(ns: Any) -> dict[str, int]:
@@ -483,10 +500,20 @@ def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {k: v - before.get(k, 0) for k, v in after.items()}
 
 
-def _run_actors(root: Path, s: _Settings) -> _ActorFigures:
-    from thinkray.actors.namespace import AgentNamespace
+def _placed(placement: str, s: _Settings) -> dict[str, Any]:
+    """The namespace options of a placement."""
+    if placement == "hosts":
+        return {"placement": "hosts", "host_capacity": s.host_capacity}
+    return {}
 
-    tag = f"{os.getpid()}"
+
+def _run_actors(root: Path, s: _Settings, placement: str = "dedicated") -> _ActorFigures:
+    from thinkray.actors.namespace import AgentNamespace as _Namespace
+
+    def AgentNamespace(*args: Any, **kwargs: Any) -> Any:  # noqa: N802  (the class, placed)
+        return _Namespace(*args, **kwargs, **_placed(placement, s))
+
+    tag = f"{os.getpid()}{placement[0]}"
     # -- sequential turns through bound actors --
     _progress(f"through session actors: {s.seq_sessions} sessions x {s.seq_turns} turns")
     ns: Any = AgentNamespace(f"w1seq{tag}", WorkloadAgent, storage_root=str(root), detached=False)
@@ -551,13 +578,18 @@ def _run_actors(root: Path, s: _Settings) -> _ActorFigures:
     figures = _ActorFigures(
         sequential, seq_cpu, cold, cold_counters, warm, warm_counters, uss, idle
     )
+    figures.placement = placement
+    figures.live_agents = len(names)
     if s.w2:
         _run_w2(root, s, tag, figures)
     return figures
 
 
 def _run_w2(root: Path, s: _Settings, tag: str, figures: _ActorFigures) -> None:
-    from thinkray.actors.namespace import AgentNamespace
+    from thinkray.actors.namespace import AgentNamespace as _Namespace
+
+    def AgentNamespace(*args: Any, **kwargs: Any) -> Any:  # noqa: N802  (the class, placed)
+        return _Namespace(*args, **kwargs, **_placed(figures.placement, s))
 
     _progress(f"W2: {s.w2_sessions} sessions at once x {s.w2_turns} turns (4.5 s each)")
     ns: Any = AgentNamespace(
@@ -671,18 +703,20 @@ def _run(root: Path, s: _Settings) -> None:
             peer.clear()
             skipped = f"the LangGraph run failed: {exc}"
 
-    actors = None
+    runs: list[_ActorFigures] = []
     if s.actors:
         import ray
 
         started = _init_ray()
         try:
-            actors = _run_actors(root / "actors", s)
+            for placement in s.placements:
+                _progress(f"placement {placement}")
+                runs.append(_run_actors(root / f"actors-{placement}", s, placement))
         finally:
             if started:
                 ray.shutdown()
 
-    report = _report(s, seq, long, peer, peer_memory, actors)
+    report = _report(s, seq, long, peer, peer_memory, runs)
     print(
         "ratio = thinkray / LangGraph (of the p50s for p50 / p95 pairs); TTFC = time from "
         "the call to the first text chunk the caller sees\n"
@@ -717,7 +751,7 @@ def _report(
     long: RunFigures,
     peer: dict[str, _PeerRun],
     peer_memory: dict[str, int],
-    actors: _ActorFigures | None,
+    runs: list[_ActorFigures],
 ) -> Report:
     rep = Report()
     best = _Best.of([peer["sync"].figures, peer["async"].figures]) if peer else None
@@ -792,7 +826,7 @@ def _report(
         _ratio(long.closed_bytes, lp.closed_bytes if lp else None),
     )
 
-    if actors is not None:
+    for actors in runs:
         _report_actors(rep, s, seq, best, peer, peer_memory, actors)
     return rep
 
@@ -811,6 +845,7 @@ def _report_actors(
 
     q = a.sequential
     rep.section(
+        f"[placement {a.placement}] "
         f"W1 through session actors (already bound), {s.seq_sessions} sessions x "
         f"{s.seq_turns} turns, one turn at a time"
     )
@@ -850,6 +885,7 @@ def _report_actors(
     pcf = pc.figures if pc else None
     c = a.cold
     rep.section(
+        f"[placement {a.placement}] "
         f"W1, {s.sessions} brand-new sessions at once x {s.concurrent_turns} turns, default "
         "namespace config (LangGraph: asyncio, AsyncSqliteSaver)"
     )
@@ -885,6 +921,7 @@ def _report_actors(
 
     w = a.warm
     rep.section(
+        f"[placement {a.placement}] "
         f"W1, {s.sessions} new sessions at once x {s.concurrent_turns} turns, pool pre-warmed "
         f"to {s.sessions}"
     )
@@ -915,7 +952,20 @@ def _report_actors(
     if w.errors:
         rep.note(f"{len(w.errors)} turns failed; first: {w.errors[0]}")
 
-    rep.section(f"memory and idle CPU of {len(a.uss)} live sessions (the pre-warmed run's)")
+    rep.section(
+        f"[placement {a.placement}] memory and idle CPU of {a.live_agents} live sessions in "
+        f"{len(a.uss)} processes (the pre-warmed run's)"
+    )
+    if a.uss and a.live_agents:
+        per_agent = sum(a.uss) / a.live_agents
+        rep.row(
+            "USS per live agent (USS of its processes / agents)",
+            "",
+            f"{per_agent:.1f} MiB",
+            "",
+            "hosts: <= 4 MiB" if a.placement == "hosts" else "",
+            per_agent <= 4.0 if a.placement == "hosts" else None,
+        )
     if a.uss:
         mean = sum(a.uss) / len(a.uss)
         rep.row(
@@ -949,7 +999,7 @@ def _report_actors(
     t = a.w2
     model_end = W2_FIRST + W2_SPAN
     rep.section(
-        f"W2: first chunk after {W2_FIRST * 1000:.0f} ms, {W2_CHUNKS} chunks over "
+        f"[placement {a.placement}] W2: first chunk after {W2_FIRST * 1000:.0f} ms, {W2_CHUNKS} chunks over "
         f"{W2_SPAN:.0f} s; {s.w2_sessions} new sessions at once x {s.w2_turns} turns through "
         f"actors (default config, max_live {max(64, s.w2_sessions)})"
     )

@@ -1,0 +1,152 @@
+"""Placement ``hosts`` (issue 22): many agents per agent host actor.
+
+The whole actor-level suite runs under hosts with ``THINKRAY_TEST_PLACEMENT=hosts``
+(tests/conftest.py); these tests run under hosts in every run: agents share a
+process yet keep their own file, turns, streams, aborts and hibernation; control
+calls answer while the agents' loop is busy; a host's loop lag is measured.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.ray
+
+
+def hosts_ns(namespace_factory, agent_cls=None, **kwargs):
+    kwargs.setdefault("placement", "hosts")
+    kwargs.setdefault("host_capacity", 8)
+    kwargs.setdefault("idle_timeout", None)
+    return namespace_factory(agent_cls, **kwargs)
+
+
+def test_placement_is_checked_before_anything_starts(tmp_path):
+    from thinkray.actors.namespace import AgentNamespace
+
+    with pytest.raises(ValueError, match="placement"):
+        AgentNamespace("bad-placement", storage_root=str(tmp_path), placement="shared")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="host_capacity"):
+        AgentNamespace(
+            "bad-capacity", storage_root=str(tmp_path), placement="hosts", host_capacity=0
+        )
+
+
+def test_agents_share_a_host_process_with_their_own_files(namespace_factory):
+    from tests.helpers import text_of
+
+    ns = hosts_ns(namespace_factory)
+    names = [f"a{i}" for i in range(4)]
+    for name in names:
+        result = ns.get(name).chat.remote(f"hello {name}").result()
+        assert result.status == "completed"
+    where = {name: ns.where(name) for name in names}
+    assert {w["placement"] for w in where.values()} == {"hosts"}
+    assert len({w["pid"] for w in where.values()}) == 1  # one process for the four
+    assert os.getpid() not in {w["pid"] for w in where.values()}
+    assert sorted(ns.names()) == names  # a file each
+    for name in names:
+        history = ns.get(name).get_history.remote().result()
+        users = [text_of(m) for m in history if m["role"] == "user"]
+        assert users == [f"hello {name}"]
+    stats = ns.stats()
+    assert stats["placement"] == "hosts"
+    (host,) = stats["hosts"].values()
+    assert host["live"] == 4 and host["capacity"] == 8
+
+
+def test_hibernating_one_agent_leaves_its_siblings_running(namespace_factory):
+    ns = hosts_ns(namespace_factory, agent_kwargs={"chunks": 40, "delay": 0.02})
+    quiet, busy = ns.get("quiet"), ns.get("busy")
+    quiet.chat.remote("hi").result()
+    first = quiet.whoami.remote().result()
+    stream = busy.stream_chat.remote("a long answer")
+    chunks = iter(stream)
+    next(chunks)
+    assert ns.hibernate("quiet")
+    assert ns.where("quiet") is None
+    rest = list(chunks)
+    assert rest[-1]["type"] == "finish"  # the sibling's turn went on to its end
+    again = quiet.whoami.remote().result()  # woken: a new instance, same host process
+    assert again["incarnation"] != first["incarnation"]
+    assert again["pid"] == first["pid"]
+    assert not ns.hibernate("busy") or ns.where("busy") is None
+
+
+def test_abort_reaches_one_agent_among_busy_siblings(namespace_factory):
+    ns = hosts_ns(namespace_factory, agent_kwargs={"chunks": 200, "delay": 0.02})
+    streams = {n: ns.get(n).stream_chat.remote("go on") for n in ("s0", "s1", "s2")}
+    firsts = {n: next(iter(s)) for n, s in streams.items()}
+    assert all(c["type"] == "start" for c in firsts.values())
+    assert streams["s1"].receiver.abort("stop that one")
+    ends = {n: list(s)[-1]["type"] for n, s in streams.items()}
+    assert ends == {"s0": "finish", "s1": "abort", "s2": "finish"}
+
+
+def test_control_calls_answer_while_the_agents_loop_is_blocked(namespace_factory):
+    """snapshot and host_status run in the control group's own loop: they answer while
+    an agent blocks the agents' loop (a sync tool that sleeps), and the loop lag the
+    host reports shows the block afterwards."""
+    import ray
+
+    from tests.agents import BlockingAgent
+
+    ns = hosts_ns(namespace_factory, BlockingAgent)
+    blocker = ns.get("blocker")
+    blocker.chat.remote("warm").result()
+    host = _host_handle(ns, "blocker")
+    outcome: dict[str, object] = {}
+
+    def block() -> None:
+        outcome["result"] = blocker.block.remote(3.0).result()
+
+    thread = threading.Thread(target=block)
+    thread.start()
+    wait_until(lambda: ray.get(host.host_status.remote())["busy"] == 1, timeout=30)
+    status = ray.get(host.host_status.remote(), timeout=30)
+    assert outcome.get("result") is None, "answered only after the block ended"
+    assert status["hosted"] == 1
+    thread.join(60)
+    assert outcome["result"] == "blocked"
+    lag = wait_until(lambda: ray.get(host.host_status.remote())["loop_lag_s"] > 1.0, timeout=30)
+    assert lag
+
+
+def test_a_host_kill_takes_its_agents_and_each_wakes_on_its_next_call(namespace_factory):
+    from tests.helpers import kill_agent_process
+
+    ns = hosts_ns(namespace_factory)
+    names = ["k0", "k1", "k2"]
+    before = {n: ns.get(n).whoami.remote().result() for n in names}
+    assert len({b["pid"] for b in before.values()}) == 1
+    pid = kill_agent_process(ns, "k0")
+    wait_until(lambda: all(ns.where(n) is None for n in names), timeout=30)
+    after = {n: ns.get(n).whoami.remote().result() for n in names}
+    assert {a["pid"] for a in after.values()} != {pid}
+    assert all(after[n]["incarnation"] != before[n]["incarnation"] for n in names)
+
+
+def _host_handle(ns, name):
+    import ray
+
+    actor_id = ns.where(name)["actor_id"]
+    for item in ray.util.list_named_actors(all_namespaces=True):
+        if item["namespace"] != "thinkray" or "/host-" not in item["name"]:
+            continue
+        handle = ray.get_actor(item["name"], namespace="thinkray")
+        if handle._actor_id.hex() == actor_id:
+            return handle
+    raise AssertionError(f"no host for {name}")
+
+
+def test_an_agent_class_may_require_a_dedicated_actor(namespace_factory):
+    from tests.agents import DedicatedScriptAgent
+
+    ns = hosts_ns(namespace_factory, DedicatedScriptAgent)
+    assert ns.stats()["placement"] == "dedicated"
+    ns.get("alone").chat.remote("hi").result()
+    assert ns.where("alone")["placement"] == "dedicated"
