@@ -167,7 +167,6 @@ def pytest_sessionfinish(session):
     if workeroutput is not None:  # an xdist worker: hand the counts to the controller
         workeroutput["thinkray_starts"] = dict(_STARTS)
         workeroutput["thinkray_file_starts"] = dict(_FILE_STARTS)
-        workeroutput["thinkray_ray_cpu"] = list(_RAY_CPU)
 
 
 @pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest without xdist has none
@@ -176,7 +175,6 @@ def pytest_testnodedown(node, error):
         _STARTS[key] += value
     for key, value in getattr(node, "workeroutput", {}).get("thinkray_file_starts", {}).items():
         _FILE_STARTS[key] = _FILE_STARTS.get(key, 0) + value
-    _RAY_CPU.extend(getattr(node, "workeroutput", {}).get("thinkray_ray_cpu", []))
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -185,8 +183,6 @@ def pytest_terminal_summary(terminalreporter):
             "started: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in _STARTS.items())
         )
     if __import__("os").environ.get("THINKRAY_TEST_STARTS") == "1":
-        for cpu in _RAY_CPU:
-            terminalreporter.write_line(f"  a session Ray used {cpu:.0f} CPU seconds")
         for path, count in sorted(_FILE_STARTS.items(), key=lambda kv: -kv[1]):
             terminalreporter.write_line(f"  {count:4d} ray worker processes  {path}")
 
@@ -243,30 +239,7 @@ def ray_local():
     yield ray
     with contextlib.suppress(Exception):
         _STARTS["ray_worker_processes"] += _count_ray_workers()
-    with contextlib.suppress(Exception):
-        _RAY_CPU.append(_ray_cpu_seconds())
     ray.shutdown()
-
-
-# CPU seconds the session's Ray processes used (its daemons and the worker processes
-# they reaped), printed with THINKRAY_TEST_STARTS=1: against the wall time it says
-# whether the Ray tests wait on the machine's cores or on something else.
-_RAY_CPU: list[float] = []
-
-
-def _ray_cpu_seconds() -> float:
-    import os
-
-    import ray
-
-    total = 0.0
-    for infos in ray._private.worker._global_node.all_processes.values():
-        for info in infos:
-            with contextlib.suppress(OSError), open(f"/proc/{info.process.pid}/stat") as f:
-                # utime, stime, cutime, cstime (fields 14-17 of proc(5)), in clock ticks
-                fields = f.read().rsplit(")", 1)[1].split()
-                total += sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-    return total
 
 
 # A test's namespace keeps one spare, cold: each spare is a process importing Ray, DuckDB
