@@ -217,29 +217,52 @@ def _count_ray_workers() -> int:
     return len(list(logs.glob("python-core-worker-*.log")))
 
 
-@pytest.fixture(scope="session")
-def ray_local():
+@contextlib.contextmanager
+def _one_ray_start_at_a_time(tmp_path_factory):
+    """Under xdist each worker starts its own local Ray: one at a time (a file lock in
+    the run's shared temporary folder), since two starting at once on a loaded 2-core
+    machine overrun Ray's fixed 30 s wait for its raylet to come up."""
+    import fcntl
     import os
 
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    lock = tmp_path_factory.getbasetemp().parent / "thinkray-ray-start.lock"
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="session")
+def ray_local(tmp_path_factory):
     import ray
 
     if not ray.is_initialized():
-        ray.init(
-            address="local",  # the suite's own Ray, never another instance on the machine
-            num_cpus=2,
-            include_dashboard=False,
-            log_to_driver=False,
-            runtime_env={
-                "env_vars": {
-                    "PYTHONPATH": str(_REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")
-                }
-            },
-        )
+        with _one_ray_start_at_a_time(tmp_path_factory):
+            _init_ray(ray)
         _STARTS["ray_inits"] += 1
     yield ray
     with contextlib.suppress(Exception):
         _STARTS["ray_worker_processes"] += _count_ray_workers()
     ray.shutdown()
+
+
+def _init_ray(ray) -> None:
+    import os
+
+    ray.init(
+        address="local",  # the suite's own Ray, never another instance on the machine
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={
+            "env_vars": {"PYTHONPATH": str(_REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        },
+    )
 
 
 # A test's namespace keeps one spare, cold: each spare is a process importing Ray, DuckDB
