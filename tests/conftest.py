@@ -144,29 +144,37 @@ _REPO = __import__("pathlib").Path(__file__).resolve().parent.parent
 # What the suite started, printed at its end (summed over xdist workers): the costs
 # that decide its time on 2 cores are process starts, not the tests' own work.
 _STARTS = {"ray_inits": 0, "ray_worker_processes": 0, "namespaces": 0, "pool_spares": 0}
+# Ray worker processes started per test file (THINKRAY_TEST_STARTS=1 prints them: where
+# the shared Ray's time goes, a count that a loaded machine does not blur).
+_FILE_STARTS: dict[str, int] = {}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Under ``-n 2 --dist loadgroup`` (pyproject.toml's addopts) every test on the shared
-    session Ray runs in one xdist worker, one after another, as without xdist; the
-    rest (storage, units, tests with their own Ray in a subprocess) run in the other
-    worker beside them."""
+    """Under ``-n 2 --dist loadgroup`` (pyproject.toml's addopts) the tests of one file
+    on the session Ray run in one xdist worker, one after another (they may share
+    module-scoped namespaces); the files are spread over both workers, each worker
+    starting its own local Ray on first use, and the storage and unit tests fill the
+    gaps. Ray tests are latency-bound (actor starts, turns, timeouts): two files run
+    side by side use the second core that one worker running them all left idle."""
     for item in items:
         if "ray_local" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("ray"))
+            item.add_marker(pytest.mark.xdist_group("ray-" + item.nodeid.split("::")[0]))
 
 
 def pytest_sessionfinish(session):
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # an xdist worker: hand the counts to the controller
         workeroutput["thinkray_starts"] = dict(_STARTS)
+        workeroutput["thinkray_file_starts"] = dict(_FILE_STARTS)
 
 
 @pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest without xdist has none
 def pytest_testnodedown(node, error):
     for key, value in getattr(node, "workeroutput", {}).get("thinkray_starts", {}).items():
         _STARTS[key] += value
+    for key, value in getattr(node, "workeroutput", {}).get("thinkray_file_starts", {}).items():
+        _FILE_STARTS[key] = _FILE_STARTS.get(key, 0) + value
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -174,6 +182,30 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(
             "started: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in _STARTS.items())
         )
+    if __import__("os").environ.get("THINKRAY_TEST_STARTS") == "1":
+        for path, count in sorted(_FILE_STARTS.items(), key=lambda kv: -kv[1]):
+            terminalreporter.write_line(f"  {count:4d} ray worker processes  {path}")
+
+
+def _ray_workers_so_far() -> int | None:
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    with contextlib.suppress(Exception):
+        return _count_ray_workers()
+    return None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _count_file_starts(request):
+    before = _ray_workers_so_far()
+    yield
+    after = _ray_workers_so_far()
+    if after is not None:
+        path = request.node.nodeid
+        _FILE_STARTS[path] = _FILE_STARTS.get(path, 0) + after - (before or 0)
 
 
 def _count_ray_workers() -> int:
@@ -185,29 +217,52 @@ def _count_ray_workers() -> int:
     return len(list(logs.glob("python-core-worker-*.log")))
 
 
-@pytest.fixture(scope="session")
-def ray_local():
+@contextlib.contextmanager
+def _one_ray_start_at_a_time(tmp_path_factory):
+    """Under xdist each worker starts its own local Ray: one at a time (a file lock in
+    the run's shared temporary folder), since two starting at once on a loaded 2-core
+    machine overrun Ray's fixed 30 s wait for its raylet to come up."""
+    import fcntl
     import os
 
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    lock = tmp_path_factory.getbasetemp().parent / "thinkray-ray-start.lock"
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="session")
+def ray_local(tmp_path_factory):
     import ray
 
     if not ray.is_initialized():
-        ray.init(
-            address="local",  # the suite's own Ray, never another instance on the machine
-            num_cpus=2,
-            include_dashboard=False,
-            log_to_driver=False,
-            runtime_env={
-                "env_vars": {
-                    "PYTHONPATH": str(_REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")
-                }
-            },
-        )
+        with _one_ray_start_at_a_time(tmp_path_factory):
+            _init_ray(ray)
         _STARTS["ray_inits"] += 1
     yield ray
     with contextlib.suppress(Exception):
         _STARTS["ray_worker_processes"] += _count_ray_workers()
     ray.shutdown()
+
+
+def _init_ray(ray) -> None:
+    import os
+
+    ray.init(
+        address="local",  # the suite's own Ray, never another instance on the machine
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={
+            "env_vars": {"PYTHONPATH": str(_REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        },
+    )
 
 
 # A test's namespace keeps one spare, cold: each spare is a process importing Ray, DuckDB

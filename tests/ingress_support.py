@@ -30,7 +30,9 @@ def make_config(root: str, namespace: str, **overrides: Any) -> IngressConfig:
                 agent_cls=agent_cls,
                 namespace=namespace,
                 agent_kwargs=agent_kwargs,
-                namespace_options={"detached": False, "pool_size": 1},
+                # one cold spare, as tests/conftest.py's namespace_factory keeps: each spare
+                # is a process start, and a warm-up turn only saves a first turn's CPU
+                namespace_options={"detached": False, "pool_size": 1, "warm_up": False},
             )
         },
         "tokens": TOKENS,
