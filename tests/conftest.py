@@ -151,15 +151,14 @@ _FILE_STARTS: dict[str, int] = {}
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Under ``-n 2 --dist loadgroup`` (pyproject.toml's addopts) the tests of one file
-    on the session Ray run in one xdist worker, one after another (they may share
-    module-scoped namespaces); the files are spread over both workers, each worker
-    starting its own local Ray on first use, and the storage and unit tests fill the
-    gaps. Ray tests are latency-bound (actor starts, turns, timeouts): two files run
-    side by side use the second core that one worker running them all left idle."""
+    """Under ``-n 2 --dist loadgroup`` (pyproject.toml's addopts) every test on the shared
+    session Ray runs in one xdist worker, one after another, as without xdist; the
+    rest (storage, units, tests with their own Ray in a subprocess) run in the other
+    worker beside them. (Spreading the Ray files over both workers, each with its own
+    Ray, was tried: on 2 cores it ran no faster and flaked.)"""
     for item in items:
         if "ray_local" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("ray-" + item.nodeid.split("::")[0]))
+            item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 def pytest_sessionfinish(session):

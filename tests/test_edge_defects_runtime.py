@@ -186,7 +186,11 @@ async def test_a_consumer_sees_a_tool_call_only_after_its_rows_are_written(store
     await asyncio.wait_for(shown.wait(), 30)
     assert seen["part"]["toolCallId"] == "call-1"
     assert seen["part"]["state"] == "input-available" and seen["part"]["input"] == {"q": "x"}
-    assert seen["row"] is not None and seen["row"]["status"] == "pending"
+    # An agent without a permission check writes an inline call's row already claimed
+    # (one write instead of insert-then-claim: the turn's write path), durable before
+    # any client sees the call.
+    assert seen["row"] is not None and seen["row"]["status"] == "executing"
+    assert seen["row"]["attempts"] == 1
     assert seen["row"]["input"] == {"q": "x"}
     agent.abort()
     assert (await turn).status == "aborted"

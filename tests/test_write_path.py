@@ -33,6 +33,7 @@ def _agent(path: Any, replies: list[Any]) -> Think:
     agent = Think(DuckDBSessionStore(path), model=ScriptedModel(replies))
     agent.get_tools = lambda: {"lookup": lookup}  # type: ignore[method-assign]
     agent.flush_interval = 3600.0  # only the structural writes: no timer batches
+    agent.tool_input_gate = 3600.0  # nor the gate's timer (a loaded machine could fire it)
     return agent
 
 

@@ -157,6 +157,12 @@ class RunState:
     # holds them (and the calls' rows) is durable (see TurnRunner._emit); since when.
     gated: list[UIChunk] = field(default_factory=list, repr=False)
     gated_at: float | None = field(default=None, repr=False)
+    # Opens the gate from a timer: a model that pauses after a call (a long think, a
+    # stalled stream) must not hide the call from clients for longer than a batch.
+    gate_opener: Callable[[], Awaitable[None]] | None = field(default=None, repr=False)
+    # Held while a chunk is recorded and delivered, so the gate's timer and the turn's
+    # own chunks go out in the order they were recorded.
+    emit_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     user_message_id: str | None = None  # the user message the run answers (None: a rerun)
     # Ids of messages that join this turn at its next step boundary (``steer``).
     steers: list[str] = field(default_factory=list, repr=False)

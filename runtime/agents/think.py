@@ -161,6 +161,10 @@ class Think(metaclass=_StartsAfterInit):
     # "queue", "latest", "steer" or "interrupt" (see thinkray.runtime.agents.midturn);
     # each turn entry point takes ``on_busy=`` to override it for one message.
     on_busy: BusyPolicy = "reject"
+    # The longest a tool call's input chunks wait for the step's batch (which commits
+    # the call's row with them) before they are committed and sent on their own: a
+    # model that pauses after a call must not hide it from clients. Seconds.
+    tool_input_gate: float = 0.05
 
     def __init__(
         self,

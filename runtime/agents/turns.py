@@ -757,6 +757,33 @@ class TurnRunner:
         chunk: UIChunk,
         held: list[UIChunk] | None = None,
     ) -> StreamCallback | None:
+        """:meth:`_emit_in_order` under the run's emit lock (see ``gate_opener``)."""
+        async with run.emit_lock:
+            return await self._emit_in_order(run, recorder, callback, chunk, held)
+
+    def _arm_gate(self, run: RunState, delay: float) -> None:
+        """Open the gate after ``delay`` if nothing else has by then."""
+        opener = run.gate_opener
+        if opener is None:
+            return
+        loop = asyncio.get_running_loop()
+
+        def fire() -> None:
+            if run.gated:
+                task = loop.create_task(opener())
+                _GATE_TASKS.add(task)
+                task.add_done_callback(_GATE_TASKS.discard)
+
+        loop.call_later(delay, fire)
+
+    async def _emit_in_order(
+        self,
+        run: RunState,
+        recorder: Recorder,
+        callback: StreamCallback | None,
+        chunk: UIChunk,
+        held: list[UIChunk] | None = None,
+    ) -> StreamCallback | None:
         """Record ``chunk`` and send it; a ``finish`` goes to ``held`` instead (when
         given) until the turn is durable.
 
@@ -771,6 +798,7 @@ class TurnRunner:
             now = time.monotonic()
             if run.gated_at is None:
                 run.gated_at = now
+                self._arm_gate(run, min(recorder.flush_interval, self.agent.tool_input_gate))
             run.gated.append(chunk)
             if now - run.gated_at >= recorder.flush_interval:
                 callback = await self._release(run, recorder, callback)
@@ -903,6 +931,7 @@ class _Turn:
         self.run = run
         self.sid = run.session_id
         self.callback = callback
+        run.gate_opener = self.open_gate
         # Under a host whose store is not durable by itself (an object-store root), the
         # turn's finish chunk waits until the turn is shipped (see _acknowledge).
         self.make_durable = agent.context.make_durable
@@ -984,6 +1013,13 @@ class _Turn:
     def on_retry(self, attempt: int, exc: ModelError, delay: float) -> None:
         self.runner.status.retrying(self.sid, attempt, f"{exc} (retry {attempt} in {delay:.1f}s)")
 
+    async def open_gate(self) -> None:
+        """The gate's timer (``RunState.gate_opener``): commit and send what waits."""
+        if self.recorder is None:
+            return
+        async with self.run.emit_lock:
+            self.callback = await self.runner._release(self.run, self.recorder, self.callback)
+
     async def calls_decided(self) -> None:
         # The step's tool calls are durable in the message (and its chunk log), with
         # their rows, before any of them runs or waits: a generation cut off while a
@@ -1026,11 +1062,17 @@ class _Turn:
         running it costs no write of its own."""
         from thinkray.runtime.agents.think import Think
 
-        return type(self.agent).check_tool_permission is Think.check_tool_permission
+        # The bound method's function: an override on the class or on the instance
+        # (assigned at run time, as tests and plugins do) both count as a check.
+        check = getattr(self.agent.check_tool_permission, "__func__", None)
+        return check is Think.check_tool_permission
 
 
 _DURABLE_BEFORE_RELEASE = frozenset({"tool-output-error", "tool-output-denied"})
 """Tool-call results a consumer is given only once what they announce is stored."""
+
+_GATE_TASKS: set[asyncio.Task[None]] = set()
+"""Gate timers' tasks, referenced until done (the loop keeps only weak references)."""
 
 _GATED = frozenset(
     {"tool-input-start", "tool-input-delta", "tool-input-available", "tool-input-error"}
