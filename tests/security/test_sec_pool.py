@@ -180,7 +180,8 @@ def test_a_shard_rebuilt_during_a_hibernation_does_not_bind_that_actor_twice(
     assert ray.get(gate_actor.arrived.remote(f"close:{leaving}"), timeout=60)
     _crash_shard(ns)
     with contextlib.suppress(ray.exceptions.RayActorError):
-        ray.get(in_flight, timeout=0)
+        # The call dies with its shard: wait for Ray to say so (it may take a moment).
+        ray.get(in_flight, timeout=60)
     woken = _wake_every_spare(ns, others)
     ray.get(gate_actor.release.remote(f"close:{leaving}"))
 
