@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -159,7 +159,7 @@ class RunState:
     gated_at: float | None = field(default=None, repr=False)
     # Opens the gate from a timer: a model that pauses after a call (a long think, a
     # stalled stream) must not hide the call from clients for longer than a batch.
-    gate_opener: Callable[[], Awaitable[None]] | None = field(default=None, repr=False)
+    gate_opener: Callable[[], Coroutine[Any, Any, None]] | None = field(default=None, repr=False)
     # Held while a chunk is recorded and delivered, so the gate's timer and the turn's
     # own chunks go out in the order they were recorded.
     emit_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)

@@ -770,7 +770,7 @@ class TurnRunner:
 
         def fire() -> None:
             if run.gated:
-                task = loop.create_task(opener())
+                task: asyncio.Task[None] = loop.create_task(opener())
                 _GATE_TASKS.add(task)
                 task.add_done_callback(_GATE_TASKS.discard)
 
