@@ -13,6 +13,7 @@ place on open.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -33,6 +34,8 @@ from thinkray.storage.errors import (
 from thinkray.storage.errors import (  # re-exported: the errors live in thinkray.storage.errors
     DatabaseLockedError as DatabaseLockedError,
 )
+
+_log = logging.getLogger(__name__)
 
 # 16 KiB blocks: an empty session file is ~28 KiB instead of ~780 KiB with the 256 KiB
 # default, which matters when thousands of hibernated sessions sit on shared storage.
@@ -164,6 +167,8 @@ class Database:
         # store on this connection (see DuckDBSessionStore).
         self.state: dict[str, Any] = {}
         self._migrated: set[str] = set()
+        # Work a component left in memory to write at close (see before_close).
+        self._before_close: dict[str, Callable[[], None]] = {}
         # Components migrated inside the open transaction: a rollback takes their
         # tables with it, so they are forgotten and migrated again on next use.
         self._migrated_in_tx: set[str] = set()
@@ -210,11 +215,24 @@ class Database:
         """Whether :meth:`close` has been called."""
         return self._con is None
 
+    def before_close(self, component: str, write: Callable[[], None]) -> None:
+        """Have :meth:`close` call ``write`` first (once per component: a later call
+        replaces it). For work a component batches in memory and can also recover
+        without (the search index's pending documents): if ``write`` raises, the
+        close goes on and the error is logged."""
+        self._before_close[component] = write
+
     def close(self) -> None:
         """Checkpoint and close. Leaves no ``.wal`` file. Idempotent."""
         with self._lock:
             if self._con is None:
                 return
+            hooks, self._before_close = list(self._before_close.values()), {}
+            for write in hooks:
+                try:
+                    write()
+                except Exception:  # noqa: BLE001 - the component recovers on next open
+                    _log.warning("a write before closing %s failed", self.path, exc_info=True)
             con, self._con = self._con, None
             try:
                 con.execute("CHECKPOINT")

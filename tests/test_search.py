@@ -44,6 +44,11 @@ def index_rows(store, mid: str) -> int:
     return row[0]
 
 
+def pending(store) -> list[str]:
+    """The documents tokenized at write time and waiting for their batch's INSERT."""
+    return [d.message_id for d in search_mod._state(store.db).pending]
+
+
 # -- ranking -----------------------------------------------------------------------------
 
 
@@ -137,10 +142,92 @@ def test_messages_are_indexed_as_they_are_written(store):
     assert not has_index(store)
     assert found(store, "gardens") == ["u1"]  # the first search makes it (and fills it)
     assert has_index(store)
-    # Written after a search: in the index at once, in the write's own transaction.
+    # Written after a search: tokenized as it is written, its rows written with the
+    # batch (at the latest by the next search).
     say(store, sid, ("u2", "orchids in the garden"))
-    assert index_rows(store, "u2") > 0
+    assert pending(store) == ["u2"] and index_rows(store, "u2") == 0
     assert found(store, "orchids") == ["u2"]
+    assert pending(store) == [] and index_rows(store, "u2") > 0
+
+
+def test_documents_go_in_by_batches_and_the_flag_tells_when_one_waits(store):
+    sid = store.create_session().id
+    found(store, "warm")  # makes the index
+    assert store.get_config("search.backfilled") is True
+    with store.db.counting() as count:
+        say(store, sid, ("m0", "the first word of a batch"))
+    # The write that starts a batch marks the index incomplete in the same commit.
+    assert store.get_config("search.backfilled") is False
+    with store.db.counting() as later:
+        say(store, sid, ("m1", "a second word waits too"))
+    assert later.statements < count.statements  # no flag write, no INSERT: it waits
+    say(store, sid, *[(f"m{i}", f"word number {i}") for i in range(2, search_mod.PENDING_DOCS)])
+    # The batch is full: written by the write that filled it, and the flag set again.
+    assert pending(store) == []
+    assert index_rows(store, "m0") > 0 and index_rows(store, "m31") > 0
+    assert store.get_config("search.backfilled") is True
+
+
+def test_waiting_documents_are_written_at_close(tmp_path):
+    path = tmp_path / "agent.duckdb"
+    store = DuckDBSessionStore(path)
+    sid = store.create_session().id
+    found(store, "warm")
+    say(store, sid, ("u1", "a note about lighthouses"))
+    assert pending(store) == ["u1"]
+    store.close()
+    store = DuckDBSessionStore(path)
+    try:
+        assert index_rows(store, "u1") > 0
+        assert store.get_config("search.backfilled") is True  # complete: no backfill
+        assert found(store, "lighthouses") == ["u1"]
+    finally:
+        store.close()
+
+
+_KILLED_WRITER = """
+import os, signal, sys
+from thinkray.storage import DuckDBSessionStore
+store = DuckDBSessionStore(sys.argv[1])
+sid = store.create_session().id
+store.search_messages("warm")
+for i, text in enumerate(["a note about lighthouses", "the keeper's logbook"]):
+    role = "user" if i == 0 else "assistant"
+    store.append_message(sid, {"id": f"m{i}", "role": role,
+                               "parts": [{"type": "text", "text": text}]})
+os.kill(os.getpid(), signal.SIGKILL)  # the batch still waits in memory
+"""
+
+
+def test_a_crash_before_the_batch_is_written_is_backfilled_by_the_next_search(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    path = tmp_path / "agent.duckdb"
+    done = subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(path)], timeout=60)
+    assert done.returncode == -signal.SIGKILL
+    store = DuckDBSessionStore(path)
+    try:
+        assert store.get_config("search.backfilled") is False  # committed with m0
+        assert index_rows(store, "m0") == 0  # the batch died with the process
+        assert found(store, "lighthouses") == ["m0"]
+        assert found(store, "logbook") == ["m1"]
+        assert store.get_config("search.backfilled") is True
+    finally:
+        store.close()
+
+
+def test_a_rollback_drops_its_own_documents_and_keeps_the_committed_ones(store):
+    sid = store.create_session().id
+    found(store, "warm")
+    say(store, sid, ("u1", "committed lighthouses"))
+    with pytest.raises(RuntimeError), store.db.transaction():
+        say(store, sid, ("u2", "rolled back lighthouses"))
+        raise RuntimeError("the write fails after its part was indexed")
+    say(store, sid, ("u3", "later lighthouses"))
+    assert sorted(found(store, "lighthouses")) == ["u1", "u3"]
+    assert index_rows(store, "u2") == 0
 
 
 def test_a_streaming_part_is_indexed_once_it_is_done(store):
@@ -164,7 +251,7 @@ def test_a_streaming_part_is_indexed_once_it_is_done(store):
     assert index_rows(store, "a1") == 0  # a part still streaming is not indexed
     assert found(store, "icy") == []
     flush("Comets are icy bodies with tails", "done")
-    assert index_rows(store, "a1") > 0
+    assert pending(store) == ["a1"]
     assert found(store, "icy tails") == ["a1"]
 
 
@@ -199,7 +286,7 @@ def test_messages_stored_before_the_index_are_backfilled_once(tmp_path):
         store = DuckDBSessionStore(path)
         assert search_mod.backfill(store.db, search_mod._state(store.db)) == 0
         say(store, sid, ("u2", "a new archive entry"))  # indexed as written from now on
-        assert index_rows(store, "u2") > 0
+        assert pending(store) == ["u2"]
         assert sorted(found(store, "archive")) == ["a1", "u1", "u2"]
     finally:
         store.close()
