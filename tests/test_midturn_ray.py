@@ -79,6 +79,16 @@ def _finals(history: list[dict[str, Any]]) -> dict[str, int]:
     return counts
 
 
+def _reply_to(agent: Any, session: str, user_id: str) -> dict[str, Any] | None:
+    """The stored assistant message answering ``user_id`` (None: none written yet)."""
+    history = agent.get_history.remote(session).result()
+    ids = [m["id"] for m in history]
+    if user_id not in ids:
+        return None
+    after = history[ids.index(user_id) + 1 :]
+    return after[0] if after and after[0]["role"] == "assistant" else None
+
+
 def _setup(namespace_factory: Any, tmp_path: Path, cls: str) -> tuple[Any, Any, str, Path, Path]:
     from tests import midturn_agents
 
@@ -358,12 +368,6 @@ def test_messages_queued_when_the_actor_is_killed_run_once_after_the_wake(
     assert agent.queued_messages.remote().result() == []
 
 
-@pytest.mark.xfail(
-    reason="known defect found at merge (issue 25 part 2 with issue 23's write path): the "
-    "partial a SIGKILL cut off reads back 'aborted' instead of 'interrupted'; the message "
-    "itself is answered once (asserted below the status check). Fix next session.",
-    strict=False,
-)
 def test_a_queued_message_cut_off_mid_turn_is_run_again_and_answered_once(
     namespace_factory, tmp_path, ray_local
 ):
@@ -379,6 +383,8 @@ def test_a_queued_message_cut_off_mid_turn_is_run_again_and_answered_once(
     holder.join(60)
     wait_until(lambda: "hold two" in _model_log(log), timeout=60)
     assert agent.queued_message.remote("m-hold").result()["status"] == "running"
+    # Kill once the reply's first words are durable, so that the crash cuts a partial.
+    wait_until(lambda: _reply_to(agent, session, "m-hold") is not None, timeout=60)
     old_pid = kill_agent_process(ns, "busy")
     # Any call wakes the agent (a read is re-sent to the woken one); the wake runs what
     # the crash left: "hold two" again (it waits on the gate), then "later".
@@ -402,7 +408,12 @@ def test_a_queued_message_cut_off_mid_turn_is_run_again_and_answered_once(
     statuses = [
         (m.get("metadata") or {}).get("status") for m in history if m["role"] == "assistant"
     ]
-    assert statuses.count("interrupted") == 1  # the cut-off partial, kept and marked
+    # The first turn's partial was aborted; the partial the crash cut is kept and
+    # marked, then the run again answers with a reply of its own.
+    assert statuses == ["aborted", "interrupted", "completed", "completed"]
+    cut = _reply_to(agent, session, "m-hold")
+    assert cut is not None and cut["metadata"]["status"] == "interrupted"
+    assert [p.get("text") for p in cut["parts"] if p["type"] == "text"] == ["partial "]
     assert _model_log(log).count("later") == 1
     assert agent.queued_message.remote("m-hold").result()["status"] == "answered"
 
