@@ -326,6 +326,9 @@ class Directory:
         self.binding = 0  # binds holding an actor, not yet live: they count toward the cap
         self.locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.alarms: dict[str, float] = {}
+        # Live agents with queued messages (waiting, or their turn running): a crash
+        # must not leave them waiting for a caller (see note_queue).
+        self.queued: set[str] = set()
         self._alarm_changed: asyncio.Event | None = None
         self._alarm_dirty: set[str] = set()  # alarms whose file lags self.alarms
         self._alarm_writer: asyncio.Task[None] | None = None
@@ -1302,6 +1305,7 @@ class Directory:
             if not report.get("ok"):
                 return False
             del self.entries[name]
+            self.queued.discard(name)  # its next_due_at says so now
             self.counters["hibernations"] += 1
             self._note_size(name, report)
             due = report.get("next_due_at")
@@ -1334,6 +1338,15 @@ class Directory:
             self._persist_alarm(name)
         if self._alarm_changed is not None:
             self._alarm_changed.set()
+
+    def note_queue(self, name: str, busy: bool) -> None:
+        """A live agent's queue of messages sent mid-turn became non-empty (``busy``) or
+        empty. If its actor dies meanwhile the directory wakes it at once, so the
+        wake runs what waited instead of leaving it for the next caller."""
+        if busy:
+            self.queued.add(name)
+        else:
+            self.queued.discard(name)
 
     def note_alarm(self, name: str, due_at: float | None) -> None:
         """A live agent's next alarm changed (None: it has none). Kept so that the
@@ -1406,6 +1419,9 @@ class Directory:
                 if self._alarm_changed is not None:
                     self._alarm_changed.set()
                 self._kick()
+            if name in self.queued:
+                self.queued.discard(name)
+                self.set_alarm(name, time.time())  # messages were queued: wake it now
         except Exception:  # the directory is shutting down
             return
 

@@ -277,12 +277,7 @@ class SessionActor:
         if spec.directory is not None:
             # The namespace keeps this agent's next alarm as it changes, so an alarm
             # survives a crash of this process (the directory then wakes the agent).
-            directory, name = spec.directory, spec.name
-
-            def report(due_at: float | None) -> None:
-                directory.note_alarm.remote(name, due_at)
-
-            agent.durable.scheduler.on_next_due = report
+            _report_wakes(agent, spec.directory, spec.name)
         self.last_activity = self.bound_at = time.monotonic()
         try:
             await _maybe_await(getattr(agent, "on_wake", None))
@@ -545,12 +540,7 @@ class SessionActor:
         if spec is not None and spec.directory is not None:
             spec.directory = directory
             if self.agent is not None:
-                name = spec.name
-
-                def report(due_at: float | None) -> None:
-                    directory.note_alarm.remote(name, due_at)
-
-                self.agent.durable.scheduler.on_next_due = report
+                _report_wakes(self.agent, directory, spec.name)
             if spec.idle_timeout and (self._watcher is None or self._watcher.done()):
                 self._watcher = asyncio.ensure_future(self._watch_idle(spec.idle_timeout))
         return self._report()
@@ -959,3 +949,19 @@ async def _maybe_await(fn: Any) -> Any:
 
 
 RemoteSessionActor = ray.remote(SessionActor)
+
+
+def _report_wakes(agent: Any, directory: Any, name: str) -> None:
+    """Keep the namespace's directory told what would need ``name`` woken if this
+    process died: its next alarm, and whether messages wait in its queue."""
+
+    def alarm(due_at: float | None) -> None:
+        directory.note_alarm.remote(name, due_at)
+
+    def queue(busy: bool) -> None:
+        directory.note_queue.remote(name, busy)
+
+    agent.durable.scheduler.on_next_due = alarm
+    turns = getattr(agent, "turns", None)
+    if turns is not None:
+        turns.queue.watch_work(queue)

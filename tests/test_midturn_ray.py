@@ -386,11 +386,11 @@ def test_a_queued_message_cut_off_mid_turn_is_run_again_and_answered_once(
     # Kill once the reply's first words are durable, so that the crash cuts a partial.
     wait_until(lambda: _reply_to(agent, session, "m-hold") is not None, timeout=60)
     old_pid = kill_agent_process(ns, "busy")
-    # Any call wakes the agent (a read is re-sent to the woken one); the wake runs what
-    # the crash left: "hold two" again (it waits on the gate), then "later".
-    agent.get_status.remote(session).result()
-    assert ns.where("busy")["pid"] != old_pid
+    # Nobody calls: the namespace wakes the agent by itself because messages were
+    # queued, and the wake runs what the crash left: "hold two" again (it waits on
+    # the gate), then "later".
     wait_until(lambda: _model_log(log).count("hold two") == 2, timeout=120)
+    assert ns.where("busy")["pid"] != old_pid
     gate.touch()
     outcomes = []
     for ref in refs:

@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
@@ -120,7 +121,13 @@ class TurnQueue:
         self.by_run: dict[str, str] = {}  # a waiter's run id -> message id
         self.waiting: dict[str, list[str]] = {}  # session id -> message ids, in order
         self.ahead: set[str] = set()  # waiting interrupts (they go first)
+        self.running: set[str] = set()  # message ids whose queued turn runs here
         self.closing = False
+        # Told when the queue starts or stops holding work (waiting or running): the
+        # actor layer has the namespace wake the agent at once if its process dies
+        # meanwhile, instead of leaving the messages for the next caller.
+        self.on_work: Callable[[bool], None] | None = None
+        self._reported = False
 
     # -- storage --------------------------------------------------------------------
 
@@ -169,6 +176,20 @@ class TurnQueue:
 
     def _show(self, session_id: str) -> None:
         self.runner.status.set_queue(session_id, self.pending(session_id))
+        self._report()
+
+    def watch_work(self, callback: Callable[[bool], None]) -> None:
+        """Call ``callback(busy)`` whenever the queue starts (True) or stops (False)
+        holding work, waiting or running; at once if it holds some now."""
+        self.on_work = callback
+        self._reported = False
+        self._report()
+
+    def _report(self) -> None:
+        busy = bool(self.running) or any(self.waiting.values())
+        if busy != self._reported and self.on_work is not None:
+            self._reported = busy
+            self.on_work(busy)
 
     # -- a message arrives while its session is busy ---------------------------------
 
@@ -371,6 +392,7 @@ class TurnQueue:
         tools = waiter.tools if waiter is not None else {}
         runner.launch(run, row.message, callback, tools)
         assert run.task is not None
+        self.running.add(row.id)
         run.task.add_done_callback(lambda t: self._done(row.id, t))
         return True
 
@@ -420,9 +442,11 @@ class TurnQueue:
     def _settle(self, message_id: str, outcome: ChatResult | BaseException) -> None:
         waiter = self.waiters.pop(message_id, None)
         self.ahead.discard(message_id)
+        self.running.discard(message_id)
         for order in self.waiting.values():
             if message_id in order:
                 order.remove(message_id)
+        self._report()
         if waiter is None:
             return
         self.by_run.pop(waiter.run.run_id, None)
