@@ -7,6 +7,7 @@ import json
 import os
 import re
 from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -470,6 +471,40 @@ class BlockingAgent(ScriptAgent):
 
         time.sleep(seconds)
         return "blocked"
+
+
+class GateToolAgent(ScriptAgent):
+    """A message containing "gate" calls a plain (``def``) tool that blocks in
+    ``time.sleep`` until the file ``gate`` exists, after creating ``started``: a tool
+    doing blocking I/O, beside sibling agents in an agent host (tests/test_hosts.py)."""
+
+    def __init__(self, store: Any = None, *, gate: str = "", started: str = "") -> None:
+        self.gate, self.started = gate, started
+        super().__init__(store)
+
+    def get_tools(self) -> dict[str, Tool]:
+        gate, started = self.gate, self.started
+
+        @tool
+        def wait_for_gate() -> str:
+            """Block until the gate file exists."""
+            import time
+
+            Path(started).touch()
+            deadline = time.monotonic() + 60
+            while not os.path.exists(gate) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            return "opened" if os.path.exists(gate) else "timed out"
+
+        return {"wait_for_gate": wait_for_gate}
+
+    def _step(self, request: ModelRequest, step: int) -> Reply:
+        last = request.messages[-1] if request.messages else None
+        if last is not None and last.role == "user":
+            text = " ".join(getattr(c, "text", "") for c in last.content)
+            if "gate" in text:
+                return reply(tool_call("wait_for_gate", {}))
+        return super()._step(request, step)
 
 
 class DedicatedScriptAgent(ScriptAgent):

@@ -116,6 +116,37 @@ def test_control_calls_answer_while_the_agents_loop_is_blocked(namespace_factory
     assert lag
 
 
+def test_a_blocking_tool_leaves_its_siblings_running(namespace_factory, tmp_path):
+    """A plain ``def`` tool that blocks (here until a file exists) runs off the host's
+    event loop: a sibling agent on the same host chats to the end meanwhile (on the
+    loop, the sibling's turn could only start once the tool returned)."""
+    from tests.agents import GateToolAgent
+
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    ns = hosts_ns(namespace_factory, GateToolAgent, agent_kwargs={"gate": str(gate), "started": str(started)})  # fmt: skip
+    waiter, sibling = ns.get("waiter"), ns.get("sibling")
+    sibling.chat.remote("warm").result()
+    waiter.chat.remote("warm").result()
+    assert ns.where("waiter")["pid"] == ns.where("sibling")["pid"]
+    outcome: dict[str, object] = {}
+
+    def wait() -> None:
+        outcome["result"] = waiter.chat.remote("through the gate").result(timeout_s=120)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    wait_until(started.exists, timeout=60)
+    assert sibling.chat.remote("meanwhile").result(timeout_s=120).status == "completed"
+    assert "result" not in outcome  # the tool still blocks
+    gate.touch()
+    thread.join(120)
+    result = outcome["result"]
+    assert result.status == "completed"  # type: ignore[attr-defined]
+    history = waiter.get_history.remote().result()
+    [call] = [p for p in history[-1]["parts"] if p["type"] == "dynamic-tool"]
+    assert call["output"] == "opened"
+
+
 def test_a_host_kill_takes_its_agents_and_each_wakes_on_its_next_call(namespace_factory):
     from tests.helpers import kill_agent_process
 

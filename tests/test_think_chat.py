@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 from pydantic import BaseModel
@@ -238,6 +239,57 @@ async def test_abort_during_tool_finalizes_call(store):
     part = [p for p in agent.get_history()[-1]["parts"] if p["type"] == "dynamic-tool"][0]
     assert part["state"] == "output-error"
     assert "aborted" in part["errorText"]
+
+
+async def test_a_blocking_tool_runs_off_the_event_loop(store):
+    """A plain ``def`` tool may block; the loop must keep serving meanwhile (control
+    calls, an agent host's other agents). The tool waits for an event only a task on
+    the loop sets: on the loop itself it could never see it."""
+    loop_ran = threading.Event()
+    seen: dict[str, bool] = {}
+
+    @tool
+    def blocking() -> str:
+        """Wait for the loop."""
+        seen["started"] = True
+        seen["loop ran meanwhile"] = loop_ran.wait(timeout=30)
+        return "done"
+
+    async def on_the_loop() -> None:
+        while "started" not in seen:
+            await asyncio.sleep(0.01)
+        loop_ran.set()
+
+    agent = Think(store, model=ScriptedModel([reply(tool_call("blocking", {})), reply("ok")]))
+    agent.get_tools = lambda: {"blocking": blocking}
+    helper = asyncio.ensure_future(on_the_loop())
+    result = await agent.chat("go")
+    await helper
+    assert result.status == "completed"
+    assert seen["loop ran meanwhile"] is True
+
+
+async def test_an_abort_stops_waiting_for_a_blocking_tool(store):
+    release = threading.Event()
+    started = threading.Event()
+
+    @tool
+    def stuck() -> str:
+        """Block until released."""
+        started.set()
+        release.wait(timeout=30)
+        return "late"
+
+    agent = Think(store, model=ScriptedModel([reply(tool_call("stuck", {}))]))
+    agent.get_tools = lambda: {"stuck": stuck}
+    run = agent.start_chat("go")
+    await asyncio.to_thread(started.wait, 30)
+    agent.abort()  # the loop is free to take it while the tool still blocks
+    result = await asyncio.wait_for(run.task, 30)
+    release.set()
+    assert result.status == "aborted"
+    part = [p for p in agent.get_history()[-1]["parts"] if p["type"] == "dynamic-tool"][0]
+    assert part["state"] == "output-error"
 
 
 # -- busy -------------------------------------------------------------------------------

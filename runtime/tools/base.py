@@ -7,6 +7,7 @@ fails validation never reaches the tool and goes back to the model as a tool err
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 from collections.abc import Awaitable, Callable
@@ -165,6 +166,10 @@ class ModelTool:
         if wants_context is None:
             wants_context = "ctx" in inspect.signature(fn).parameters
         self._wants_context = wants_context
+        self._blocking = not (
+            inspect.iscoroutinefunction(fn)
+            or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004
+        )
         self._schema = _clean_schema(input_model.model_json_schema())
 
     @property
@@ -199,10 +204,20 @@ class ModelTool:
         if self._wants_context:
             kwargs["ctx"] = ctx
         if self._spread:
-            args = {k: getattr(input, k) for k in type(input).model_fields}
-            result = self.fn(**args, **kwargs)
+            call = functools.partial(
+                self.fn, **{k: getattr(input, k) for k in type(input).model_fields}, **kwargs
+            )
         else:
-            result = self.fn(input, **kwargs)
+            call = functools.partial(self.fn, input, **kwargs)
+        if self._blocking:
+            # A plain function may block (file or network I/O, a sleep, heavy work): it
+            # runs in a thread so that the event loop it would stall keeps serving the
+            # agent's control calls and, on an agent host, its sibling agents. An
+            # abort stops the wait, not the thread (as for any tool that ignores
+            # ``ctx.signal``).
+            result = await asyncio.to_thread(call)
+        else:
+            result = call()
         if inspect.isawaitable(result):
             result = await result
         if isinstance(result, BaseModel):
