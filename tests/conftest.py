@@ -11,6 +11,11 @@ import pytest
 from thinkray.runtime.models.testing import ScriptedModel
 from thinkray.storage.session_store import DuckDBSessionStore
 
+# Ray turns token auth on in the environment of the process that starts it (the token
+# is ~/.ray/auth_token); the other xdist worker joins the same Ray (see ray_local), so
+# every process of the run says so from the start, before anything imports Ray.
+__import__("os").environ.setdefault("RAY_AUTH_MODE", "token")
+
 # httpx's module functions wait 5 s by default; the first request to an ingress binds a
 # cold agent, which a loaded 2-core machine can take longer than that to do. Tests that
 # name no timeout get 60 s: a hang still fails, a slow machine no longer does.
@@ -151,14 +156,29 @@ _FILE_STARTS: dict[str, int] = {}
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Under ``-n 2 --dist loadgroup`` (pyproject.toml's addopts) every test on the shared
-    session Ray runs in one xdist worker, one after another, as without xdist; the
-    rest (storage, units, tests with their own Ray in a subprocess) run in the other
-    worker beside them. (Spreading the Ray files over both workers, each with its own
-    Ray, was tried: on 2 cores it ran no faster and flaked.)"""
+    """Under ``-n 2 --dist loadgroup`` (pyproject.toml's addopts) both xdist workers
+    drive one shared session Ray (see ``ray_local``): the Ray tests of a file run in
+    one worker, one after another (module fixtures stay shared), and the files spread
+    over both workers beside the storage and unit tests. Ray Serve is one per cluster,
+    so every file that runs it goes to one worker. (One Ray test group in one worker
+    left the other idle for the last ~9 of 22 minutes, and a Ray test file keeps
+    only ~55% of the 2 cores busy: its tests mostly wait for actors.)"""
+    serve_files: dict[str, bool] = {}
     for item in items:
-        if "ray_local" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("ray"))
+        if "ray_local" not in getattr(item, "fixturenames", ()):
+            continue
+        path = str(item.path)
+        if path not in serve_files:
+            serve_files[path] = _runs_serve(item.path)
+        group = "ray-serve" if serve_files[path] else f"ray:{item.path.name}"
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _runs_serve(path) -> bool:
+    """Whether a test file starts Ray Serve (through tests/ingress_support.py or Serve
+    itself): read from its source, so a new file is grouped without a list to keep."""
+    source = path.read_text(encoding="utf-8")
+    return any(sign in source for sign in ("ingress_support", "from ray import serve"))
 
 
 def pytest_sessionfinish(session):
@@ -216,51 +236,113 @@ def _count_ray_workers() -> int:
     return len(list(logs.glob("python-core-worker-*.log")))
 
 
-@contextlib.contextmanager
-def _one_ray_start_at_a_time(tmp_path_factory):
-    """Under xdist each worker starts its own local Ray: one at a time (a file lock in
-    the run's shared temporary folder), since two starting at once on a loaded 2-core
-    machine overrun Ray's fixed 30 s wait for its raylet to come up."""
-    import fcntl
-    import os
+class _SharedRay:
+    """One local Ray for every xdist worker of the run. The first worker to need it
+    starts it and writes its address in the run's shared temporary folder; the others
+    connect to it. Each counts itself in and out; the one that started it shuts it
+    down once nobody uses it (a worker that needs Ray after that starts another).
+    All under a file lock: two starts at once on a loaded 2-core machine overran
+    Ray's fixed 30 s wait for its raylet."""
 
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        yield
-        return
-    lock = tmp_path_factory.getbasetemp().parent / "thinkray-ray-start.lock"
-    with open(lock, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    def __init__(self, tmp_path_factory) -> None:
+        folder = tmp_path_factory.getbasetemp().parent
+        self.lock = folder / "thinkray-ray.lock"
+        self.address = folder / "thinkray-ray.address"
+        self.users = folder / "thinkray-ray.users"
+        self.owner = False
+
+    @contextlib.contextmanager
+    def _locked(self):
+        import fcntl
+
+        with open(self.lock, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def _count(self, delta: int) -> int:
+        users = int(self.users.read_text()) if self.users.exists() else 0
+        self.users.write_text(str(users + delta))
+        return users + delta
+
+    def join(self, ray) -> None:
+        with self._locked():
+            if self.address.exists():
+                try:
+                    _init_ray(ray, address=self.address.read_text())
+                except Exception:  # its owner shut it down meanwhile: start another
+                    self.address.unlink(missing_ok=True)
+            if not ray.is_initialized():
+                _init_ray(ray)
+                self.owner = True
+                self.address.write_text(ray.get_runtime_context().gcs_address)
+                self.users.write_text("0")
+            self._count(+1)
+
+    def leave(self, ray, last_words) -> None:
+        """Count out; the owner waits for the other workers, calls ``last_words``, then
+        shuts the Ray down."""
+        import time
+
+        with self._locked():
+            left = self._count(-1)
+            if not self.owner:
+                ray.shutdown()  # disconnects: the owner's process keeps the Ray
+                return
+            if left == 0:
+                self.address.unlink(missing_ok=True)
+        while left > 0:  # another worker's tests still use it
+            time.sleep(0.5)
+            with self._locked():
+                left = int(self.users.read_text())
+                if left == 0:
+                    self.address.unlink(missing_ok=True)
+        last_words()
+        ray.shutdown()
 
 
 @pytest.fixture(scope="session")
 def ray_local(tmp_path_factory):
-    import ray
-
-    if not ray.is_initialized():
-        with _one_ray_start_at_a_time(tmp_path_factory):
-            _init_ray(ray)
-        _STARTS["ray_inits"] += 1
-    yield ray
-    with contextlib.suppress(Exception):
-        _STARTS["ray_worker_processes"] += _count_ray_workers()
-    ray.shutdown()
-
-
-def _init_ray(ray) -> None:
     import os
 
+    import ray
+
+    shared = _SharedRay(tmp_path_factory) if os.environ.get("PYTEST_XDIST_WORKER") else None
+    if not ray.is_initialized():
+        if shared is not None:
+            shared.join(ray)
+        else:
+            _init_ray(ray)
+        if shared is None or shared.owner:
+            _STARTS["ray_inits"] += 1
+    yield ray
+
+    def count_workers() -> None:
+        with contextlib.suppress(Exception):
+            _STARTS["ray_worker_processes"] += _count_ray_workers()
+
+    if shared is not None:
+        shared.leave(ray, count_workers)  # the owner counts every worker's starts
+    else:
+        count_workers()
+        ray.shutdown()
+
+
+def _init_ray(ray, address: str | None = None) -> None:
+    import os
+
+    env = {"PYTHONPATH": str(_REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    if address is not None:  # the Ray another xdist worker started
+        ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": env})
+        return
     ray.init(
         address="local",  # the suite's own Ray, never another instance on the machine
         num_cpus=2,
         include_dashboard=False,
         log_to_driver=False,
-        runtime_env={
-            "env_vars": {"PYTHONPATH": str(_REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        },
+        runtime_env={"env_vars": env},
     )
 
 
@@ -292,7 +374,10 @@ def namespace_factory(ray_local, tmp_path):
         kwargs.setdefault("pool_size", TEST_POOL_SIZE)
         kwargs.setdefault("warm_up", TEST_WARM_UP)
         kwargs.setdefault("placement", TEST_PLACEMENT)
-        name = kwargs.pop("name", f"t{next(counter)}-{tmp_path.name[-12:]}".replace("_", "-"))
+        # The xdist worker in the name: both workers' tests share one Ray.
+        worker = __import__("os").environ.get("PYTEST_XDIST_WORKER", "")
+        tail = tmp_path.name[-12:]
+        name = kwargs.pop("name", f"t{next(counter)}{worker}-{tail}".replace("_", "-"))
         ns = AgentNamespace(name, agent_cls or ScriptAgent, **kwargs)
         _STARTS["namespaces"] += 1
         _STARTS["pool_spares"] += kwargs["pool_size"]
