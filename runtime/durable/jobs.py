@@ -658,7 +658,8 @@ def cancel_job_tool(
     ``cancelled`` and its work's abort signal fires. Registry as for
     :func:`check_job_tool`."""
 
-    def cancel(input: _CancelJobInput, ctx: ToolContext) -> dict[str, Any]:
+    # async: a cancel fires the job's abort signal, whose waiters live on the loop
+    async def cancel(input: _CancelJobInput, ctx: ToolContext) -> dict[str, Any]:
         reg = resolve_registry(registry, ctx, fallback)
         cancelled = reg.cancel(input.job_id, input.reason)
         record = reg.get(input.job_id)
@@ -716,7 +717,9 @@ def async_tool(
     turn, like a worker's async tool) unless ``follow_parent=True``. Jobs go to
     ``registry``, else to the calling agent's registry."""
 
-    def start(input: InputT, ctx: ToolContext) -> dict[str, Any]:
+    # async: starting a job schedules its task on the agent's loop (a plain def tool
+    # would run in a thread)
+    async def start(input: InputT, ctx: ToolContext) -> dict[str, Any]:
         reg = resolve_registry(registry, ctx, None)
         parent = job_parent(ctx)
 
