@@ -23,6 +23,13 @@ from tests.conftest import Collector
 from tests.test_permissions import CALLS, Agent, script, wait_pending
 
 
+@pytest.fixture(autouse=True)
+def _reset_calls():
+    # CALLS is test_permissions' list, shared by every test of the xdist worker that
+    # imported it: what ran before in that worker must not count here.
+    CALLS.clear()
+
+
 def render_tool(**policy: Any) -> Any:
     @tool(name="render", policy=ToolPolicy(executor="external", **policy))
     async def render(scene: str) -> str:
