@@ -462,7 +462,28 @@ class ServerStateAgent(StateAgent):
 
 class BlockingAgent(ScriptAgent):
     """A remote method that blocks the event loop (a sync sleep): what a misbehaving
-    agent does to its siblings in an agent host (tests/test_hosts.py)."""
+    agent does to its siblings in an agent host (tests/test_hosts.py). A message
+    containing "slow io" calls ``slow_io``, a plain ``def`` tool that sleeps 2 s (a
+    blocking tool, which runs in a thread: tests/bench/bench_hosts.py)."""
+
+    def get_tools(self) -> dict[str, Tool]:
+        @tool
+        def slow_io(seconds: float) -> str:
+            """Blocking I/O, simulated."""
+            import time
+
+            time.sleep(seconds)
+            return "done"
+
+        return {**super().get_tools(), "slow_io": slow_io}
+
+    def _step(self, request: ModelRequest, step: int) -> Reply:
+        last = request.messages[-1] if request.messages else None
+        if last is not None and last.role == "user":
+            text = " ".join(getattr(c, "text", "") for c in last.content)
+            if "slow io" in text:
+                return reply(tool_call("slow_io", {"seconds": 2.0}))
+        return super()._step(request, step)
 
     @remote
     def block(self, seconds: float) -> str:
