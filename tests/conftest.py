@@ -1,5 +1,5 @@
-"""Shared fixtures. Ray fixtures live in tests/ray_support.py and start Ray lazily,
-once per test session, only when a Ray test asks for it."""
+"""Shared fixtures. The Ray fixtures (``ray_local``, ``namespace_factory``) start Ray
+lazily, once per test session, only when a Ray test asks for it."""
 
 from __future__ import annotations
 
@@ -239,10 +239,11 @@ def _count_ray_workers() -> int:
 class _SharedRay:
     """One local Ray for every xdist worker of the run. The first worker to need it
     starts it and writes its address in the run's shared temporary folder; the others
-    connect to it. Each counts itself in and out; the one that started it shuts it
-    down once nobody uses it (a worker that needs Ray after that starts another).
-    All under a file lock: two starts at once on a loaded 2-core machine overran
-    Ray's fixed 30 s wait for its raylet."""
+    connect to it. Each writes its pid in and out of a users file; the one that started
+    it shuts it down once no live process uses it (a worker that crashed counts as
+    gone; a worker that needs Ray after that starts another). All under a file lock:
+    two starts at once on a loaded 2-core machine overran Ray's fixed 30 s wait for
+    its raylet."""
 
     def __init__(self, tmp_path_factory) -> None:
         folder = tmp_path_factory.getbasetemp().parent
@@ -262,12 +263,26 @@ class _SharedRay:
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
 
-    def _count(self, delta: int) -> int:
-        users = int(self.users.read_text()) if self.users.exists() else 0
-        self.users.write_text(str(users + delta))
-        return users + delta
+    def _users(self) -> set[int]:
+        """The pids in the users file that are still running."""
+        import os
+
+        text = self.users.read_text() if self.users.exists() else ""
+        alive = set()
+        for pid in map(int, text.split()):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                continue
+            alive.add(pid)
+        return alive
+
+    def _write(self, pids: set[int]) -> None:
+        self.users.write_text(" ".join(map(str, sorted(pids))))
 
     def join(self, ray) -> None:
+        import os
+
         with self._locked():
             if self.address.exists():
                 try:
@@ -278,27 +293,26 @@ class _SharedRay:
                 _init_ray(ray)
                 self.owner = True
                 self.address.write_text(ray.get_runtime_context().gcs_address)
-                self.users.write_text("0")
-            self._count(+1)
+                self._write(set())
+            self._write(self._users() | {os.getpid()})
 
     def leave(self, ray, last_words) -> None:
         """Count out; the owner waits for the other workers, calls ``last_words``, then
         shuts the Ray down."""
+        import os
         import time
 
-        with self._locked():
-            left = self._count(-1)
-            if not self.owner:
-                ray.shutdown()  # disconnects: the owner's process keeps the Ray
-                return
-            if left == 0:
-                self.address.unlink(missing_ok=True)
-        while left > 0:  # another worker's tests still use it
-            time.sleep(0.5)
+        while True:
             with self._locked():
-                left = int(self.users.read_text())
-                if left == 0:
+                left = self._users() - {os.getpid()}
+                self._write(left)
+                if not self.owner:
+                    ray.shutdown()  # disconnects: the owner's process keeps the Ray
+                    return
+                if not left:
                     self.address.unlink(missing_ok=True)
+                    break
+            time.sleep(0.5)  # another worker's tests still use it
         last_words()
         ray.shutdown()
 
