@@ -360,12 +360,14 @@ def _init_ray(ray, address: str | None = None) -> None:
     )
 
 
-# A test's namespace keeps one spare, cold: each spare is a process importing Ray, DuckDB
-# and thinkray, and a warm-up turn only saves a first turn's CPU. Tests of the pool's
-# policy or of the warm-up pass their own pool_size / warm_up. The variables set other
-# defaults, to measure what they cost (THINKRAY_TEST_POOL_SIZE=2 THINKRAY_TEST_WARM_UP=1
-# were the defaults before).
-TEST_POOL_SIZE = int(__import__("os").environ.get("THINKRAY_TEST_POOL_SIZE", "1"))
+# A test's namespace keeps no spare and skips the warm-up turn: each spare is a process
+# importing Ray, DuckDB and thinkray (~0.8 CPU-s here), and the spare a namespace
+# starts after its first bind was almost never used before the test ended. Tests of the
+# pool's policy or of the warm-up pass their own pool_size / warm_up. The variables set
+# other defaults, to measure what they cost (THINKRAY_TEST_POOL_SIZE=1 was the default
+# until the suite shared one Ray; THINKRAY_TEST_POOL_SIZE=2 THINKRAY_TEST_WARM_UP=1 the
+# one before).
+TEST_POOL_SIZE = int(__import__("os").environ.get("THINKRAY_TEST_POOL_SIZE", "0"))
 TEST_WARM_UP = __import__("os").environ.get("THINKRAY_TEST_WARM_UP", "0") == "1"
 # THINKRAY_TEST_PLACEMENT=hosts runs every namespace a test makes on agent hosts (the
 # actor-level suites' conformance under both placements; tests/test_hosts.py runs a
