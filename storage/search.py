@@ -190,8 +190,8 @@ def _text_of(payload: bytes) -> str | None:
 
 # A write's documents wait in memory and go in together: one INSERT costs ~1 ms here
 # however few rows it holds, which was 15-17% of a short turn's CPU with one per
-# write (the user's message, then the reply). A batch goes in when it is this big, when the
-# file is searched, changed by a delete or a branch, or closed (hibernation). A crash
+# write (the user's message, then the reply). A batch goes in when it is this big,
+# when the file is searched, changed by a delete or a branch, or closed (hibernation). A crash
 # loses what waits; the ``search.backfilled`` flag, set False by the write that starts
 # a batch (one UPDATE per batch) and True by the INSERT that ends it, tells the next
 # search to backfill what is missing.
@@ -250,10 +250,6 @@ def _insert(con: duckdb.DuckDBPyConnection, first_doc: int, docs: Sequence[_Pend
         con.execute("INSERT INTO search_index SELECT * FROM _search_rows")
     finally:
         con.unregister("_search_rows")
-
-
-def _csv(numbers: Any) -> str:
-    return ",".join(map(str, numbers))
 
 
 def _next_doc(con: duckdb.DuckDBPyConnection, state: _State) -> int:
@@ -413,11 +409,8 @@ def backfill(db: Database, state: _State) -> int:
             "AND i.message_id = x.message_id AND i.tf = x.idx "
             "AND i.digest = " + _SQL_DIGEST.format("x.payload") + ")"
         ).fetchall()
-        docs = [d for d in (_tokenized(*row) for row in missing) if d is not None]
-        if docs:
-            first = _next_doc(con, state)
-            _insert(con, first, docs)
-            state.next_doc = first + len(docs)
+        state.pending = [d for d in (_tokenized(*row) for row in missing) if d is not None]
+        _flush(con, state)  # incomplete yet: writes the rows, not the flag
         _set_complete(con, True)
     state.complete = True
     state.stats = None
