@@ -329,13 +329,16 @@ def serve(args: argparse.Namespace) -> int:
         print("thinkray serve: --replicas must be at least 1", file=sys.stderr)
         return 2
     if not os.environ.get("RAY_ADDRESS") and not ray.is_initialized():
-        # Workers import `--agent module:Class` from here, as this process does.
+        # Workers import `--agent module:Class` from here, as this process does. Through
+        # the environment the raylet inherits, not a runtime_env: with one, Ray starts
+        # every worker through a second Python (setup_worker.py) that imports half of
+        # Ray first, which doubles an actor's start (0.84 against 0.44 CPU-s here).
         path = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
+        os.environ["PYTHONPATH"] = path
         ray.init(
             address="local",  # our own Ray, never another instance on the machine
             include_dashboard=False,
             log_to_driver=False,
-            runtime_env={"env_vars": {"PYTHONPATH": path}},
         )
     else:
         _init_ray()

@@ -262,6 +262,16 @@ class AgentHost:
         async for item in activation.status_events(name, session_id):
             yield item
 
+    async def state_events(self, name: str) -> AsyncIterator[dict[str, Any]]:
+        """:meth:`SessionActor.state_events` of agent ``name``: its synced state, then
+        each change, until it stops being hosted here (nothing if it is not)."""
+        self._claim_main()
+        activation = self.activations.get(name)
+        if activation is None:
+            return
+        async for item in activation.state_events(name):
+            yield item
+
     async def _abort_main(self, name: str, run_id: str, reason: str) -> bool:
         activation = self.activations.get(name)
         if activation is None:

@@ -345,19 +345,31 @@ def ray_local(tmp_path_factory):
 
 
 def _init_ray(ray, address: str | None = None) -> None:
+    """Connect to (``address``) or start the suite's Ray. Workers import ``tests.*``
+    (the test agents) through ``PYTHONPATH``, set in this process's environment before
+    the raylet starts, which its workers inherit: a ``runtime_env`` with the same
+    variable would start each worker through Ray's ``setup_worker.py``, a second Python
+    that imports half of Ray first (0.84 against 0.44 CPU-s per worker here, about 750
+    workers a run)."""
     import os
 
-    env = {"PYTHONPATH": str(_REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    if address is not None:  # the Ray another xdist worker started
-        ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": env})
+    if address is not None:  # the Ray another xdist worker started, with its PYTHONPATH
+        ray.init(address=address, log_to_driver=False)
         return
-    ray.init(
-        address="local",  # the suite's own Ray, never another instance on the machine
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": env},
-    )
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), before) if p)
+    try:
+        ray.init(
+            address="local",  # the suite's own Ray, never another instance on the machine
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+        )
+    finally:  # the tests' own subprocesses see the environment they were given
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
 
 
 # A test's namespace keeps no spare and skips the warm-up turn: each spare is a process

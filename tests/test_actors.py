@@ -306,7 +306,8 @@ def _dead(ray: Any, actor: Any) -> bool:
 
 
 def test_recycle_after_n_bindings(namespace_factory):
-    ns = namespace_factory(recycle_after=1, pool_size=1)
+    # A dedicated actor recycles; a host keeps its process for its other agents.
+    ns = namespace_factory(recycle_after=1, pool_size=1, placement="dedicated")
     agent = ns.get("recycled")
     agent.chat.remote("x").result()
     assert ns.hibernate("recycled")

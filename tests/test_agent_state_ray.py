@@ -40,8 +40,14 @@ def test_invalid_state_through_the_handle_stores_nothing(namespace_factory):
     assert agent.state_snapshot.remote().result()["version"] == 1
 
 
-def test_state_events_carry_every_change_until_the_agent_hibernates(namespace_factory):
-    ns = namespace_factory(StateAgent)
+# Under both placements in every run: the ingress's state feed calls ``state_events``
+# on whichever actor hosts the agent (an agent host lacked it once, and the feed, which
+# only logs a failed watch, went silent).
+@pytest.mark.parametrize("placement", ["dedicated", "hosts"])
+def test_state_events_carry_every_change_until_the_agent_hibernates(
+    namespace_factory, placement
+):
+    ns = namespace_factory(StateAgent, placement=placement)
     agent = ns.get("feed")
     agent.set_state.remote({"count": 1}).result()
     actor = agent._actor_sync()

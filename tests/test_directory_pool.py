@@ -389,7 +389,8 @@ async def test_start_fills_the_pool_to_pool_size(make_pool, tmp_path):
 def test_a_burst_of_new_agents_binds_each_once_within_the_start_bound(namespace_factory):
     import asyncio as aio
 
-    ns = namespace_factory(pool_size=1, max_starting=1)
+    # The pool of dedicated actors (hosts have their own policy: tests/test_host_policy.py).
+    ns = namespace_factory(pool_size=1, max_starting=1, placement="dedicated")
     names = [f"burst-{i}" for i in range(8)]
 
     async def burst() -> list[Any]:
@@ -434,6 +435,7 @@ def test_busy_agents_keep_their_actors_then_the_extra_actors_retire(namespace_fa
         max_starting=1,
         start_patience=0.0,
         pool_ttl=0.5,
+        placement="dedicated",  # actors of their own, retired one by one
         agent_kwargs={"chunks": 40, "delay": 0.02},
     )
 

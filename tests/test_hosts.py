@@ -181,3 +181,18 @@ def test_an_agent_class_may_require_a_dedicated_actor(namespace_factory):
     assert ns.stats()["placement"] == "dedicated"
     ns.get("alone").chat.remote("hi").result()
     assert ns.where("alone")["placement"] == "dedicated"
+
+
+def test_a_host_answers_every_call_a_dedicated_actor_answers():
+    """Callers (handles, the ingress) call an agent's actor by method name, whichever
+    placement it has: each public method of a session actor is one of the host's."""
+    import inspect
+
+    from thinkray.actors.host import AgentHost
+    from thinkray.actors.session_actor import SessionActor
+
+    def public(cls):
+        return {n for n, _ in inspect.getmembers(cls, inspect.isfunction) if n[0] != "_"}
+
+    internal = {"busy"}  # read by the host itself, never through a handle
+    assert public(SessionActor) - internal <= public(AgentHost)

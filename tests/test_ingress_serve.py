@@ -147,6 +147,11 @@ def test_thinkray_serve_answers_a_chat(tmp_path):
                 str(port),
                 "--storage-root",
                 str(tmp_path / "root"),
+                "--agent",
+                "chat=thinkray.actors.demo:DemoAgent",
+                # A class of the working directory's own code: the workers import it too.
+                "--agent",
+                "script=tests.agents:ScriptAgent",
             ],
             cwd=ROOT,
             env=env,
@@ -188,6 +193,18 @@ def test_thinkray_serve_answers_a_chat(tmp_path):
         stored = httpx.get(f"{base}/agents/chat/mine/chat/c1/messages", headers=auth).json()
         assert stored[-1]["id"] == events[0]["messageId"]
         assert httpx.get(f"{base}/agents/chat", headers=auth).json() == {"agents": ["mine"]}
+        with (
+            httpx.Client(timeout=60) as client,
+            client.stream(
+                "POST",
+                f"{base}/agents/script/mine/chat",
+                json=chat_body("c2", "hello", "u2"),
+                headers=auth,
+            ) as r,
+        ):
+            assert r.status_code == 200, r.read()
+            events = list(sse_events(r.iter_lines()))
+        assert events[-2]["type"] == "finish" and text_of(events), events
     finally:
         _stop(proc)
     assert proc.returncode == 0, log.read_text()[-3000:]

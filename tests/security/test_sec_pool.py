@@ -98,6 +98,7 @@ def test_a_wake_whose_hook_raises_leaves_the_pool_healthy(namespace_factory, tmp
         pool_size=2,
         idle_timeout=None,
         agent_kwargs={"flags": str(flags)},
+        placement="dedicated",  # the pool of actors (one agent per actor, below)
     )
     broken, *others = _names(5)
     flag = flags / f"fail-wake-{broken}"
