@@ -44,9 +44,7 @@ def test_invalid_state_through_the_handle_stores_nothing(namespace_factory):
 # on whichever actor hosts the agent (an agent host lacked it once, and the feed, which
 # only logs a failed watch, went silent).
 @pytest.mark.parametrize("placement", ["dedicated", "hosts"])
-def test_state_events_carry_every_change_until_the_agent_hibernates(
-    namespace_factory, placement
-):
+def test_state_events_carry_every_change_until_the_agent_hibernates(namespace_factory, placement):
     ns = namespace_factory(StateAgent, placement=placement)
     agent = ns.get("feed")
     agent.set_state.remote({"count": 1}).result()
