@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 from thinkray.actors.demo import get_weather
+from thinkray.actors.orchestrator import Orchestrator
 from thinkray.runtime.agents.agent import Agent
 from thinkray.runtime.agents.persistent import (
     HandleTarget,
@@ -532,3 +533,12 @@ class DedicatedScriptAgent(ScriptAgent):
     """A ScriptAgent that asks for a Ray actor of its own even under placement hosts."""
 
     dedicated_actor = True
+
+
+class LeanOrchestrator(Orchestrator):
+    """The product's Orchestrator whose sub-agents' namespace keeps no warm spare (a
+    test's handful of sub-agents start on demand): each spare is a process that imports
+    Ray, DuckDB and thinkray and runs a warm-up turn, and a test rarely used the two a
+    sub-agent namespace keeps by default. Everything else is the Orchestrator's."""
+
+    subagent_pool_size = 0

@@ -64,10 +64,11 @@ def start_driver(ray: Any, body: str, *args: str) -> Any:
     from pathlib import Path
 
     repo = str(Path(__file__).resolve().parent.parent)
+    # The session Ray's workers find the repository through their raylet's environment
+    # (tests/conftest.py's _init_ray); this driver through its own.
     preamble = (
         "import ray\n"
-        f"ray.init(address={ray.get_runtime_context().gcs_address!r}, log_to_driver=False,\n"
-        f"         runtime_env={{'env_vars': {{'PYTHONPATH': {repo!r}}}}})\n"
+        f"ray.init(address={ray.get_runtime_context().gcs_address!r}, log_to_driver=False)\n"
     )
     return subprocess.Popen(
         [sys.executable, "-c", preamble + textwrap.dedent(body), *args],

@@ -25,9 +25,9 @@ def tool_parts(message):
 
 @pytest.fixture
 def orchestrator(namespace_factory):
-    from thinkray.actors.orchestrator import Orchestrator
+    from tests.agents import LeanOrchestrator
 
-    ns = namespace_factory(Orchestrator, pool_size=1, idle_timeout=None)
+    ns = namespace_factory(LeanOrchestrator, idle_timeout=None)
     handle = ns.get("boss")
     yield ns, handle
     # sub-agent namespaces belong to the orchestrator: stop them too
@@ -308,11 +308,12 @@ def test_orchestrators_whose_names_used_to_collide_keep_their_workspaces_apart(
     import uuid
 
     from thinkray.actors.namespace import AgentNamespace
-    from thinkray.actors.orchestrator import Orchestrator
+
+    from tests.agents import LeanOrchestrator
 
     x = f"x{uuid.uuid4().hex[:8]}"
-    first = namespace_factory(Orchestrator, name=f"{x}-b", pool_size=1, idle_timeout=None)
-    second = namespace_factory(Orchestrator, name=x, pool_size=1, idle_timeout=None)
+    first = namespace_factory(LeanOrchestrator, name=f"{x}-b", idle_timeout=None)
+    second = namespace_factory(LeanOrchestrator, name=x, idle_timeout=None)
     try:
         mine = first.get("c").shared_workspace.remote().result()
         theirs = second.get("b-c").shared_workspace.remote().result()

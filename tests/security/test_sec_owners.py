@@ -411,8 +411,8 @@ def test_rm_of_a_real_orchestrator_leaves_nothing_to_the_next_claimant(
 ):
     from thinkray.actors.bridge import bridge_name
     from thinkray.actors.namespace import AgentNamespace
-    from thinkray.actors.orchestrator import Orchestrator
 
+    from tests.agents import LeanOrchestrator
     from tests.helpers import wait_until
 
     writes = {
@@ -422,7 +422,7 @@ def test_rm_of_a_real_orchestrator_leaves_nothing_to_the_next_claimant(
             [{"text": "written"}],
         ],
     }
-    ns = namespace_factory(Orchestrator, pool_size=1, idle_timeout=None)
+    ns = namespace_factory(LeanOrchestrator, idle_timeout=None)
     root, owners = ns.storage_root, OwnerRegistry(ns.storage_root)
     subs = f"{ns.name}.x.subs"
     assert owners.claim(ns.name, "x", "alice")
