@@ -36,13 +36,9 @@ def main() -> int:
     from thinkray.actors.namespace import AgentNamespace
 
     from tests.agents import ScriptAgent
+    from tests.bench._ray import start_local_ray
 
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
-    )
+    start_local_ray()
     root = tempfile.mkdtemp(prefix="thinkray-bench-")
     print(f"thinkray actor benchmarks (storage root {root})")
 

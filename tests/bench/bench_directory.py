@@ -105,15 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline", type=float, default=180.0, help="seconds per phase")
     parser.add_argument("--root", default=None, help="storage root (default: a temp dir)")
     args = parser.parse_args(argv)
-    import ray
 
-    if not ray.is_initialized():
-        ray.init(
-            num_cpus=2,
-            include_dashboard=False,
-            log_to_driver=False,
-            runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
-        )
+    from tests.bench._ray import start_local_ray
+
+    start_local_ray()  # unless one runs (a test's)
     print(
         f"directory benchmark: {args.resolves} concurrent resolves "
         f"({args.wakes} wakes, the rest lookups of {args.live} live agents)"

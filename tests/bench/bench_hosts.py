@@ -37,16 +37,9 @@ TARGET_SIBLING_EXTRA = 0.100
 
 
 def _init_ray() -> None:
-    import ray
+    from tests.bench._ray import start_local_ray
 
-    repo = str(Path(__file__).resolve().parents[2])
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": repo}},
-    )
+    start_local_ray()
 
 
 async def _wake_all(ns: Any, names: list[str], parallel: int = 32) -> None:

@@ -303,19 +303,13 @@ async def measure(args: argparse.Namespace, base: str, ns: Any) -> tuple[Phase, 
 
 def run(args: argparse.Namespace) -> int:
     """The benchmark on the Ray this process is connected to (started if needed)."""
-    import ray
     from thinkray.actors.ingress.config import AgentRoute, IngressConfig
     from thinkray.actors.namespace import AgentNamespace
 
     from tests.agents import ScriptAgent
+    from tests.bench._ray import start_local_ray
 
-    if not ray.is_initialized():
-        ray.init(
-            num_cpus=2,
-            include_dashboard=False,
-            log_to_driver=False,
-            runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
-        )
+    start_local_ray()  # unless one runs (a test's)
     root = args.root or tempfile.mkdtemp(prefix="thinkray-bench-ingress-")
     name = f"bench-ingress-{os.getpid()}"
     options = {"pool_size": 2, "max_live": max(64, args.agents + 4), "idle_timeout": None}

@@ -58,12 +58,9 @@ def main() -> int:
     from thinkray.runtime.tools.mcp import raise_for_envelope
 
     tool, args = ("hang", {"seconds": opts.work}) if opts.work else ("echo", {"text": "x" * 64})
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
-    )
+    from tests.bench._ray import start_local_ray
+
+    start_local_ray()
     root = tempfile.mkdtemp(prefix="thinkray-bench-mcp-")
     ns = AgentNamespace("bm", Orchestrator, storage_root=root, pool_size=1, idle_timeout=None)
     bridge = None

@@ -622,22 +622,12 @@ def _run_w2(root: Path, s: _Settings, tag: str, figures: _ActorFigures) -> None:
 def _init_ray() -> bool:
     """Start a local Ray for the benchmark; False when one was already running (then it
     is left running)."""
-    import ray
 
-    if ray.is_initialized():
-        return False
+    from tests.bench._ray import start_local_ray
+
     # The workload's agent lives in tests.bench (not in the package): actors import it
     # from the repository, as the suite's do.
-    repo = str(Path(__file__).resolve().parents[2])
-    path = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH", "")) if p)
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": path}},
-    )
-    return True
+    return start_local_ray()
 
 
 def main(argv: list[str] | None = None) -> int:
