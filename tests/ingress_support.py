@@ -30,9 +30,10 @@ def make_config(root: str, namespace: str, **overrides: Any) -> IngressConfig:
                 agent_cls=agent_cls,
                 namespace=namespace,
                 agent_kwargs=agent_kwargs,
-                # one cold spare, as tests/conftest.py's namespace_factory keeps: each spare
-                # is a process start, and a warm-up turn only saves a first turn's CPU
-                namespace_options={"detached": False, "pool_size": 1, "warm_up": False},
+                # no spare, as tests/conftest.py's namespace_factory keeps: each spare is a
+                # process start (the one started after the first bind was rarely used),
+                # and a warm-up turn only saves a first turn's CPU
+                namespace_options={"detached": False, "pool_size": 0, "warm_up": False},
             )
         },
         "tokens": TOKENS,

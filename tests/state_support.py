@@ -26,7 +26,7 @@ CLASSES = {
 
 
 def state_config(root: str, prefix: str) -> IngressConfig:
-    options = {"detached": False, "pool_size": 1}
+    options = {"detached": False, "pool_size": 0, "warm_up": False}  # as make_config's
     agents = {
         slug: AgentRoute(
             agent_cls=cls,

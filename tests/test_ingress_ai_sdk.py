@@ -59,7 +59,7 @@ def base(ray_local, tmp_path_factory) -> Iterator[str]:
         agent_cls="tests.agents:ScriptAgent",
         namespace=f"{namespace}-slow",
         agent_kwargs={"chunks": SLOW_CHUNKS, "delay": 0.05},
-        namespace_options={"detached": False, "pool_size": 1, "warm_up": False},
+        namespace_options={"detached": False, "pool_size": 0, "warm_up": False},
     )
     with serve_app(config) as url:
         yield url
