@@ -662,7 +662,12 @@ class SessionActor:
 
     @contextmanager
     def _call(self, name: str) -> Iterator[Think]:
-        if self.agent is None or self.name != name:
+        # Refused while the agent hibernates, too: its hooks run with the agent still
+        # set, and a turn admitted meanwhile would be cut off by the close that ends
+        # the hibernation (it read back "interrupted" with no crash). Refused, the call
+        # never ran: the handle re-resolves, which waits for the hibernation (the
+        # directory holds the name's lock) and wakes the agent again.
+        if self.agent is None or self.name != name or self.state == "hibernating":
             raise NotBoundError(name, self.name)
         self.inflight += 1
         self.last_activity = time.monotonic()

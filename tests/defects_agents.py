@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from thinkray.runtime import Think, tool
 from thinkray.runtime.models.base import Model
 from thinkray.runtime.models.testing import FunctionModel, pause, reply, tool_call
 from thinkray.runtime.tools.base import Tool
+
+from tests.agents import ScriptAgent
 
 
 @tool
@@ -38,3 +41,16 @@ class SlowTalker(Think):
 
     def get_model(self) -> Model:
         return FunctionModel(lambda request, n: reply(*["word "] * 400, delay=0.05))
+
+
+class SlowToHibernate(ScriptAgent):
+    """Its ``on_hibernate`` waits for a gate (a class attribute, set by the test that
+    runs it in its own process): a hibernation that takes its time."""
+
+    entered: asyncio.Event | None = None
+    gate: asyncio.Event | None = None
+
+    async def on_hibernate(self) -> None:
+        assert self.entered is not None and self.gate is not None
+        self.entered.set()
+        await self.gate.wait()

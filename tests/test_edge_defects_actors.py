@@ -71,3 +71,36 @@ def test_a_forced_hibernation_ends_the_live_stream_as_the_replay_ends(namespace_
     assert replay == live
     [_, message] = agent.get_history.remote().result()
     assert message["metadata"]["status"] == "interrupted"
+
+
+async def test_a_call_that_arrives_while_the_agent_hibernates_is_refused_not_cut_off(
+    ray_local, tmp_path
+):
+    """A turn sent while the agent's hibernation hooks ran was admitted, then cut off
+    by the close that ends the hibernation: it read back "interrupted" with no crash
+    (seen as failed turns in bench_w1's bursts of new sessions). Now it is refused as
+    "not bound here" (the call never ran; a handle re-sends it to the woken agent)."""
+    from thinkray.actors.relay import NotBoundError
+    from thinkray.actors.session_actor import BindSpec, SessionActor
+
+    from tests.defects_agents import SlowToHibernate
+
+    SlowToHibernate.entered, SlowToHibernate.gate = asyncio.Event(), asyncio.Event()
+    actor = SessionActor((), False, None)  # the object a session actor or host runs
+    await actor.bind(BindSpec("ns", "a", str(tmp_path / "a.duckdb"), SlowToHibernate))
+    first = await actor.invoke("a", "chat", ("before",))
+    assert first.status == "completed"
+    hibernating = asyncio.ensure_future(actor.hibernate("a"))
+    await SlowToHibernate.entered.wait()
+    with pytest.raises(NotBoundError):
+        await actor.invoke("a", "chat", ("during",))
+    with pytest.raises(NotBoundError):
+        await anext(actor.invoke_stream("a", "stream_chat", ("during, streamed",)))
+    SlowToHibernate.gate.set()
+    assert (await hibernating)["ok"]
+    # Nothing of the refused calls reached the file.
+    await actor.bind(BindSpec("ns", "a", str(tmp_path / "a.duckdb"), SlowToHibernate))
+    history = await actor.invoke("a", "get_history")
+    assert [m["role"] for m in history] == ["user", "assistant"]
+    SlowToHibernate.gate.set()
+    await actor.hibernate("a", force=True)
