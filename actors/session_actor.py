@@ -662,12 +662,13 @@ class SessionActor:
 
     @contextmanager
     def _call(self, name: str) -> Iterator[Think]:
-        # Refused while the agent hibernates, too: its hooks run with the agent still
-        # set, and a turn admitted meanwhile would be cut off by the close that ends
-        # the hibernation (it read back "interrupted" with no crash). Refused, the call
-        # never ran: the handle re-resolves, which waits for the hibernation (the
-        # directory holds the name's lock) and wakes the agent again.
-        if self.agent is None or self.name != name or self.state == "hibernating":
+        # Refused while the agent binds or hibernates, too: the hooks (on_wake,
+        # on_hibernate) run with the agent set, and a turn admitted meanwhile would run
+        # before the wake finished, or be cut off by the close that ends the
+        # hibernation or undoes a failed wake (it read back "interrupted" with no
+        # crash). Refused, the call never ran: the handle re-resolves, which waits for
+        # the transition (the directory holds the name's lock), and sends it again.
+        if self.agent is None or self.name != name or self._transit is not None:
             raise NotBoundError(name, self.name)
         self.inflight += 1
         self.last_activity = time.monotonic()

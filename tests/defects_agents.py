@@ -54,3 +54,17 @@ class SlowToHibernate(ScriptAgent):
         assert self.entered is not None and self.gate is not None
         self.entered.set()
         await self.gate.wait()
+
+
+class SlowToWake(ScriptAgent):
+    """Its ``on_wake`` waits for a gate (class attributes, set by the test that runs it
+    in its own process): a wake that takes its time."""
+
+    entered: asyncio.Event | None = None
+    gate: asyncio.Event | None = None
+
+    async def on_wake(self) -> None:
+        await super().on_wake()
+        assert self.entered is not None and self.gate is not None
+        self.entered.set()
+        await self.gate.wait()

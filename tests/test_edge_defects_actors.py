@@ -104,3 +104,27 @@ async def test_a_call_that_arrives_while_the_agent_hibernates_is_refused_not_cut
     assert [m["role"] for m in history] == ["user", "assistant"]
     SlowToHibernate.gate.set()
     await actor.hibernate("a", force=True)
+
+
+async def test_a_call_that_arrives_while_the_agent_wakes_waits_for_the_wake(ray_local, tmp_path):
+    """The agent is set before its ``on_wake`` runs: a call admitted then ran before the
+    wake finished (and a failed wake closed the agent under it). It is refused as "not
+    bound here" until the bind is done; then the same call runs."""
+    from thinkray.actors.relay import NotBoundError
+    from thinkray.actors.session_actor import BindSpec, SessionActor
+
+    from tests.defects_agents import SlowToWake
+
+    SlowToWake.entered, SlowToWake.gate = asyncio.Event(), asyncio.Event()
+    actor = SessionActor((), False, None)
+    binding = asyncio.ensure_future(
+        actor.bind(BindSpec("ns", "b", str(tmp_path / "b.duckdb"), SlowToWake))
+    )
+    await SlowToWake.entered.wait()
+    with pytest.raises(NotBoundError):
+        await actor.invoke("b", "chat", ("too early",))
+    SlowToWake.gate.set()
+    await binding
+    assert (await actor.invoke("b", "chat", ("after the wake",))).status == "completed"
+    assert [m["role"] for m in await actor.invoke("b", "get_history")] == ["user", "assistant"]
+    await actor.hibernate("b", force=True)
