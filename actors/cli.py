@@ -332,7 +332,7 @@ def serve(args: argparse.Namespace) -> int:
         # Workers import `--agent module:Class` from here, as this process does. Through
         # the environment the raylet inherits, not a runtime_env: with one, Ray starts
         # every worker through a second Python (setup_worker.py) that imports half of
-        # Ray first, which doubles an actor's start (0.84 against 0.44 CPU-s here).
+        # Ray first: +0.3-0.5 CPU-s on each actor's start here (bench_worker_start.py).
         path = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
         os.environ["PYTHONPATH"] = path
         ray.init(
