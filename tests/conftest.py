@@ -349,8 +349,8 @@ def _init_ray(ray, address: str | None = None) -> None:
     (the test agents) through ``PYTHONPATH``, set in this process's environment before
     the raylet starts, which its workers inherit: a ``runtime_env`` with the same
     variable would start each worker through Ray's ``setup_worker.py``, a second Python
-    that imports half of Ray first (0.84 against 0.44 CPU-s per worker here, about 750
-    workers a run)."""
+    that imports half of Ray first (an empty actor's process: 0.94 against 0.41 CPU-s
+    here; ~650 workers a run, tests/bench/bench_worker_start.py)."""
     import os
 
     if address is not None:  # the Ray another xdist worker started, with its PYTHONPATH
