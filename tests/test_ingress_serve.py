@@ -173,19 +173,24 @@ def test_thinkray_serve_answers_a_chat(tmp_path):
         assert match, printed
         auth = {"authorization": f"Bearer {match.group(1)}"}
         assert httpx.get(f"{base}/agents/chat", timeout=30).status_code == 401
-        with (
-            httpx.Client(timeout=60) as client,
-            client.stream(
-                "POST",
-                f"{base}/agents/chat/mine/chat",
-                json=chat_body("c1", "What's the weather in Paris?", "u1"),
-                headers=auth,
-            ) as r,
-        ):
-            assert r.status_code == 200, r.read()
-            events = list(sse_events(r.iter_lines()))
+
+        def chat(slug: str, chat_id: str, text: str) -> list:
+            with (
+                httpx.Client(timeout=60) as client,
+                client.stream(
+                    "POST",
+                    f"{base}/agents/{slug}/mine/chat",
+                    json=chat_body(chat_id, text, f"u-{chat_id}"),
+                    headers=auth,
+                ) as r,
+            ):
+                assert r.status_code == 200, r.read()
+                return list(sse_events(r.iter_lines()))
+
+        events = chat("chat", "c1", "What's the weather in Paris?")
         assert events[-1] == "[DONE]" and events[-2]["type"] == "finish"
-        # The default agent class: the demo's, offline without ANTHROPIC_API_KEY.
+        # The demo's agent class (the default, tests/test_serve_root.py), offline without
+        # ANTHROPIC_API_KEY.
         assert any(e["type"] == "tool-output-available" for e in events if isinstance(e, dict)), (
             events
         )
@@ -193,17 +198,7 @@ def test_thinkray_serve_answers_a_chat(tmp_path):
         stored = httpx.get(f"{base}/agents/chat/mine/chat/c1/messages", headers=auth).json()
         assert stored[-1]["id"] == events[0]["messageId"]
         assert httpx.get(f"{base}/agents/chat", headers=auth).json() == {"agents": ["mine"]}
-        with (
-            httpx.Client(timeout=60) as client,
-            client.stream(
-                "POST",
-                f"{base}/agents/script/mine/chat",
-                json=chat_body("c2", "hello", "u2"),
-                headers=auth,
-            ) as r,
-        ):
-            assert r.status_code == 200, r.read()
-            events = list(sse_events(r.iter_lines()))
+        events = chat("script", "c2", "hello")  # a class the workers import from the cwd
         assert events[-2]["type"] == "finish" and text_of(events), events
     finally:
         _stop(proc)

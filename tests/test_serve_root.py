@@ -39,3 +39,12 @@ def test_a_local_storage_root_is_made_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config, _ = serve_config(_args("data/agents"))
     assert config.storage_root == os.path.join(str(tmp_path), "data", "agents")
+
+
+def test_without_agent_options_the_demo_agent_is_served_at_chat(tmp_path):
+    """``thinkray serve`` with no ``--agent``: the demo's agent class at ``/agents/chat``
+    (tests/test_ingress_serve.py chats with it end to end, named explicitly there beside
+    a class of the working directory)."""
+    config, _ = serve_config(_args(str(tmp_path)))
+    assert list(config.agents) == ["chat"]
+    assert config.agents["chat"].agent_cls == "thinkray.actors.demo:DemoAgent"
