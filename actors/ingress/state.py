@@ -34,6 +34,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
+import ray
 from fastapi import Depends
 from fastapi.responses import JSONResponse, Response
 from thinkray.actors.ingress.access import (
@@ -48,6 +49,7 @@ from thinkray.actors.ingress.agents import NotVisibleError
 from thinkray.actors.ingress.auth import Principal
 from thinkray.actors.ingress.common import HTTPError
 from thinkray.actors.ingress.routes import BASE, SSEResponse, json_body, json_body_doc, router
+from thinkray.actors.relay import NotBoundError
 from thinkray.runtime.agents.state import initial_state_of, validate_state
 from thinkray.runtime.errors import StateChangeRefusedError
 
@@ -124,6 +126,16 @@ def public(change: dict[str, Any]) -> dict[str, Any]:
 # -- the feed ------------------------------------------------------------------------------
 
 
+_WENT_AWAY = (
+    ray.exceptions.RayActorError,
+    ray.exceptions.ActorUnavailableError,
+    NotBoundError,
+    NotVisibleError,
+)
+"""How a watch ends when the agent's actor is gone or the name is not the caller's: the
+feed looks again, quietly. Anything else is logged as a warning."""
+
+
 async def state_changes(
     ing: Ingress, key: Key, who: Principal, stale: bool
 ) -> AsyncIterator[dict[str, Any]]:
@@ -136,8 +148,10 @@ async def state_changes(
         gen = actor.state_events.options(num_returns="streaming").remote(name)
         async for ref in gen:
             yield await ref
-    except Exception as exc:  # the actor went away (or the name is not theirs): look again
+    except _WENT_AWAY as exc:  # the actor died or unbound, or the name is not theirs
         log.debug("state feed of %s/%s ended: %s", slug, name, exc)
+    except Exception as exc:  # anything else is a fault the clients would only see as silence
+        log.warning("state feed of %s/%s failed: %r (looking again)", slug, name, exc)
 
 
 async def live(ing: Ingress, key: Key) -> bool:
