@@ -44,8 +44,8 @@ class SlowTalker(Think):
 
 
 class SlowToHibernate(ScriptAgent):
-    """Its ``on_hibernate`` waits for a gate (a class attribute, set by the test that
-    runs it in its own process): a hibernation that takes its time."""
+    """Its ``on_hibernate`` waits for a gate (class attributes, set by the test, which
+    hosts it in the test's own process): a hibernation that takes its time."""
 
     entered: asyncio.Event | None = None
     gate: asyncio.Event | None = None
@@ -57,8 +57,8 @@ class SlowToHibernate(ScriptAgent):
 
 
 class SlowToWake(ScriptAgent):
-    """Its ``on_wake`` waits for a gate (class attributes, set by the test that runs it
-    in its own process): a wake that takes its time."""
+    """Its ``on_wake`` waits for a gate (class attributes, set by the test, which hosts
+    it in the test's own process): a wake that takes its time."""
 
     entered: asyncio.Event | None = None
     gate: asyncio.Event | None = None
