@@ -144,8 +144,6 @@ def collector():
 
 # -- Ray: one local instance per test session, started on first use ---------------------
 
-_REPO = __import__("pathlib").Path(__file__).resolve().parent.parent
-
 # What the suite started, printed at its end (summed over xdist workers): the costs
 # that decide its time on 2 cores are process starts, not the tests' own work.
 _STARTS = {"ray_inits": 0, "ray_worker_processes": 0, "namespaces": 0, "pool_spares": 0}
@@ -345,31 +343,15 @@ def ray_local(tmp_path_factory):
 
 
 def _init_ray(ray, address: str | None = None) -> None:
-    """Connect to (``address``) or start the suite's Ray. Workers import ``tests.*``
-    (the test agents) through ``PYTHONPATH``, set in this process's environment before
-    the raylet starts, which its workers inherit: a ``runtime_env`` with the same
-    variable would start each worker through Ray's ``setup_worker.py``, a second Python
-    that imports half of Ray first (an empty actor's process: 0.94 against 0.41 CPU-s
-    here; ~650 workers a run, tests/bench/bench_worker_start.py)."""
-    import os
-
-    if address is not None:  # the Ray another xdist worker started, with its PYTHONPATH
+    """Connect to (``address``, the Ray another xdist worker started) or start the
+    suite's Ray (``tests.bench._ray.start_local_ray``: its workers find the repository
+    through the raylet's environment, not a ``runtime_env``)."""
+    if address is not None:
         ray.init(address=address, log_to_driver=False)
         return
-    before = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), before) if p)
-    try:
-        ray.init(
-            address="local",  # the suite's own Ray, never another instance on the machine
-            num_cpus=2,
-            include_dashboard=False,
-            log_to_driver=False,
-        )
-    finally:  # the tests' own subprocesses see the environment they were given
-        if before is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = before
+    from tests.bench._ray import start_local_ray
+
+    start_local_ray()
 
 
 # A test's namespace keeps no spare and skips the warm-up turn: each spare is a process

@@ -1,4 +1,5 @@
-"""The benchmarks' local Ray: one place that starts it as the product should run."""
+"""A local Ray whose workers import ``tests.*`` from the repository: the benchmarks'
+and the test suite's (tests/conftest.py), started as the product should run."""
 
 from __future__ import annotations
 
@@ -9,20 +10,28 @@ REPO = str(Path(__file__).resolve().parents[2])
 
 
 def start_local_ray() -> bool:
-    """Start a local 2-CPU Ray whose workers import ``tests.*`` (the benchmarks' agents)
-    from the repository; False when Ray was already running (it is left as it is).
+    """Start a local 2-CPU Ray whose workers import ``tests.*`` (the agents of the tests
+    and benchmarks) from the repository; False when Ray was already running (it is left
+    as it is).
 
-    The path reaches the workers through the environment the raylet inherits, never a
-    ``runtime_env``: with one, Ray starts every worker through a second Python
-    (``setup_worker.py``) that imports half of Ray before the worker does, which
-    doubles an actor's start (0.84 against 0.44 CPU-s on the 2-core machine) and would
-    put that cost into every figure that starts actors."""
+    The path reaches the workers through the environment the raylet inherits (set for
+    the start only; this process's own is restored after), never a ``runtime_env``: with
+    one, Ray starts every worker through a second Python (``setup_worker.py``) that
+    imports much of Ray first. A session actor's process then uses 1.1-1.3 CPU-s by its
+    first answer instead of 0.8-1.0 here (``tests/bench/bench_worker_start.py``), a cost
+    in every figure that starts actors and in each of the suite's ~650 workers."""
     import ray
 
     if ray.is_initialized():
         return False
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if REPO not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([REPO, *paths])
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, before) if p)
+    try:
+        # "local": a Ray of its own, never another instance on the machine
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    finally:  # subprocesses started later see the environment they were given
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
     return True
