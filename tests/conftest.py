@@ -184,6 +184,7 @@ def pytest_sessionfinish(session):
     if workeroutput is not None:  # an xdist worker: hand the counts to the controller
         workeroutput["thinkray_starts"] = dict(_STARTS)
         workeroutput["thinkray_file_starts"] = dict(_FILE_STARTS)
+        workeroutput["thinkray_class_starts"] = dict(_CLASS_STARTS)
 
 
 @pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest without xdist has none
@@ -192,6 +193,8 @@ def pytest_testnodedown(node, error):
         _STARTS[key] += value
     for key, value in getattr(node, "workeroutput", {}).get("thinkray_file_starts", {}).items():
         _FILE_STARTS[key] = _FILE_STARTS.get(key, 0) + value
+    for key, value in getattr(node, "workeroutput", {}).get("thinkray_class_starts", {}).items():
+        _CLASS_STARTS[key] = _CLASS_STARTS.get(key, 0) + value
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -202,6 +205,8 @@ def pytest_terminal_summary(terminalreporter):
     if __import__("os").environ.get("THINKRAY_TEST_STARTS") == "1":
         for path, count in sorted(_FILE_STARTS.items(), key=lambda kv: -kv[1]):
             terminalreporter.write_line(f"  {count:4d} ray worker processes  {path}")
+        for name, count in sorted(_CLASS_STARTS.items(), key=lambda kv: -kv[1]):
+            terminalreporter.write_line(f"  {count:4d} actors of class {name}")
 
 
 def _ray_workers_so_far() -> int | None:
@@ -223,6 +228,20 @@ def _count_file_starts(request):
     if after is not None:
         path = request.node.nodeid
         _FILE_STARTS[path] = _FILE_STARTS.get(path, 0) + after - (before or 0)
+
+
+# Actors started per class (THINKRAY_TEST_STARTS=1): which kind of process the run pays for.
+_CLASS_STARTS: dict[str, int] = {}
+
+
+def _count_actor_classes() -> None:
+    """Every actor the session's Ray created, dead or alive, counted by class (the GCS
+    keeps the dead ones' records)."""
+    from ray._private import state
+
+    for record in state.actors().values():
+        name = record.get("ActorClassName") or record.get("class_name") or "?"
+        _CLASS_STARTS[name] = _CLASS_STARTS.get(name, 0) + 1
 
 
 def _count_ray_workers() -> int:
@@ -334,6 +353,9 @@ def ray_local(tmp_path_factory):
     def count_workers() -> None:
         with contextlib.suppress(Exception):
             _STARTS["ray_worker_processes"] += _count_ray_workers()
+        if os.environ.get("THINKRAY_TEST_STARTS") == "1":
+            with contextlib.suppress(Exception):
+                _count_actor_classes()
 
     if shared is not None:
         shared.leave(ray, count_workers)  # the owner counts every worker's starts
