@@ -11,7 +11,6 @@ import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Discriminator,
     Field,
@@ -22,6 +21,7 @@ from pydantic.alias_generators import to_camel
 from thinkray.runtime.errors import (  # re-exported: the errors live in thinkray.runtime.errors
     InvalidMessageError as InvalidMessageError,
 )
+from thinkray.runtime.typed_model import TypedModel
 
 Role = Literal["system", "user", "assistant"]
 ToolState = Literal[
@@ -37,7 +37,7 @@ ToolState = Literal[
 on one row (with approval-requested / output-denied when a tool needs approval)."""
 
 
-class WireModel(BaseModel):
+class WireModel(TypedModel):
     """Base of the message models: snake_case in Python, camelCase on the wire (either
     accepted on input); unknown fields are kept."""
 

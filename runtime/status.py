@@ -10,15 +10,15 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel
 from thinkray.runtime.errors import (  # re-exported: the errors live in thinkray.runtime.errors
     SessionBusyError as SessionBusyError,
 )
+from thinkray.runtime.typed_model import TypedModel
 
 StatusState = Literal["idle", "busy", "retrying", "error"]
 
 
-class SessionStatus(BaseModel):
+class SessionStatus(TypedModel):
     """Whether a session runs now: ``busy`` (``run_id``, since ``started_at``),
     ``retrying`` (``attempt``, ``message``: why), ``error`` (``message``) or ``idle``."""
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel
+from thinkray.runtime.typed_model import TypedModel
 
 
-class Usage(BaseModel):
+class Usage(TypedModel):
     """Tokens of one step (or a sum of steps; ``+`` adds them). ``input`` excludes
     the cache tokens; ``cost_usd`` is None unless a provider reported a cost."""
 

@@ -1,6 +1,8 @@
 """Run by tests/test_durability.py in its own process: two raylets on one machine
 (ray.cluster_utils.Cluster) over an ``s3://`` storage root (a moto server this process
-starts on loopback). Prints what it observed as one line, ``REPORT <json>``.
+starts on loopback). Runs the scenarios named on its command line (``fence,crash``) one
+after another in that cluster and prints what each observed (or the error that ended
+it) as one line, ``REPORT <json>``.
 
 ``crash`` (issue 21 item 9): an agent on the worker node answers N turns (each calls a
 tool that logs its execution to a file), then, while turn N + 1 runs, its actor
@@ -22,6 +24,7 @@ import signal
 import socket
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -122,15 +125,14 @@ class Rig:
 
 
 def crash(rig: Rig) -> dict[str, Any]:
-    tool_log = os.path.join(rig.where, "tools.log")
-    spec = rig.spec("talker", tool_log=tool_log, delay=0.01)
+    name = "crash-talker"
+    tool_log = os.path.join(rig.where, "crash-tools.log")
+    spec = rig.spec(name, tool_log=tool_log, delay=0.01)
     owner, info = rig.actor_on(rig.worker_id)
     ray.get(owner.bind.remote(spec), timeout=SAFETY)
-    statuses = [
-        status_of(rig.call(owner, "talker", "chat", f"weather in {city}")) for city in CITIES
-    ]
+    statuses = [status_of(rig.call(owner, name, "chat", f"weather in {city}")) for city in CITIES]
     # Turn N + 1 is under way (its tool ran) when the node dies.
-    late = owner.invoke.remote("talker", "chat", ("weather in Lateville",))
+    late = owner.invoke.remote(name, "chat", ("weather in Lateville",))
     deadline = time.monotonic() + SAFETY
     while "Lateville" not in Path(tool_log).read_text(encoding="utf-8"):
         if time.monotonic() > deadline:
@@ -141,10 +143,10 @@ def crash(rig: Rig) -> dict[str, Any]:
     del late
     taker, taker_info = rig.actor_on(rig.head_id)
     refused = rig.bind_when_free(taker, spec)
-    history = rig.call(taker, "talker", "get_history")
+    history = rig.call(taker, name, "get_history")
     with open(tool_log, encoding="utf-8") as fh:
         runs = [line.split()[1] for line in fh if line.strip()]
-    ray.get(taker.hibernate.remote("talker"), timeout=SAFETY)
+    ray.get(taker.hibernate.remote(name), timeout=SAFETY)
     return {
         "statuses": statuses,
         "owner_node": info["node_id"],
@@ -160,9 +162,9 @@ def crash(rig: Rig) -> dict[str, Any]:
     }
 
 
-def _chunk_types(rig: Rig, actor: Any, text: str) -> list[str]:
+def _chunk_types(rig: Rig, actor: Any, name: str, text: str) -> list[str]:
     types = []
-    for ref in actor.invoke_stream.remote("talker", "stream_chat", (text,)):
+    for ref in actor.invoke_stream.remote(name, "stream_chat", (text,)):
         item = ray.get(ref, timeout=SAFETY)
         for chunk in item if isinstance(item, list) else []:
             types.append(chunk["type"])
@@ -170,34 +172,35 @@ def _chunk_types(rig: Rig, actor: Any, text: str) -> list[str]:
 
 
 def fence(rig: Rig) -> dict[str, Any]:
+    name = "fence-talker"
     from thinkray.storage.fleet_index import FleetIndex
 
-    spec = rig.spec("talker", tool_log=os.path.join(rig.where, "tools.log"))
+    spec = rig.spec(name, tool_log=os.path.join(rig.where, "fence-tools.log"))
     a, a_info = rig.actor_on(rig.worker_id)
     ray.get(a.bind.remote(spec), timeout=SAFETY)
-    a_statuses = [status_of(rig.call(a, "talker", "chat", f"a says {i}")) for i in range(2)]
+    a_statuses = [status_of(rig.call(a, name, "chat", f"a says {i}")) for i in range(2)]
     os.kill(a_info["pid"], signal.SIGSTOP)  # paused: no renewals, no writes
     try:
         b, b_info = rig.actor_on(rig.head_id)
         refused = rig.bind_when_free(b, spec)
-        b_statuses = [status_of(rig.call(b, "talker", "chat", f"b says {i}")) for i in range(2)]
+        b_statuses = [status_of(rig.call(b, name, "chat", f"b says {i}")) for i in range(2)]
     finally:
         os.kill(a_info["pid"], signal.SIGCONT)
-    zombie_chunks = _chunk_types(rig, a, "a zombie says")
+    zombie_chunks = _chunk_types(rig, a, name, "a zombie says")
     try:
-        ray.get(a.hibernate.remote("talker", True), timeout=SAFETY)
+        ray.get(a.hibernate.remote(name, True), timeout=SAFETY)
         zombie_hibernate = "ok"
     except ray.exceptions.RayTaskError as exc:
         cause = getattr(exc, "cause", None) or exc
         zombie_hibernate = f"{type(cause).__name__}: {str(cause)[:200]}"
-    row = FleetIndex(rig.root, "dur").get("talker")
+    row = FleetIndex(rig.root, "dur").get(name)
     row_after_refusal = None if row is None else row.get("messages")
-    ray.get(b.hibernate.remote("talker"), timeout=SAFETY)
-    row = FleetIndex(rig.root, "dur").get("talker")
+    ray.get(b.hibernate.remote(name), timeout=SAFETY)
+    row = FleetIndex(rig.root, "dur").get(name)
     c, _ = rig.actor_on(rig.worker_id)
     ray.get(c.bind.remote(spec), timeout=SAFETY)
-    history = rig.call(c, "talker", "get_history")
-    ray.get(c.hibernate.remote("talker"), timeout=SAFETY)
+    history = rig.call(c, name, "get_history")
+    ray.get(c.hibernate.remote(name), timeout=SAFETY)
     return {
         "a_statuses": a_statuses,
         "b_statuses": b_statuses,
@@ -212,10 +215,17 @@ def fence(rig: Rig) -> dict[str, Any]:
     }
 
 
-def main(scenario: str, where: str) -> int:
+def main(scenarios: str, where: str) -> int:
+    """Run the scenarios named (``fence,crash``: the crash removes the worker node, so
+    it comes last) one after another in one cluster; each catches its own failure."""
     rig = Rig(where)
     try:
-        report = {"crash": crash, "fence": fence}[scenario](rig)
+        report: dict[str, Any] = {}
+        for scenario in scenarios.split(","):
+            try:
+                report[scenario] = {"crash": crash, "fence": fence}[scenario](rig)
+            except Exception:
+                report[scenario] = {"error": traceback.format_exc()[-3000:]}
         print("REPORT " + json.dumps(report), flush=True)
         return 0
     finally:

@@ -77,3 +77,36 @@ def start_driver(ray: Any, body: str, *args: str) -> Any:
         text=True,
         env=dict(os.environ, PYTHONPATH=repo),
     )
+
+
+def run_check(script: str, *args: str, timeout: float, cwd: str | None = None) -> dict[str, Any]:
+    """Run ``tests/<script>`` (a check that starts a Ray or a cluster of its own) in a
+    fresh process with the repository on its path and no ``RAY_ADDRESS``; returns the
+    JSON report it prints on its last line, or fails with its stderr's tail."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(repo) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run(
+        [sys.executable, str(repo / "tests" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=cwd or str(repo),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def round_of(report: dict[str, Any], kind: str) -> dict[str, Any]:
+    """``kind``'s round of a check that ran several in one cluster (each round catches
+    its own failure, so one kind's failure does not hide the other's result)."""
+    round_ = report[kind]
+    assert "error" not in round_, round_["error"]
+    return dict(round_)

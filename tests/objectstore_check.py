@@ -1,6 +1,8 @@
 """Run by tests/test_objectstore.py in its own process: two raylets on one machine
-(ray.cluster_utils.Cluster) over an object-store storage root (``s3``: a moto server
-this process starts on loopback; or a ``file://`` URI). Prints one JSON line.
+(ray.cluster_utils.Cluster) over object-store storage roots (``s3``: a moto server this
+process starts on loopback; ``file``: a ``file://`` URI), one round per kind named on
+the command line (``file,s3``) in one cluster, each in a namespace of its own. Prints
+one JSON line: each kind's report, or the error that ended its round.
 
 1. An agent hibernates on one node and wakes on the other with its history.
 2. (s3) The store goes down: hibernate fails after retries, the agent stays live; the
@@ -18,6 +20,7 @@ import os
 import socket
 import sys
 import time
+import traceback
 
 import ray
 from ray.cluster_utils import Cluster
@@ -39,7 +42,7 @@ def start_moto(port: int):  # type: ignore[no-untyped-def]
     return server
 
 
-def main(kind: str, where: str) -> int:
+def main(kinds: str, where: str) -> int:
     os.environ.update(
         AWS_ACCESS_KEY_ID="testing",
         AWS_SECRET_ACCESS_KEY="testing",
@@ -47,6 +50,29 @@ def main(kind: str, where: str) -> int:
         THINKRAY_LEASE_TTL=str(LEASE_TTL),
         THINKRAY_CACHE_DIR=os.path.join(where, "cache"),
     )
+    # One cluster for every round: its two raylets, their pools and workers are most of
+    # a round's cost (the cluster's processes inherit the environment set above).
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False}
+    )
+    cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    report: dict = {}
+    try:
+        for kind in kinds.split(","):
+            try:
+                report[kind] = one_round(kind, where)
+            except Exception:
+                report[kind] = {"error": traceback.format_exc()[-3000:]}
+        print(json.dumps(report))
+        return 0
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def one_round(kind: str, where: str) -> dict:
     server = None
     if kind == "s3":
         import boto3
@@ -58,12 +84,6 @@ def main(kind: str, where: str) -> int:
         root = f"s3://thinkray/fleet?endpoint_override={endpoint}"
     else:
         root = f"file://{where}/store"
-    cluster = Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False}
-    )
-    cluster.add_node(num_cpus=2)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False)
     report: dict = {"kind": kind}
     try:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -74,7 +94,9 @@ def main(kind: str, where: str) -> int:
         from tests.agents import ScriptAgent
 
         nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
-        ns = AgentNamespace("objs", ScriptAgent, storage_root=root, pool_size=0, idle_timeout=None)
+        ns = AgentNamespace(
+            f"objs-{kind}", ScriptAgent, storage_root=root, pool_size=0, idle_timeout=None
+        )
         agent = ns.get("traveller")
         first = ns.wake(agent.name, node_id=nodes[0])
         agent.chat.remote("hello from node one").result()
@@ -116,8 +138,8 @@ def main(kind: str, where: str) -> int:
 
         racers = [actor_on(node) for node in nodes]
         ray.get([a.ready.remote() for a in racers])
-        path = str(session_path(root, "objs", "traveller"))
-        spec = BindSpec("objs", "traveller", path, ScriptAgent, create=False)
+        path = str(session_path(root, f"objs-{kind}", "traveller"))
+        spec = BindSpec(f"objs-{kind}", "traveller", path, ScriptAgent, create=False)
         refs = [a.bind.remote(spec) for a in racers]
         outcomes = []
         for ref in refs:
@@ -157,11 +179,8 @@ def main(kind: str, where: str) -> int:
         report["takeover_messages"] = len(history)
         ray.get(loser.hibernate.remote("traveller"))
         ns.shutdown()
-        print(json.dumps(report))
-        return 0
+        return report
     finally:
-        ray.shutdown()
-        cluster.shutdown()
         if server is not None:
             server.stop()
 

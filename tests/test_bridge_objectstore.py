@@ -1,8 +1,9 @@
 """The orchestrator's shared workspace on an object-store root (issue 13, item 1): the
 bridge's file follows the sessions' mechanism (lease, node-local cache, generations in
-the store). Run in its own process (``python tests/test_bridge_objectstore.py KIND DIR``,
+the store). Run in its own process (``python tests/test_bridge_objectstore.py file,s3 DIR``,
 like tests/objectstore_check.py) so that its Ray workers see the moto credentials and
-a short lease TTL; prints one JSON line.
+a short lease TTL: one Ray, one round per kind in a namespace of its own; prints one
+JSON line, each kind's report or the error that ended its round.
 
 1. A sub-agent writes a file into the shared workspace; the orchestrator hibernates and
    the bridge uploads its file as a generation.
@@ -17,15 +18,17 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
+import traceback
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import round_of, run_check
+
 REPO = Path(__file__).resolve().parent.parent
 LEASE_TTL = 4.0
-NS = "orch"
 
 
 def script(*steps):
@@ -46,7 +49,7 @@ def _uri_folders(*dirs: Path) -> list[str]:
     return [str(d / n) for d in dirs for n in ("s3:", "file:") if (d / n).exists()]
 
 
-def main(kind: str, where: str) -> int:  # pragma: no cover - run in a subprocess
+def main(kinds: str, where: str) -> int:  # pragma: no cover - run in a subprocess
     os.environ.update(
         AWS_ACCESS_KEY_ID="testing",
         AWS_SECRET_ACCESS_KEY="testing",
@@ -54,6 +57,26 @@ def main(kind: str, where: str) -> int:  # pragma: no cover - run in a subproces
         THINKRAY_LEASE_TTL=str(LEASE_TTL),
         THINKRAY_CACHE_DIR=os.path.join(where, "cache"),
     )
+    import ray
+
+    # One Ray for both rounds: its start and its workers are most of a round's cost.
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    report: dict = {}
+    try:
+        for kind in kinds.split(","):
+            try:
+                report[kind] = one_round(kind, where, f"orch-{kind}")
+            except Exception:
+                report[kind] = {"error": traceback.format_exc()[-3000:]}
+    finally:
+        ray.shutdown()
+    print(json.dumps(report))
+    return 0
+
+
+def one_round(kind: str, where: str, ns_name: str) -> dict:  # pragma: no cover
+    import ray
+
     server = None
     if kind == "s3":
         import socket
@@ -72,9 +95,6 @@ def main(kind: str, where: str) -> int:  # pragma: no cover - run in a subproces
     else:
         root = f"file://{where}/store"
 
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     report: dict = {"kind": kind}
     try:
         from thinkray.actors.bridge import bridge_name
@@ -86,16 +106,16 @@ def main(kind: str, where: str) -> int:  # pragma: no cover - run in a subproces
 
         def store_session(cache: str) -> RemoteSession:
             return RemoteSession(
-                root, f"{NS}/.shared", "boss", owner="checker", cache_dir=Path(where) / cache
+                root, f"{ns_name}/.shared", "boss", owner="checker", cache_dir=Path(where) / cache
             )
 
         def namespace() -> AgentNamespace:
             return AgentNamespace(
-                NS, Orchestrator, storage_root=root, pool_size=1, idle_timeout=None
+                ns_name, Orchestrator, storage_root=root, pool_size=1, idle_timeout=None
             )
 
         def stop(ns: AgentNamespace) -> None:
-            AgentNamespace.connect(f"{NS}.boss.subs").shutdown()
+            AgentNamespace.connect(f"{ns_name}.boss.subs").shutdown()
             ns.shutdown()
 
         # 1. a sub-agent writes; the orchestrator hibernates: the bridge uploads
@@ -110,14 +130,14 @@ def main(kind: str, where: str) -> int:  # pragma: no cover - run in a subproces
 
         # 2. the bridge dies without closing; a fresh namespace object wakes the
         # orchestrator: its new bridge waits out the lease and downloads the file
-        bridge = ray.get_actor(bridge_name(NS, "boss"), namespace="thinkray")
+        bridge = ray.get_actor(bridge_name(ns_name, "boss"), namespace="thinkray")
         ray.kill(bridge)
         stop(ns)
         ns = namespace()
         boss = ns.get("boss")
         boss.create_subagent.remote("reader", {"model": READ_PLAN}, access="read").result()
         read = boss.delegate.remote("reader", "read the plan", wait=True).result()
-        subs = AgentNamespace.connect(f"{NS}.boss.subs")
+        subs = AgentNamespace.connect(f"{ns_name}.boss.subs")
         history = subs.get("reader").get_history.remote().result()
         report["read"] = read.status
         report["reader_saw"] = "one\\ntwo" in json.dumps(history)
@@ -125,7 +145,7 @@ def main(kind: str, where: str) -> int:  # pragma: no cover - run in a subproces
         report["after_wake"] = ray.get(client.read_file("notes/plan.md"))
 
         # 3. the bridge closes: upload, lease released; read the file from the store
-        bridge = ray.get_actor(bridge_name(NS, "boss"), namespace="thinkray")
+        bridge = ray.get_actor(bridge_name(ns_name, "boss"), namespace="thinkray")
         ray.get(bridge.close.remote())
         ray.kill(bridge)
         checker = store_session("cache-final")
@@ -140,34 +160,33 @@ def main(kind: str, where: str) -> int:  # pragma: no cover - run in a subproces
         # 4. no folder named after the scheme in the working directories
         report["uri_folders"] = _uri_folders(Path.cwd(), REPO)
     finally:
-        ray.shutdown()
         if server is not None:
             server.stop()
-    print(json.dumps(report))
-    return 0
+    return report
+
+
+@pytest.fixture(scope="module")
+def rounds(tmp_path_factory):
+    """Both kinds' rounds, run once in one Ray (working directory: ``cwd``)."""
+    where = tmp_path_factory.mktemp("bridge")
+    cwd = where / "cwd"
+    cwd.mkdir()
+    pytest.importorskip("pyarrow")
+    kinds = ["file"] + (["s3"] if find_spec("boto3") and find_spec("moto") else [])
+    report = run_check(Path(__file__).name, ",".join(kinds), str(where), timeout=400, cwd=str(cwd))
+    return report, cwd
 
 
 @pytest.mark.ray
+@pytest.mark.xdist_group("bridge-objectstore")  # one worker runs both: one Ray for both
 @pytest.mark.parametrize("kind", ["file", "s3"])
-def test_shared_workspace_survives_hibernation_on_an_object_store_root(kind, tmp_path):
+def test_shared_workspace_survives_hibernation_on_an_object_store_root(kind, rounds):
     pytest.importorskip("pyarrow")
     if kind == "s3":
         pytest.importorskip("boto3")
         pytest.importorskip("moto.server")
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), kind, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=280,
-        env=env,
-        cwd=str(cwd),
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    all_rounds, cwd = rounds
+    report = round_of(all_rounds, kind)
     assert report["written"] == "completed"
     assert report["generation_after_hibernate"] == 1  # uploaded at hibernation
     assert report["read"] == "completed" and report["reader_saw"]

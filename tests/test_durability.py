@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import round_of
+
 pytest.importorskip("pyarrow")
 pytest.importorskip("boto3")
 pytest.importorskip("moto.server")
@@ -66,14 +68,18 @@ async def test_a_turn_that_cannot_be_made_durable_is_an_error(store, collector):
 # -- two nodes, real processes -----------------------------------------------------------
 
 
-def _run(scenario: str, tmp_path: Path) -> dict:
+@pytest.fixture(scope="module")
+def scenarios(tmp_path_factory) -> dict:
+    """Both scenarios, run once in one cluster (the fence first: the crash removes the
+    worker node)."""
+    where = tmp_path_factory.mktemp("durability")
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "durability_check.py"), scenario, str(tmp_path)],
+        [sys.executable, str(REPO / "tests" / "durability_check.py"), "fence,crash", str(where)],
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=500,
         env=env,
         cwd=str(REPO),
     )
@@ -81,12 +87,13 @@ def _run(scenario: str, tmp_path: Path) -> dict:
     # (a killed raylet's last words may follow on stdout)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("REPORT ")]
     assert lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(lines[-1][len("REPORT ") :])
+    return dict(json.loads(lines[-1][len("REPORT ") :]))
 
 
 @pytest.mark.ray
-def test_acknowledged_turns_survive_a_node_crash_and_run_once(tmp_path):
-    report = _run("crash", tmp_path)
+@pytest.mark.xdist_group("durability-two-nodes")  # one worker runs both: one cluster
+def test_acknowledged_turns_survive_a_node_crash_and_run_once(scenarios):
+    report = round_of(scenarios, "crash")
     assert report["statuses"] == ["completed"] * N_TURNS
     assert report["owner_node"] != report["taker_node"]
     cities = CITIES
@@ -100,8 +107,9 @@ def test_acknowledged_turns_survive_a_node_crash_and_run_once(tmp_path):
 
 
 @pytest.mark.ray
-def test_a_paused_owner_is_fenced_out_by_the_takeover(tmp_path):
-    report = _run("fence", tmp_path)
+@pytest.mark.xdist_group("durability-two-nodes")
+def test_a_paused_owner_is_fenced_out_by_the_takeover(scenarios):
+    report = round_of(scenarios, "fence")
     assert report["a_statuses"] == ["completed"] * 2
     assert report["b_statuses"] == ["completed"] * 2
     assert report["nodes"][0] != report["nodes"][1]

@@ -4,11 +4,7 @@ root; the actor-level and two-node checks run tests/objectstore_check.py."""
 
 from __future__ import annotations
 
-import json
-import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -23,6 +19,8 @@ from thinkray.storage import objectstore as osx  # noqa: E402
 from thinkray.storage.errors import StorageRootError  # noqa: E402
 from thinkray.storage.layout import ensure_root, list_names, session_path  # noqa: E402
 from thinkray.storage.session_store import DuckDBSessionStore  # noqa: E402
+
+from tests.helpers import round_of, run_check  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -269,24 +267,21 @@ def test_bad_roots_fail_at_start_with_a_clear_message(moto_server):
         ensure_root("file://relative/path", "ns")
 
 
+@pytest.fixture(scope="module")
+def two_node_rounds(tmp_path_factory):
+    """tests/objectstore_check.py's rounds for both kinds, run once in one cluster."""
+    where = tmp_path_factory.mktemp("two-nodes")
+    return run_check("objectstore_check.py", "file,s3", str(where), timeout=400)
+
+
 @pytest.mark.ray
+@pytest.mark.xdist_group("two-node-objectstore")  # one worker runs both: one cluster
 @pytest.mark.parametrize("kind", ["s3", "file"])
-def test_two_nodes_round_trip_race_and_takeover(kind, tmp_path):
+def test_two_nodes_round_trip_race_and_takeover(kind, two_node_rounds):
     """tests/objectstore_check.py: hibernate on one node, wake on the other; (s3) the
     store goes down during hibernate; two nodes race to bind; a killed owner's lease
     expires and the other node takes over with nothing committed lost."""
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "objectstore_check.py"), kind, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=280,
-        env=env,
-        cwd=str(REPO),
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = round_of(two_node_rounds, kind)
     assert report["first_node"] != report["second_node"]
     assert report["same_history"] and report["messages"] == 4
     assert report["names"] == ["traveller"]

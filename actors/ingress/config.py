@@ -9,7 +9,8 @@ import os
 import re
 from typing import Any
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field, field_validator
+from thinkray.runtime.typed_model import TypedModel
 from thinkray.storage.layout import validate_name
 
 TOKENS_ENV = "THINKRAY_TOKENS"
@@ -24,7 +25,7 @@ PLACEHOLDER = re.compile(
 to a server never serves with a guessable token."""
 
 
-class AgentRoute(BaseModel):
+class AgentRoute(TypedModel):
     """One agent class served at ``/agents/<slug>/<name>``: its namespace (the
     directory actor that hosts its agents) and the namespace's settings, used when
     the ingress creates the namespace (the first replica to start does; the others,
@@ -45,7 +46,7 @@ class AgentRoute(BaseModel):
         return load_object(self.agent_cls)
 
 
-class IngressConfig(BaseModel):
+class IngressConfig(TypedModel):
     """Everything a replica needs; replicas keep no session state of their own."""
 
     storage_root: str

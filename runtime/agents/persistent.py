@@ -52,7 +52,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from thinkray.runtime.agents.context import AgentContext, context_being_constructed
 from thinkray.runtime.agents.think import ChatOptions, ChatResult, Think
 from thinkray.runtime.durable.jobs import JobRegistry
@@ -69,6 +69,7 @@ from thinkray.runtime.remote import idempotent, remote
 from thinkray.runtime.status import SessionBusyError
 from thinkray.runtime.tools.base import ModelTool, Tool, ToolContext, ToolExecutionError
 from thinkray.runtime.turn.persistence import check_message_size, prepare_message
+from thinkray.runtime.typed_model import TypedModel
 from thinkray.storage.errors import DatabaseClosedError, InboxMessageNotFoundError
 from thinkray.storage.protocols import InboxRow, InboxStore, SessionStore
 
@@ -543,12 +544,12 @@ class HandleTarget:
         return await self.handle.get_reply.remote(message_id)
 
 
-class _SendInput(BaseModel):
+class _SendInput(TypedModel):
     model_config = ConfigDict(extra="forbid")
     message: str = Field(min_length=1, description="The message to send to the agent.")
 
 
-class _ReadReplyInput(BaseModel):
+class _ReadReplyInput(TypedModel):
     model_config = ConfigDict(extra="forbid")
     message_id: str = Field(min_length=1, description="The message_id the send returned.")
     wait_seconds: float = Field(

@@ -110,6 +110,7 @@ from thinkray.runtime.turn.context import to_model_messages
 from thinkray.runtime.turn.loop import LoopChunk, LoopResult, RetryPolicy, run_loop
 from thinkray.runtime.turn.persistence import PersistCache, prepare_message
 from thinkray.runtime.turn.recorder import Recorder
+from thinkray.runtime.typed_model import TypedModel
 from thinkray.runtime.usage import Usage
 
 if TYPE_CHECKING:
@@ -153,7 +154,7 @@ class WorkerResult(Generic[T]):
     session_id: str | None = None
 
 
-class _StringInput(BaseModel):
+class _StringInput(TypedModel):
     model_config = ConfigDict(extra="forbid")
     input: str = Field(description="The task input for this worker.")
 

@@ -105,7 +105,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from thinkray.runtime.abort import AbortController, AbortError, AbortSignal
 from thinkray.runtime.chunks import DataChunk, UIChunk
 from thinkray.runtime.errors import (  # re-exported: the errors live in thinkray.runtime.errors
@@ -128,6 +128,7 @@ from thinkray.runtime.observability.metrics import metrics
 from thinkray.runtime.remote import idempotent, remote
 from thinkray.runtime.turn.context import render_output
 from thinkray.runtime.turn.loop import LoopResult, RetryPolicy, run_loop
+from thinkray.runtime.typed_model import TypedModel
 from thinkray.runtime.usage import Usage
 from thinkray.storage.types import PartWrite, StreamFlush
 
@@ -300,7 +301,7 @@ def _turn_groups(messages: list[dict[str, Any]]) -> list[list[int]]:
 # -- configuration ----------------------------------------------------------------------
 
 
-class SmartRecovery(BaseModel):
+class SmartRecovery(TypedModel):
     """The seed's spec-limit ladder, tried in this order."""
 
     model_config = ConfigDict(extra="forbid")
@@ -310,7 +311,7 @@ class SmartRecovery(BaseModel):
     drop_middle: bool = True
 
 
-class CompactionConfig(BaseModel):
+class CompactionConfig(TypedModel):
     """Compaction settings. The first five fields are the seed's normative shape; the
     rest configure the summarizer and pruning. Per session (or thread), overrides live
     in the session row's ``settings["compaction"]`` (JSON fields only), merged over the

@@ -68,6 +68,7 @@ from thinkray.runtime.messages import new_id
 from thinkray.runtime.tools.base import ToolPolicy
 from thinkray.runtime.tools.durable import policy_of
 from thinkray.runtime.turn.loop import ToolDenial
+from thinkray.runtime.typed_model import TypedModel
 from thinkray.storage.records import ToolCallRecord
 
 if TYPE_CHECKING:
@@ -94,7 +95,7 @@ _RESTRICTIVENESS: dict[str, int] = {"allow": 0, "ask": 1, "deny": 2}
 _GLOB_CHARS = frozenset("*?[")
 
 
-class PermissionRule(BaseModel):
+class PermissionRule(TypedModel):
     """One rule. ``tool`` is an exact tool name or a glob (``*``, ``?``, ``[..]``);
     ``match`` maps input fields (dotted paths into the tool input) to globs on the
     field's value (non-strings are compared as compact JSON); every condition must

@@ -57,6 +57,7 @@ from thinkray.runtime.errors import (
 )
 from thinkray.runtime.tools.base import ModelTool, Tool, ToolContext, ToolExecutionError
 from thinkray.runtime.tools.durable import LatePolicy, ToolCallLedger
+from thinkray.runtime.typed_model import TypedModel
 from thinkray.storage.errors import DatabaseClosedError
 from thinkray.storage.protocols import JobRecord, JobStore, SessionStore
 from thinkray.storage.records import JOB_FINISHED
@@ -591,7 +592,7 @@ def resolve_registry(
     raise ToolExecutionError("no job registry: pass registry= when there is no owning agent")
 
 
-class _CheckJobInput(BaseModel):
+class _CheckJobInput(TypedModel):
     model_config = ConfigDict(extra="forbid")
     job_id: str = Field(min_length=1, description="The job_id an async tool returned.")
     wait_seconds: float = Field(
@@ -642,7 +643,7 @@ def check_job_tool(
     )
 
 
-class _CancelJobInput(BaseModel):
+class _CancelJobInput(TypedModel):
     model_config = ConfigDict(extra="forbid")
     job_id: str = Field(min_length=1, description="The job_id an async tool returned.")
     reason: str = Field("cancelled by the assistant", description="Why it is cancelled.")

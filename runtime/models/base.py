@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from thinkray.runtime.errors import (  # re-exported: the errors live in thinkray.runtime.errors
     ModelError as ModelError,
 )
+from thinkray.runtime.typed_model import TypedModel
 from thinkray.runtime.usage import Usage
 
 FinishReason = Literal["stop", "length", "content-filter", "tool-calls", "error", "other"]
@@ -25,14 +26,14 @@ FinishReason = Literal["stop", "length", "content-filter", "tool-calls", "error"
 # -- provider-neutral conversation ------------------------------------------------------
 
 
-class TextContent(BaseModel):
+class TextContent(TypedModel):
     """Plain text in a message."""
 
     type: Literal["text"] = "text"
     text: str
 
 
-class ReasoningContent(BaseModel):
+class ReasoningContent(TypedModel):
     """Thinking. ``signature`` must go back to Anthropic unchanged within a tool loop."""
 
     type: Literal["reasoning"] = "reasoning"
@@ -41,7 +42,7 @@ class ReasoningContent(BaseModel):
     redacted_data: str | None = None
 
 
-class FileContent(BaseModel):
+class FileContent(TypedModel):
     """An image or document: ``data`` is base64 or a URL (``url`` True)."""
 
     type: Literal["file"] = "file"
@@ -51,7 +52,7 @@ class FileContent(BaseModel):
     filename: str | None = None
 
 
-class ToolCallContent(BaseModel):
+class ToolCallContent(TypedModel):
     """A tool call sent back to the model. ``input`` is what the model produced: its
     parsed JSON (or the raw text when that was not JSON), never a validated object."""
 
@@ -61,7 +62,7 @@ class ToolCallContent(BaseModel):
     input: Any
 
 
-class ToolResultContent(BaseModel):
+class ToolResultContent(TypedModel):
     """The result of tool call ``tool_call_id`` sent back to the model (in a ``tool``
     message); ``is_error`` marks a failed, refused or aborted call."""
 
@@ -78,14 +79,14 @@ Content = Annotated[
 ]
 
 
-class ModelMessage(BaseModel):
+class ModelMessage(TypedModel):
     """One provider-neutral message. ``tool`` messages carry tool results only."""
 
     role: Literal["system", "user", "assistant", "tool"]
     content: list[Content]
 
 
-class ToolSpec(BaseModel):
+class ToolSpec(TypedModel):
     """A tool as the model is told about it: name, description, JSON schema of its input."""
 
     name: str
@@ -93,7 +94,7 @@ class ToolSpec(BaseModel):
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
 
 
-class ModelRequest(BaseModel):
+class ModelRequest(TypedModel):
     """Everything one step sends the model: the system prompt, the conversation, the
     tools it may call and generation limits (``None``: the adapter's default)."""
 
@@ -111,14 +112,14 @@ class ModelRequest(BaseModel):
 # -- one step's stream ---------------------------------------------------------------------
 
 
-class TextStart(BaseModel):
+class TextStart(TypedModel):
     """A text block ``id`` begins."""
 
     type: Literal["text-start"] = "text-start"
     id: str
 
 
-class TextDelta(BaseModel):
+class TextDelta(TypedModel):
     """More text for block ``id``."""
 
     type: Literal["text-delta"] = "text-delta"
@@ -126,21 +127,21 @@ class TextDelta(BaseModel):
     delta: str
 
 
-class TextEnd(BaseModel):
+class TextEnd(TypedModel):
     """Text block ``id`` is complete."""
 
     type: Literal["text-end"] = "text-end"
     id: str
 
 
-class ReasoningStart(BaseModel):
+class ReasoningStart(TypedModel):
     """A reasoning (thinking) block ``id`` begins."""
 
     type: Literal["reasoning-start"] = "reasoning-start"
     id: str
 
 
-class ReasoningDelta(BaseModel):
+class ReasoningDelta(TypedModel):
     """More reasoning text for block ``id``."""
 
     type: Literal["reasoning-delta"] = "reasoning-delta"
@@ -148,7 +149,7 @@ class ReasoningDelta(BaseModel):
     delta: str
 
 
-class ReasoningEnd(BaseModel):
+class ReasoningEnd(TypedModel):
     """Reasoning block ``id`` is complete; ``signature`` (or ``redacted_data``) is
     what the provider needs back to accept the block in a later request."""
 
@@ -158,7 +159,7 @@ class ReasoningEnd(BaseModel):
     redacted_data: str | None = None
 
 
-class ToolInputStart(BaseModel):
+class ToolInputStart(TypedModel):
     """The model starts tool call ``id`` of ``tool_name``; its input streams next."""
 
     type: Literal["tool-input-start"] = "tool-input-start"
@@ -166,7 +167,7 @@ class ToolInputStart(BaseModel):
     tool_name: str
 
 
-class ToolInputDelta(BaseModel):
+class ToolInputDelta(TypedModel):
     """A piece of tool call ``id``'s raw JSON input."""
 
     type: Literal["tool-input-delta"] = "tool-input-delta"
@@ -174,7 +175,7 @@ class ToolInputDelta(BaseModel):
     delta: str
 
 
-class ToolCall(BaseModel):
+class ToolCall(TypedModel):
     """A complete tool call. ``input`` is the raw JSON text the model produced."""
 
     type: Literal["tool-call"] = "tool-call"
@@ -183,7 +184,7 @@ class ToolCall(BaseModel):
     input: str
 
 
-class StepFinish(BaseModel):
+class StepFinish(TypedModel):
     """Last event of every successful step. ``usage`` is this step's only."""
 
     type: Literal["step-finish"] = "step-finish"

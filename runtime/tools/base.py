@@ -252,7 +252,9 @@ def tool(
             annotation = hints.get(pname, Any)
             default = param.default if param.default is not param.empty else ...
             fields[pname] = (annotation, default)
-        model = create_model(f"{f.__name__}_input", __config__=ConfigDict(extra="forbid"), **fields)
+        model = create_model(
+            f"{f.__name__}_input", __config__=ConfigDict(extra="forbid", defer_build=True), **fields
+        )
         return ModelTool(
             name or f.__name__,
             model,

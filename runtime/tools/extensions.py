@@ -60,6 +60,7 @@ from thinkray.runtime.tools.base import (
     tool_from_model,
 )
 from thinkray.runtime.tools.sandbox import CodeSandbox, SandboxAccess
+from thinkray.runtime.typed_model import TypedModel
 from thinkray.storage.protocols import Stores
 
 log = logging.getLogger("thinkray.extensions")
@@ -73,7 +74,7 @@ _NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 _TOOL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 
 
-class ExtensionPermissions(BaseModel):
+class ExtensionPermissions(TypedModel):
     """What an extension's tools may touch when they run."""
 
     model_config = ConfigDict(extra="forbid")
@@ -82,7 +83,7 @@ class ExtensionPermissions(BaseModel):
     workspace: SandboxAccess = "none"
 
 
-class ExtensionToolSpec(BaseModel):
+class ExtensionToolSpec(TypedModel):
     """One tool an extension registers (``@extension_tool``): its name within the
     extension, description and the JSON schema of its input (an object)."""
 
@@ -113,7 +114,7 @@ class ExtensionToolSpec(BaseModel):
         return value
 
 
-class ExtensionManifest(BaseModel):
+class ExtensionManifest(TypedModel):
     """The validated manifest of a loaded extension, with its discovered tools."""
 
     model_config = ConfigDict(extra="forbid")
@@ -501,19 +502,19 @@ def _check(schema: Any, value: Any, where: str, problems: list[str]) -> None:
 # it in the input schema the model is sent (the tools' descriptions say what they do).
 
 
-class LoadExtensionInput(BaseModel):  # noqa: D101
+class LoadExtensionInput(TypedModel):  # noqa: D101
     model_config = ConfigDict(extra="forbid")
 
     source: str = Field(min_length=1, description="The extension's Python source")
 
 
-class UnloadExtensionInput(BaseModel):  # noqa: D101
+class UnloadExtensionInput(TypedModel):  # noqa: D101
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, description="The extension's manifest name")
 
 
-class ListExtensionsInput(BaseModel):  # noqa: D101
+class ListExtensionsInput(TypedModel):  # noqa: D101
     model_config = ConfigDict(extra="forbid")
 
 

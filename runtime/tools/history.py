@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from thinkray.runtime.tools.base import ModelTool, ToolContext, tool_from_model
+from thinkray.runtime.typed_model import TypedModel
 from thinkray.storage.types import SearchHit
 
 __all__ = ["SearchHistoryInput", "search_history_tool"]
@@ -32,7 +33,7 @@ DESCRIPTION = (
 )
 
 
-class SearchHistoryInput(BaseModel):
+class SearchHistoryInput(TypedModel):
     """The words to look for, how many hits, and optionally one session."""
 
     model_config = ConfigDict(extra="forbid")

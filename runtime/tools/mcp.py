@@ -42,9 +42,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 from thinkray.runtime.errors import ToolExecutionError, ToolInputError, UserError
 from thinkray.runtime.tools.base import Tool, ToolContext
+from thinkray.runtime.typed_model import TypedModel
 
 log = logging.getLogger("thinkray.mcp")
 
@@ -122,7 +123,7 @@ _KINDS: dict[str, type[McpError]] = {
 # -- config and tool descriptions -----------------------------------------------------
 
 
-class McpServerConfig(BaseModel):
+class McpServerConfig(TypedModel):
     """How to reach one MCP server, and its limits. Stored as JSON (``model_dump``)."""
 
     model_config = ConfigDict(extra="forbid")

@@ -69,7 +69,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from thinkray.runtime.errors import (
     InvalidArgumentError,
     InvalidTypeError,
@@ -78,6 +78,7 @@ from thinkray.runtime.errors import (
 from thinkray.runtime.tools import confine
 from thinkray.runtime.tools.base import ModelTool, ToolExecutionError, tool_from_model
 from thinkray.runtime.tools.workspace import READ_METHODS, WRITE_METHODS, call_op, error_kind
+from thinkray.runtime.typed_model import TypedModel
 
 SandboxAccess = Literal["none", "read", "read-write"]
 """Workspace access of sandboxed code: none, read operations only, or all."""
@@ -923,7 +924,7 @@ def _kill_group(proc: asyncio.subprocess.Process) -> None:
 
 
 # No docstring on purpose: pydantic would put it in the input schema the model is sent.
-class ExecuteInput(BaseModel):  # noqa: D101
+class ExecuteInput(TypedModel):  # noqa: D101
     model_config = ConfigDict(extra="forbid")
 
     code: str = Field(min_length=1, description="Python 3 source to run")

@@ -39,6 +39,7 @@ from thinkray.runtime.errors import (  # re-exported: the errors live in thinkra
 from thinkray.runtime.errors import InvalidArgumentError, InvalidTypeError
 from thinkray.runtime.tools.base import Tool, tool_from_model
 from thinkray.runtime.tools.paths import UnsafePathError, normalize_path
+from thinkray.runtime.typed_model import TypedModel
 from thinkray.storage.errors import (
     WorkspaceExistsError,
     WorkspaceIsADirectoryError,
@@ -562,7 +563,7 @@ DirPath = Annotated[
 ]
 
 
-class _Input(BaseModel):
+class _Input(TypedModel):
     model_config = ConfigDict(extra="forbid")
 
 

@@ -24,14 +24,26 @@ def start_local_ray() -> bool:
 
     if ray.is_initialized():
         return False
-    before = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, before) if p)
+    before = {key: os.environ.get(key) for key in (*_QUIET_LOG_MONITOR, "PYTHONPATH")}
+    os.environ.update(_QUIET_LOG_MONITOR)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, before["PYTHONPATH"]) if p)
     try:
         # "local": a Ray of its own, never another instance on the machine
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     finally:  # subprocesses started later see the environment they were given
-        if before is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = before
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     return True
+
+
+# Ray's log monitor lists the session's log folder every 0.1 s while it holds fewer than
+# a thousand files, to forward workers' output to drivers; these drivers ask for none
+# (log_to_driver=False) and the suite starts ~650 workers, each with its own files.
+# Read by the log monitor at its start (ray/_private/log_monitor.py): list every 5 s.
+_QUIET_LOG_MONITOR = {
+    "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0",
+    "LOG_NAME_UPDATE_INTERVAL_S": "5",
+}
