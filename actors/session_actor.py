@@ -27,20 +27,16 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import ray
 from thinkray.actors.errors import ActorBusyError, RemoteCallError, WakeError
 from thinkray.actors.metrics import install_ray_metrics
 from thinkray.actors.relay import AbortReceiver, NotBoundError, as_callback
-from thinkray.runtime.agents.context import AgentContext, constructing
-from thinkray.runtime.agents.think import Think
 from thinkray.runtime.observability import tracing
 from thinkray.runtime.observability.metrics import metrics
 from thinkray.runtime.observability.setup import configure_from_env
 from thinkray.runtime.remote import Batch, RemoteMethod, check_arguments, remote_methods
-from thinkray.runtime.turn.stream import Pacing
-from thinkray.storage.fleet_index import put_index_row, refresh_if_due, write_index_row
 from thinkray.storage.objectstore import (
     LeaseLostError,
     NotDurableError,
@@ -50,8 +46,16 @@ from thinkray.storage.objectstore import (
     is_uri,
     root_of_session_uri,
 )
-from thinkray.storage.session_store import DuckDBSessionStore
 from thinkray.storage.types import SessionNotFoundError
+
+if TYPE_CHECKING:
+    from thinkray.runtime.agents.think import Think
+    from thinkray.storage.session_store import DuckDBSessionStore
+
+# The agent's machinery (Think, its turn loop, the session store, DuckDB) is imported by
+# the actor's own process, at its start (DEFAULT_PRELOAD) or its first bind, never at
+# this module's import: a directory imports this module to create session actors and
+# needs none of it (~0.1 CPU-s less in each directory process).
 
 log = logging.getLogger("thinkray.actor")
 
@@ -162,8 +166,10 @@ class SessionActor:
         actor does it while it waits, so the first agent it hosts does not."""
         if self.state != "idle":
             return
+        from thinkray.actors.warm_up import WarmUpAgent
+
         with tempfile.TemporaryDirectory(prefix="thinkray-warm-up-") as scratch:
-            spec = BindSpec("warm-up", "warm-up", f"{scratch}/warm-up.duckdb", _WarmUpAgent)
+            spec = BindSpec("warm-up", "warm-up", f"{scratch}/warm-up.duckdb", WarmUpAgent)
             await self.bind(spec)
             try:
                 assert self.agent is not None
@@ -251,6 +257,9 @@ class SessionActor:
                 raise SessionNotFoundError(
                     f"agent {spec.name!r} does not exist in namespace {spec.namespace!r}"
                 )
+            from thinkray.runtime.agents.context import AgentContext, constructing
+            from thinkray.storage.session_store import DuckDBSessionStore
+
             store = DuckDBSessionStore(path)
             root = remote.root if remote is not None else str(path.parent.parent)
             context = AgentContext(
@@ -373,6 +382,8 @@ class SessionActor:
             return done
 
     async def _hibernate_now(self) -> dict[str, Any]:
+        from thinkray.storage import fleet_index
+
         agent, spec, remote = self.agent, self.spec, self._remote
         assert agent is not None  # hibernate checked it
         name = self.name
@@ -384,7 +395,9 @@ class SessionActor:
             if not await _bounded(getattr(agent, "on_hibernate", None), self.hibernate_timeout):
                 stuck.append("on_hibernate")
             # fleet index; under an object-store root only once the commit succeeded
-            row = write_index_row(agent.store, getattr(spec, "path", None), put=remote is None)
+            row = fleet_index.write_index_row(
+                agent.store, getattr(spec, "path", None), put=remote is None
+            )
         finally:
             self.agent, self.name, self.spec = None, None, None
             self._unbound.set()
@@ -407,7 +420,7 @@ class SessionActor:
         if self._remote is not None and spec is not None:
             await self._commit_remote(spec)
             if row is not None:
-                put_index_row(spec.path, row)
+                fleet_index.put_index_row(spec.path, row)
         if spec is not None and spec.namespace != "warm-up":
             metrics().count("thinkray_hibernations_total", 1, {"namespace": spec.namespace})
         done: dict[str, Any] = {"ok": True, "was_bound": True, "next_due_at": next_due}
@@ -499,12 +512,14 @@ class SessionActor:
     async def _watch_idle(self, idle_timeout: float) -> None:
         # Sleeps until the agent could be idle for idle_timeout, not on a fixed tick:
         # a live actor that nobody calls wakes once per timeout, not every few seconds.
+        from thinkray.storage import fleet_index
+
         wait = idle_timeout
         while self.agent is not None:
             await asyncio.sleep(max(0.05, wait))
             if self.agent is None or self.spec is None:
                 return
-            refresh_if_due(self.agent.store, self.spec.path)  # fleet index, live agent
+            fleet_index.refresh_if_due(self.agent.store, self.spec.path)  # live agent
             if self.busy():
                 self.last_activity = time.monotonic()
                 wait = min(idle_timeout, 5.0)  # a run in flight: look again soon
@@ -742,7 +757,7 @@ class SessionActor:
                 with tracing.attached(trace):
                     run = agent.start_chat(*args, **kwargs)
                 header = self._run_header(name, run)
-                batches = run.stream.follow(coalesce=Pacing(RELAY_COALESCE, RELAY_MAX_WINDOW))
+                batches = run.stream.follow(coalesce=_relay_pacing())
                 # The header travels with the first batch (one Ray item fewer, and the
                 # first text delta is in it); alone if the turn is slow to start (a
                 # long prepare_turn), so the caller can abort meanwhile.
@@ -760,9 +775,7 @@ class SessionActor:
                     async for batch in batches:
                         yield batch
             elif method == "resume":
-                run_id, live, batches = agent.replay(
-                    *args, **kwargs, coalesce=Pacing(RELAY_COALESCE, RELAY_MAX_WINDOW)
-                )
+                run_id, live, batches = agent.replay(*args, **kwargs, coalesce=_relay_pacing())
                 yield {"run_id": run_id, "live": live}
                 async for batch in batches:
                     yield batch
@@ -866,17 +879,12 @@ class _Shipper:
         await self.actor._ship(self.remote, self.store)
 
 
-class _WarmUpAgent(Think):
-    """The throwaway agent of :meth:`SessionActor._warm_up`: a test model, no tools; its
-    turn is neither traced nor measured."""
+def _relay_pacing() -> Any:
+    """How a relayed stream batches its chunks (:data:`RELAY_COALESCE`, up to
+    :data:`RELAY_MAX_WINDOW`)."""
+    from thinkray.runtime.turn.stream import Pacing
 
-    observe_turns = False
-
-    def get_model(self) -> Any:
-        """A model that streams a short reply."""
-        from thinkray.runtime.models.testing import FunctionModel, reply
-
-        return FunctionModel(lambda request, step: reply("warm ", "up"), model_id="warm-up")
+    return Pacing(RELAY_COALESCE, RELAY_MAX_WINDOW)
 
 
 def _file_bytes(path: Path) -> int | None:
