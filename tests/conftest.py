@@ -12,7 +12,7 @@ from thinkray.runtime.models.testing import ScriptedModel
 from thinkray.storage.session_store import DuckDBSessionStore
 
 # Ray turns token auth on in the environment of the process that starts it (the token
-# is ~/.ray/auth_token); the other xdist worker joins the same Ray (see ray_local), so
+# is ~/.ray/auth_token); the other xdist workers join the same Ray (see ray_local), so
 # every process of the run says so from the start, before anything imports Ray.
 __import__("os").environ.setdefault("RAY_AUTH_MODE", "token")
 
@@ -154,10 +154,10 @@ _FILE_STARTS: dict[str, int] = {}
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Under ``-n 2 --dist loadgroup`` (pyproject.toml's addopts) both xdist workers
+    """Under ``-n 3 --dist loadgroup`` (pyproject.toml's addopts) the xdist workers all
     drive one shared session Ray (see ``ray_local``): the Ray tests of a file run in
     one worker, one after another (module fixtures stay shared), and the files spread
-    over both workers beside the storage and unit tests. Ray Serve is one per cluster,
+    over the workers beside the storage and unit tests. Ray Serve is one per cluster,
     so every file that runs it goes to one worker. (One Ray test group in one worker
     left the other idle for the last ~9 of 22 minutes, and a Ray test file keeps
     only ~55% of the 2 cores busy: its tests mostly wait for actors.)"""
@@ -409,7 +409,7 @@ def namespace_factory(ray_local, tmp_path):
         kwargs.setdefault("pool_size", TEST_POOL_SIZE)
         kwargs.setdefault("warm_up", TEST_WARM_UP)
         kwargs.setdefault("placement", TEST_PLACEMENT)
-        # The xdist worker in the name: both workers' tests share one Ray.
+        # The xdist worker in the name: every worker's tests share one Ray.
         worker = __import__("os").environ.get("PYTEST_XDIST_WORKER", "")
         tail = tmp_path.name[-12:]
         name = kwargs.pop("name", f"t{next(counter)}{worker}-{tail}".replace("_", "-"))
