@@ -24,8 +24,8 @@ def start_local_ray() -> bool:
 
     if ray.is_initialized():
         return False
-    before = {key: os.environ.get(key) for key in (*_QUIET_LOG_MONITOR, "PYTHONPATH")}
-    os.environ.update(_QUIET_LOG_MONITOR)
+    before = {key: os.environ.get(key) for key in (*_RAY_ENV, "PYTHONPATH")}
+    os.environ.update(_RAY_ENV)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, before["PYTHONPATH"]) if p)
     try:
         # "local": a Ray of its own, never another instance on the machine
@@ -39,11 +39,19 @@ def start_local_ray() -> bool:
     return True
 
 
-# Ray's log monitor lists the session's log folder every 0.1 s while it holds fewer than
-# a thousand files, to forward workers' output to drivers; these drivers ask for none
-# (log_to_driver=False) and the suite starts ~650 workers, each with its own files.
-# Read by the log monitor at its start (ray/_private/log_monitor.py): list every 5 s.
-_QUIET_LOG_MONITOR = {
+# Read from the environment by the processes the start launches:
+_RAY_ENV = {
+    # Ray runs its workers at nice 15, so that a busy node's workers yield to the raylet
+    # and the GCS. Here they also yield to every nice-0 process: the test processes
+    # beside them, a benchmark's driver and its peer. Under such load a session actor
+    # took 8-11 s to start instead of ~1 s (its share of a core: ~3% against a busy
+    # nice-0 process), and a first turn overran a test's wait. Workers run at the
+    # priority of the processes they compete with.
+    "RAY_worker_niceness": "0",
+    # Ray's log monitor lists the session's log folder every 0.1 s while it holds fewer
+    # than a thousand files, to forward workers' output to drivers; these drivers ask
+    # for none (log_to_driver=False) and the suite starts ~650 workers with files of
+    # their own. It lists them every 5 s (read at its start: ray/_private/log_monitor.py).
     "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0",
     "LOG_NAME_UPDATE_INTERVAL_S": "5",
 }
