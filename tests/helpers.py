@@ -79,10 +79,13 @@ def start_driver(ray: Any, body: str, *args: str) -> Any:
     )
 
 
-def run_check(script: str, *args: str, timeout: float, cwd: str | None = None) -> dict[str, Any]:
+def run_check(
+    script: str, *args: str, timeout: float, cwd: str | None = None, marker: str = ""
+) -> dict[str, Any]:
     """Run ``tests/<script>`` (a check that starts a Ray or a cluster of its own) in a
     fresh process with the repository on its path and no ``RAY_ADDRESS``; returns the
-    JSON report it prints on its last line, or fails with its stderr's tail."""
+    JSON report it prints on its last line that starts with ``marker`` (a killed
+    raylet's last words may follow it on stdout), or fails with its output's tail."""
     import json
     import os
     import subprocess
@@ -100,8 +103,10 @@ def run_check(script: str, *args: str, timeout: float, cwd: str | None = None) -
         env=env,
         cwd=cwd or str(repo),
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [line for line in proc.stdout.splitlines() if line.strip() and line.startswith(marker)]
+    assert lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return dict(json.loads(lines[-1][len(marker) :]))
 
 
 def round_of(report: dict[str, Any], kind: str) -> dict[str, Any]:

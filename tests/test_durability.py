@@ -5,15 +5,9 @@ owner until another node takes its session over."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from tests.helpers import round_of
+from tests.helpers import round_of, run_check
 
 pytest.importorskip("pyarrow")
 pytest.importorskip("boto3")
@@ -23,7 +17,6 @@ from thinkray.runtime import Think
 from thinkray.runtime.agents.context import AgentContext
 from thinkray.runtime.models.testing import ScriptedModel, reply
 
-REPO = Path(__file__).resolve().parent.parent
 CITIES = ["Lima", "Oslo", "Quito"]  # tests/durability_check.py's acknowledged turns
 N_TURNS = len(CITIES)
 
@@ -73,21 +66,9 @@ def scenarios(tmp_path_factory) -> dict:
     """Both scenarios, run once in one cluster (the fence first: the crash removes the
     worker node)."""
     where = tmp_path_factory.mktemp("durability")
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "durability_check.py"), "fence,crash", str(where)],
-        capture_output=True,
-        text=True,
-        timeout=500,
-        env=env,
-        cwd=str(REPO),
+    return run_check(
+        "durability_check.py", "fence,crash", str(where), timeout=500, marker="REPORT "
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    # (a killed raylet's last words may follow on stdout)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("REPORT ")]
-    assert lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return dict(json.loads(lines[-1][len("REPORT ") :]))
 
 
 @pytest.mark.ray
