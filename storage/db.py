@@ -172,6 +172,8 @@ class Database:
         # Components migrated inside the open transaction: a rollback takes their
         # tables with it, so they are forgotten and migrated again on next use.
         self._migrated_in_tx: set[str] = set()
+        # Told how the open outermost transaction ended (see after_transaction).
+        self._tx_end: list[Callable[[bool], None]] = []
         if self.path != MEMORY_PATH:
             parent = Path(self.path).parent
             if not parent.exists():
@@ -227,12 +229,15 @@ class Database:
         with self._lock:
             if self._con is None:
                 return
-            hooks, self._before_close = list(self._before_close.values()), {}
-            for write in hooks:
-                try:
-                    write()
-                except Exception:  # noqa: BLE001 - the component recovers on next open
-                    _log.warning("a write before closing %s failed", self.path, exc_info=True)
+            # A hook may register another (the journal's fold feeds the search index's
+            # batch): run them until none is left, each component once per round.
+            while self._before_close:
+                hooks, self._before_close = list(self._before_close.values()), {}
+                for write in hooks:
+                    try:
+                        write()
+                    except Exception:  # noqa: BLE001 - the component recovers on next open
+                        _log.warning("a write before closing %s failed", self.path, exc_info=True)
             con, self._con = self._con, None
             try:
                 con.execute("CHECKPOINT")
@@ -244,6 +249,17 @@ class Database:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def in_transaction(self) -> bool:
+        """Whether a transaction is open (on any thread: callers hold :attr:`lock`)."""
+        return self._depth > 0
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The lock every use of the connection holds (re-entrant): a component that
+        keeps state about the file in memory changes it under this lock too."""
+        return self._lock
 
     @property
     def con(self) -> duckdb.DuckDBPyConnection:
@@ -327,7 +343,10 @@ class Database:
                 self._depth = 0
                 self.rollbacks += 1
                 self._forget_migrations()
-                con.execute("ROLLBACK")
+                try:
+                    con.execute("ROLLBACK")
+                finally:
+                    self._ended(False)
                 if isinstance(exc, duckdb.IOException):
                     raise file_error(self.path, exc) from exc
                 raise
@@ -337,10 +356,26 @@ class Database:
             except BaseException as exc:
                 self.rollbacks += 1
                 self._forget_migrations()
+                self._ended(False)
                 if isinstance(exc, duckdb.IOException):
                     raise file_error(self.path, exc) from exc
                 raise
             self._migrated_in_tx.clear()
+            self._ended(True)
+
+    def after_transaction(self, told: Callable[[bool], None]) -> None:
+        """Call ``told(committed)`` once the open outermost transaction has ended
+        (after its ``COMMIT`` succeeded, or after it rolled back). For a component that
+        keeps what it wrote in memory until the file really has it (the session store's
+        journal). Outside a transaction: raises ``RuntimeError``."""
+        if not self._depth:
+            raise RuntimeError("after_transaction needs an open transaction")
+        self._tx_end.append(told)
+
+    def _ended(self, committed: bool) -> None:
+        hooks, self._tx_end = self._tx_end, []
+        for told in hooks:
+            told(committed)
 
     def _forget_migrations(self) -> None:
         self._migrated -= self._migrated_in_tx

@@ -73,7 +73,9 @@ Threads, branches and rewind (seeds 001 and 002) need no table of their own:
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import logging
 import os
 import re
 import sys
@@ -91,7 +93,8 @@ import msgpack
 from thinkray.storage import search as _search
 from thinkray.storage.codec import pack as _pack
 from thinkray.storage.codec import unpack as _unpack
-from thinkray.storage.db import Database, DatabaseClosedError, Migration
+from thinkray.storage.db import MEMORY_PATH, Database, DatabaseClosedError, Migration
+from thinkray.storage.journal import Journal, journal_path, read_records
 from thinkray.storage.protocols import HEAD, SessionStore, Thread
 from thinkray.storage.stores import DuckDBStores
 from thinkray.storage.types import (
@@ -118,7 +121,10 @@ from thinkray.storage.types import (
     UnrewindInfo,
     empty_rollup,
 )
+from thinkray.storage.write_behind import Pending, fold, folded_mark
 from typing_extensions import override
+
+_log = logging.getLogger(__name__)
 
 COMPONENT = "sessions"
 ROLES = frozenset({"system", "user", "assistant"})
@@ -728,10 +734,89 @@ def _chunk_rows(chunks: Sequence[Any]) -> list[tuple[Any, ...]]:
     return rows
 
 
+def _doomed_generations(generations: list[str], prune: ChunkPrune) -> list[str]:
+    """The generations (oldest first) a prune deletes: all but the newest ``keep``
+    that are not active, once there are more than ``keep + slack``."""
+    if len(generations) <= prune.keep + prune.slack:
+        return []
+    keep = len(generations) - prune.keep
+    active = set(prune.active)
+    return [g for g in generations[: max(keep, 0)] if g not in active]
+
+
 def _new_slots(entry: _Cached, slots: list[tuple[str, int]]) -> bool:
     """Whether every ``(message id, index)`` is past the cached message's parts (no
     stored row to replace)."""
     return all(idx >= len(entry.parts[entry.pos[mid]]) for mid, idx in slots)
+
+
+# The journal (see the module's notes) is folded into DuckDB once it holds this many
+# records or bytes, and before anything reads the file.
+_FOLD_RECORDS = 64
+_FOLD_BYTES = 4 << 20
+_JOURNAL = "sessions.journal"  # its before_close hook
+# Past this many messages in a file, the ids are not kept in memory (a new message's
+# duplicate check then asks the file: the journal is skipped for it).
+_MAX_IDS = 200_000
+
+
+def _replay_journal(db: Database) -> tuple[Journal, int, bool]:
+    """Fold what a previous owner journaled and did not fold (a crash, or a close whose
+    fold failed) into the file, then empty the journal. Returns the journal, the next
+    record's number and whether the folded mark exists."""
+    path = journal_path(db.path)
+    records = read_records(path)
+    mark = folded_mark(db.con)
+    pending = Pending()
+    for record in records:
+        if record["n"] > (mark or 0):
+            pending.add(record)
+    next_n = max([mark or 0, *(record["n"] for record in records)]) + 1
+    journal = Journal(path)
+    if pending:
+        with db.transaction() as con:
+            fold(db, con, pending, mark is not None)
+        mark = pending.last_n
+    if records:
+        journal.truncate()
+    return journal, next_n, mark is not None
+
+
+def _fold_pending(db: Database, state: _StoreState) -> None:
+    """Write what the journal holds into DuckDB (one transaction, or the open one: then
+    it counts as written once that one commits)."""
+    with db.lock:
+        pending = state.pending
+        if not pending or pending.folding:
+            return
+        with db.transaction() as con:
+            pending.folding = True
+            db.after_transaction(lambda committed: _folded(state, pending, committed))
+            fold(db, con, pending, state.marked)
+
+
+def _folded(state: _StoreState, pending: Pending, committed: bool) -> None:
+    pending.folding = False
+    if not committed:
+        return  # still in the journal and in memory: the next fold writes it
+    state.marked = True
+    if state.pending is pending:
+        state.pending = Pending()
+    if state.journal is not None:
+        # Folded and marked: if the truncation fails, a replay skips these records.
+        with contextlib.suppress(OSError):
+            state.journal.truncate()
+
+
+def _close_journal(db: Database, state: _StoreState) -> None:
+    """Fold and close the journal (the database's close runs this first): a clean
+    close leaves no journal file."""
+    try:
+        _fold_pending(db, state)
+    finally:
+        state.pending = None
+        if state.journal is not None:
+            state.journal.close()
 
 
 @dataclass
@@ -751,6 +836,15 @@ class _StoreState:
     cache: OrderedDict[str, _Cached] = field(default_factory=OrderedDict)
     generations: list[str] | None = None
     epoch: int = 0
+    # The write-behind journal (None: every write goes straight to DuckDB). See
+    # "The journal" in the module's notes.
+    journal: Journal | None = None
+    pending: Pending | None = None
+    next_n: int = 1  # the next journal record's number
+    marked: bool = False  # whether config holds the folded mark already
+    # Every message id in the file and the journal (None: not read yet), so that a new
+    # message's duplicate check needs no statement.
+    ids: set[str] | None = None
 
 
 @dataclass
@@ -812,8 +906,17 @@ class DuckDBSessionStore(SessionStore):
     """
 
     def __init__(
-        self, db: Database | str | os.PathLike[str], *, lock_retry_seconds: float = 2.0
+        self,
+        db: Database | str | os.PathLike[str],
+        *,
+        lock_retry_seconds: float = 2.0,
+        journal: bool = True,
     ) -> None:
+        """``journal``: for a store that opens its own file, write a turn's messages,
+        parts and chunks to the journal beside it and fold them into DuckDB in batches
+        (see the module). Off for a :class:`Database` given by the caller and for
+        ``:memory:``; the actors turn it off for object-store roots, whose per-turn
+        durability ships DuckDB's own WAL."""
         if isinstance(db, Database):
             self._database = db
             self._owns = False
@@ -827,6 +930,8 @@ class DuckDBSessionStore(SessionStore):
             db_.migrate(COMPONENT, MIGRATIONS)
             state = db_.state.get(COMPONENT)
             if state is None:
+                use_journal = journal and self._owns and db_.path != MEMORY_PATH
+                replayed = _replay_journal(db_) if use_journal else None
                 row = db_.fetchone(
                     "SELECT (SELECT max(seq) FROM messages), (SELECT max(seq) FROM chunks), "
                     "(SELECT max(updated_at) FROM sessions)"
@@ -835,6 +940,10 @@ class DuckDBSessionStore(SessionStore):
                 state = db_.state[COMPONENT] = _StoreState(
                     row[0] or 0, row[1] or 0, row[2] or 0.0, epoch=db_.rollbacks
                 )
+                if replayed is not None:
+                    state.journal, state.next_n, state.marked = replayed
+                    state.pending = Pending()
+                    db_.before_close(_JOURNAL, lambda: _close_journal(db_, state))
         except BaseException:
             if self._owns:
                 self._database.close()
@@ -852,6 +961,17 @@ class DuckDBSessionStore(SessionStore):
         Raises:
             DatabaseClosedError: the store is closed.
         """
+        db = self._open()
+        if self._state.pending:
+            _fold_pending(db, self._state)  # whoever reads the file sees all it holds
+        return db
+
+    def _open(self) -> Database:
+        """The database, without folding the journal (for what memory answers).
+
+        Raises:
+            DatabaseClosedError: the store is closed.
+        """
         if self._closed:
             raise DatabaseClosedError("session store is closed")
         return self._database
@@ -860,14 +980,15 @@ class DuckDBSessionStore(SessionStore):
     @contextmanager
     def transaction(self) -> Iterator[None]:
         """One transaction on the database, covering the :meth:`stores` too; joins
-        one that is open."""
-        with self.db.transaction():
+        one that is open. (The journal is folded into it only if a write in it needs
+        the file: see :meth:`db`.)"""
+        with self._open().transaction():
             yield
 
     @override
     def stores(self) -> DuckDBStores:
         """The other stores of this database (one object, made on first use)."""
-        db = self.db  # closed: DatabaseClosedError
+        db = self._open()  # they never read this store's tables
         if self._stores is None:
             self._stores = DuckDBStores(db)
         return self._stores
@@ -887,6 +1008,7 @@ class DuckDBSessionStore(SessionStore):
     def _forget(self) -> None:
         self._state.cache.clear()
         self._state.generations = None
+        self._state.ids = None
 
     def _check_epoch(self) -> None:
         """Forget everything after a rollback: a write the cache recorded may not have
@@ -930,6 +1052,221 @@ class DuckDBSessionStore(SessionStore):
         if row is None:
             raise SessionNotFoundError(f"session {session_id!r} not found")
         return self._remember(row)
+
+    # -- the journal ----------------------------------------------------------------
+
+    def _can_journal(self) -> bool:
+        """Whether a write may go to the journal: it is on, and no transaction is open
+        (a write inside one must commit with the rest of it, in DuckDB)."""
+        return (
+            self._state.pending is not None
+            and not self._closed
+            and not self._database.in_transaction
+        )
+
+    def _message_exists(self, message_id: str) -> bool | None:
+        """Whether a message with this id exists anywhere in the file or the journal,
+        from memory (None: too many ids to keep; ask the file). Call under the lock."""
+        state = self._state
+        if state.pending is not None and message_id in state.pending.messages:
+            return True
+        ids = state.ids
+        if ids is None:
+            rows = self._database.con.execute(
+                f"SELECT id FROM messages LIMIT {_MAX_IDS + 1}"
+            ).fetchall()
+            if len(rows) > _MAX_IDS:
+                return None
+            ids = state.ids = {mid for (mid,) in rows}
+            if state.pending is not None:
+                ids.update(state.pending.messages)
+        return message_id in ids
+
+    def _journal_write(self, record: dict[str, Any]) -> None:
+        """Append ``record`` to the journal (durable when this returns) and merge it
+        into what is pending. Call under the lock."""
+        state = self._state
+        assert state.journal is not None and state.pending is not None
+        record["n"] = state.next_n
+        state.journal.append(record)
+        state.next_n += 1
+        state.pending.add(record)
+
+    def _fold_if_big(self) -> None:
+        state = self._state
+        pending, journal = state.pending, state.journal
+        if pending is None or journal is None:
+            return
+        if pending.records < _FOLD_RECORDS and journal.size < _FOLD_BYTES:
+            return
+        try:
+            _fold_pending(self._database, state)
+        except Exception:  # noqa: BLE001 - durable in the journal; the next read folds
+            _log.warning("folding the journal of %s failed", self._database.path, exc_info=True)
+
+    def _journal_message(
+        self,
+        session_id: str,
+        mid: str,
+        role: str,
+        envelope: bytes,
+        part_rows: list[tuple[Any, ...]],
+        parent_id: Any,
+    ) -> bool | None:
+        """:meth:`append_message` through the journal when memory can tell its parent
+        and that its id is new (None: it cannot; take the file's path)."""
+        with self._database.lock:
+            entry = self._cached(session_id)
+            if entry is None:
+                return None
+            parent: str | None = None
+            if parent_id is HEAD:
+                parent = entry.row[5]
+                if parent is None:
+                    return None
+            elif parent_id is not None:
+                if parent_id not in entry.pos:
+                    return None
+                parent = parent_id
+            exists = self._message_exists(mid)
+            if exists is None:
+                return None
+            if exists:
+                return False  # the first write wins, wherever it landed
+            now = self._now()
+            record: dict[str, Any] = {
+                "m": [[mid, session_id, parent, role, self._next_seq(), now, envelope]],
+                "s": [[session_id, now, mid, True, None]],
+            }
+            if part_rows:
+                record["p"] = [[session_id, *row] for row in part_rows]
+            self._journal_write(record)
+            entry.extend(parent, mid, envelope, [row[5] for row in part_rows])
+            entry.row[5], entry.row[7] = mid, now
+            assert self._state.ids is not None
+            self._state.ids.add(mid)
+        self._fold_if_big()
+        return True
+
+    def _journal_flush(self, batch: _FlushBatch) -> bool:
+        """:meth:`flush_stream` through the journal when memory can check the batch
+        (as ``_flush_known`` does); False: it cannot, nothing was written."""
+        state = self._state
+        with self._database.lock:
+            entry = self._cached(batch.sid)
+            if entry is None or entry.path is None:
+                return False
+            checked = self._journal_check(entry, batch)
+            if checked is None:
+                return False
+            new, parent = checked
+            generations = state.generations
+            if generations is None and (batch.chunk_rows or batch.prune is not None):
+                assert state.pending is not None
+                if state.pending.chunks or state.pending.doomed:
+                    return False  # forgotten after a rollback: the file must answer
+                generations = self._known_generations(self._database.con)
+            now = self._now()
+            record, generations = self._flush_record(batch, entry, new, parent, now, generations)
+            self._journal_write(record)
+            envelope = batch.envelope
+            if new is not None:
+                assert envelope is not None and state.ids is not None
+                entry.extend(parent, new, envelope[2], [])
+                state.ids.add(new)
+            elif envelope is not None:
+                entry.envelopes[entry.pos[envelope[0]]] = envelope[2]
+            if generations is not None:
+                state.generations = generations
+            session = record.get("s")
+            touched = envelope is not None or batch.part_rows or batch.target is not None
+            self._flushed(batch, new, now, touched, session[0][4] if session else None)
+        self._fold_if_big()
+        return True
+
+    def _journal_check(
+        self, entry: _Cached, batch: _FlushBatch
+    ) -> tuple[str | None, str | None] | None:
+        """``(new message id, its parent)`` when the cache can check the batch (every
+        message it names on the cached history, a new one's parent known and its id
+        new); None when it cannot."""
+        pos = entry.pos
+        new: str | None = None
+        parent: str | None = None
+        if batch.envelope is not None and batch.envelope[0] not in pos:
+            new = batch.envelope[0]
+            if batch.parent_id is not None:
+                if batch.parent_id not in pos:
+                    return None
+                parent = batch.parent_id
+            elif batch.use_head:
+                parent = entry.row[5]
+                if parent is None:
+                    return None
+        for mid in batch.named:
+            if mid != new and mid not in pos:
+                return None
+        if new is not None and self._message_exists(new) is not False:
+            return None  # it exists elsewhere: the file's check says where
+        return new, parent
+
+    def _flush_record(
+        self,
+        batch: _FlushBatch,
+        entry: _Cached,
+        new: str | None,
+        parent: str | None,
+        now: float,
+        generations: list[str] | None,
+    ) -> tuple[dict[str, Any], list[str] | None]:
+        """The journal record of a checked flush, and the chunk log's generations after
+        it (a copy; None: unchanged)."""
+        state = self._state
+        sid, envelope = batch.sid, batch.envelope
+        record: dict[str, Any] = {}
+        if new is not None:
+            assert envelope is not None
+            record["m"] = [[new, sid, parent, envelope[1], self._next_seq(), now, envelope[2]]]
+        elif envelope is not None:
+            record["u"] = [list(envelope)]
+        pos = entry.pos
+        deletes = [
+            [mid, idx]
+            for mid, idx, *_ in batch.part_rows
+            if mid != new and idx < len(entry.parts[pos[mid]])
+        ]
+        if deletes:
+            record["d"] = deletes
+        if batch.target is not None and batch.target != new:
+            record["t"] = [[batch.target, batch.parts_length]]
+        if batch.part_rows:
+            record["p"] = [[sid, *row] for row in batch.part_rows]
+        if batch.chunk_rows:
+            first = state.chunk_seq + 1
+            state.chunk_seq += len(batch.chunk_rows)
+            rows = batch.chunk_rows
+            record["c"] = [[*row[:4], seq, row[4]] for seq, row in enumerate(rows, first)]
+            assert generations is not None
+            generations = list(generations)
+            seen = set(generations)
+            generations += [g for g in dict.fromkeys(row[0] for row in rows) if g not in seen]
+        if batch.prune is not None:
+            assert generations is not None
+            doomed = _doomed_generations(generations, batch.prune)
+            if doomed:
+                record["x"] = doomed
+                gone = set(doomed)
+                generations = [g for g in generations if g not in gone]
+        info_blob: bytes | None = None
+        if batch.usage:
+            info = _session_info(entry.row)
+            for usage in batch.usage:
+                _add_usage(info, usage)
+            info_blob = _info_blob(info)
+        touched = envelope is not None or batch.part_rows or batch.target is not None
+        if touched or info_blob is not None:
+            record["s"] = [[sid, now, new, new is not None, info_blob]]
+        return record, generations
 
     def _now(self) -> float:
         # Strictly increasing, so "most recently updated first" is a total order even
@@ -1018,6 +1355,8 @@ class DuckDBSessionStore(SessionStore):
             "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, NULL, ?)",
             [mid, session_id, parent, role, self._next_seq(), now, envelope],
         )
+        if self._state.ids is not None:
+            self._state.ids.add(mid)
         if part_rows:
             _insert_parts(con, session_id, part_rows)
 
@@ -1040,6 +1379,8 @@ class DuckDBSessionStore(SessionStore):
         if not row or not row[0]:
             return False
         self._next_seq()
+        if self._state.ids is not None:
+            self._state.ids.add(mid)
         return True
 
     @staticmethod
@@ -1150,10 +1491,10 @@ class DuckDBSessionStore(SessionStore):
 
     @override
     def get_session(self, session_id: str) -> SessionInfo:
-        db = self.db  # closed: DatabaseClosedError
+        self._open()  # closed: DatabaseClosedError
         entry = self._cached(session_id)
         if entry is None:
-            row = db.fetchone(f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", [session_id])
+            row = self.db.fetchone(f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", [session_id])
             if row is None:
                 raise SessionNotFoundError(f"session {session_id!r} not found")
             entry = self._remember(row)
@@ -1161,10 +1502,10 @@ class DuckDBSessionStore(SessionStore):
 
     @override
     def has_session(self, session_id: str) -> bool:
-        db = self.db
+        self._open()
         if self._cached(session_id) is not None:
             return True
-        return db.fetchone("SELECT 1 FROM sessions WHERE id = ?", [session_id]) is not None
+        return self.db.fetchone("SELECT 1 FROM sessions WHERE id = ?", [session_id]) is not None
 
     @override
     def list_sessions(
@@ -1301,6 +1642,10 @@ class DuckDBSessionStore(SessionStore):
     ) -> bool:
         mid, role, envelope, part_rows = _message(message)
         _check_parent(parent_id)
+        if self._can_journal():
+            done = self._journal_message(session_id, mid, role, envelope, part_rows, parent_id)
+            if done is not None:
+                return done
         with self._tx(keep_cache=True) as con:
             entry = self._cached(session_id)
             parent: str | None
@@ -1454,6 +1799,8 @@ class DuckDBSessionStore(SessionStore):
     @override
     def flush_stream(self, flush: StreamFlush) -> None:
         batch = _FlushBatch.check(flush)  # a bad batch raises before anything is written
+        if self._can_journal() and self._journal_flush(batch):
+            return
         sid = batch.sid
         with self._tx(keep_cache=True) as con:
             now = self._now()
@@ -1620,8 +1967,18 @@ class DuckDBSessionStore(SessionStore):
     @override
     def message_session(self, message_id: str) -> str | None:
         _check_str(message_id, "message id")
-        # One statement, no transaction around it: every turn asks this of its user
-        # message (is it a resend?), and BEGIN/COMMIT would double its cost.
+        state = self._state
+        if state.pending is not None and not self._closed:
+            # Every turn asks this of its user message (is it a resend?): the journal
+            # and the ids in memory answer it without a statement.
+            with self._database.lock:
+                if state.pending is not None:
+                    sid = state.pending.session_of(message_id)
+                    if sid is not None:
+                        return sid
+                    if self._message_exists(message_id) is False:
+                        return None
+        # One statement, no transaction around it (BEGIN/COMMIT would double its cost).
         row = self.db.fetchone("SELECT session_id FROM messages WHERE id = ?", [message_id])
         return None if row is None else str(row[0])
 
@@ -2276,12 +2633,7 @@ class DuckDBSessionStore(SessionStore):
         return self._state.generations
 
     def _prune_chunks(self, con: duckdb.DuckDBPyConnection, prune: ChunkPrune) -> None:
-        generations = self._known_generations(con)
-        if len(generations) <= prune.keep + prune.slack:
-            return
-        keep = len(generations) - prune.keep
-        active = set(prune.active)
-        doomed = [g for g in generations[: max(keep, 0)] if g not in active]
+        doomed = _doomed_generations(self._known_generations(con), prune)
         if doomed:
             self._delete_generations(con, doomed)
 

@@ -1,0 +1,186 @@
+"""What the session store journaled and has not yet written to DuckDB, and the fold
+that writes it (issue 23: a turn's writes cost a journal append, not a dozen
+statements).
+
+A *record* is what one store call wrote, as rows (see :class:`Pending.add` for its
+keys). :class:`Pending` merges records in order into the state the file must end up
+in: new messages with their last envelope, the last payload of each part slot, the
+slots and tails of stored messages to delete first, chunk rows, pruned generations,
+and each session's last ``updated_at``/head/info. The live store and a replay at open
+run the same merge over the same records, so both fold the same rows.
+
+:func:`fold` writes that state in one transaction with a constant number of
+statements (one per kind of row, whatever the number of turns), and records the last
+folded record's ``n`` in ``config`` in the same transaction: a replay after a crash
+between the fold's commit and the journal's truncation skips what was folded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+from thinkray.storage import search as _search
+from thinkray.storage.codec import pack, unpack
+from thinkray.storage.db import Database
+
+# ``config`` row holding the ``n`` of the last folded journal record.
+FOLDED_KEY = "sessions.journal_folded"
+
+_UPDATE_ENVELOPES = (
+    "UPDATE messages SET role = d.r, envelope = d.e FROM (SELECT unnest(?::VARCHAR[]) AS m, "
+    "unnest(?::VARCHAR[]) AS r, unnest(?::BLOB[]) AS e) d WHERE messages.id = d.m"
+)
+_INSERT_MESSAGES = (
+    "INSERT INTO messages SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
+    "unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::BIGINT[]), unnest(?::DOUBLE[]), "
+    "NULL, unnest(?::BLOB[])"
+)
+_DELETE_SLOTS = (
+    "DELETE FROM parts USING (SELECT unnest(?::VARCHAR[]) AS m, unnest(?::INTEGER[]) AS i) d "
+    "WHERE parts.message_id = d.m AND parts.idx = d.i"
+)
+_DELETE_TAILS = (
+    "DELETE FROM parts USING (SELECT unnest(?::VARCHAR[]) AS m, unnest(?::INTEGER[]) AS n) d "
+    "WHERE parts.message_id = d.m AND parts.idx >= d.n"
+)
+_INSERT_PARTS = (
+    "INSERT INTO parts SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
+    "unnest(?::INTEGER[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
+    "unnest(?::BLOB[])"
+)
+_DELETE_GENERATIONS = "DELETE FROM chunks WHERE generation_id IN (SELECT unnest(?::VARCHAR[]))"
+_INSERT_CHUNKS = (
+    "INSERT INTO chunks SELECT unnest(?::VARCHAR[]), unnest(?::INTEGER[]), "
+    "unnest(?::BLOB[]), unnest(?::BOOLEAN[]), unnest(?::BIGINT[]), unnest(?::INTEGER[])"
+)
+_UPDATE_SESSIONS = (
+    "UPDATE sessions SET updated_at = d.u, "
+    "head_id = CASE WHEN d.sh THEN d.h ELSE sessions.head_id END, "
+    "info = coalesce(d.i, sessions.info) FROM (SELECT unnest(?::VARCHAR[]) AS id, "
+    "unnest(?::DOUBLE[]) AS u, unnest(?::VARCHAR[]) AS h, unnest(?::BOOLEAN[]) AS sh, "
+    "unnest(?::BLOB[]) AS i) d WHERE sessions.id = d.id"
+)
+
+
+def _columns(rows: Sequence[Any], width: int) -> list[list[Any]]:
+    return [list(column) for column in zip(*rows, strict=True)] if rows else [[]] * width
+
+
+@dataclass
+class Pending:
+    """The merged, not yet folded records (see the module).
+
+    ``folding``: the rows were written inside a transaction that has not ended yet; a
+    read in that transaction already sees them, so they must not be written twice.
+    """
+
+    messages: dict[str, list[Any]] = field(default_factory=dict)
+    updates: dict[str, tuple[str, bytes]] = field(default_factory=dict)
+    parts: dict[tuple[str, int], list[Any]] = field(default_factory=dict)
+    deletes: set[tuple[str, int]] = field(default_factory=set)
+    tails: dict[str, int] = field(default_factory=dict)
+    chunks: list[list[Any]] = field(default_factory=list)
+    doomed: set[str] = field(default_factory=set)
+    sessions: dict[str, list[Any]] = field(default_factory=dict)
+    records: int = 0
+    last_n: int = 0
+    folding: bool = False
+
+    def add(self, record: dict[str, Any]) -> None:
+        """Merge one record. Its keys (each optional), applied in this order:
+
+        - ``m``: new messages ``[id, session, parent, role, seq, created_at, envelope]``;
+        - ``u``: ``[id, role, envelope]`` of messages written before;
+        - ``d``: part slots ``[message, index]`` to delete before their rewrite;
+        - ``t``: ``[message, length]``: the message keeps its first ``length`` parts;
+        - ``p``: part rows ``[session, message, index, type, state, tool_call_id, payload]``;
+        - ``c``: chunk rows ``[generation, index, payload, is_final, seq, n]``;
+        - ``x``: chunk generations to delete;
+        - ``s``: ``[session, updated_at, head, sets_head, info or None]``.
+        """
+        for row in record.get("m", ()):
+            self.messages[row[0]] = list(row)
+        for mid, role, envelope in record.get("u", ()):
+            new = self.messages.get(mid)
+            if new is not None:
+                new[3], new[6] = role, envelope
+            else:
+                self.updates[mid] = (role, envelope)
+        for mid, idx in record.get("d", ()):
+            if mid not in self.messages:
+                self.deletes.add((mid, idx))
+        for mid, length in record.get("t", ()):
+            for slot in [s for s in self.parts if s[0] == mid and s[1] >= length]:
+                del self.parts[slot]
+            if mid not in self.messages:
+                self.tails[mid] = min(self.tails.get(mid, length), length)
+        for row in record.get("p", ()):
+            self.parts[(row[1], row[2])] = list(row)
+        self.chunks.extend(list(row) for row in record.get("c", ()))
+        doomed = record.get("x")
+        if doomed:
+            gone = set(doomed)
+            self.chunks = [row for row in self.chunks if row[0] not in gone]
+            self.doomed |= gone
+        for sid, updated_at, head, sets_head, info in record.get("s", ()):
+            now = self.sessions.get(sid)
+            if now is None:
+                self.sessions[sid] = [updated_at, head, sets_head, info]
+                continue
+            now[0] = updated_at
+            if sets_head:
+                now[1], now[2] = head, True
+            if info is not None:
+                now[3] = info
+        self.records += 1
+        self.last_n = record["n"]
+
+    def __bool__(self) -> bool:
+        return self.records > 0
+
+    def session_of(self, message_id: str) -> str | None:
+        """The session of a message this buffer holds as new (None if it holds none)."""
+        row = self.messages.get(message_id)
+        return None if row is None else row[1]
+
+
+def fold(db: Database, con: duckdb.DuckDBPyConnection, pending: Pending, marked: bool) -> None:
+    """Write ``pending`` inside the open transaction ``con`` (stored messages' deletes
+    before the inserts that replace them), and mark its last record folded (``marked``:
+    the ``config`` row exists already)."""
+    if pending.updates:
+        mids = list(pending.updates)
+        roles = [pending.updates[m][0] for m in mids]
+        envelopes = [pending.updates[m][1] for m in mids]
+        con.execute(_UPDATE_ENVELOPES, [mids, roles, envelopes])
+    if pending.messages:
+        con.execute(_INSERT_MESSAGES, _columns(list(pending.messages.values()), 7))
+    if pending.deletes:
+        con.execute(_DELETE_SLOTS, _columns(sorted(pending.deletes), 2))
+    if pending.tails:
+        con.execute(_DELETE_TAILS, _columns(list(pending.tails.items()), 2))
+    if pending.parts:
+        rows = list(pending.parts.values())
+        con.execute(_INSERT_PARTS, _columns(rows, 7))
+        _search.index_parts(db, con, [tuple(row[1:]) for row in rows])
+    if pending.doomed:
+        con.execute(_DELETE_GENERATIONS, [sorted(pending.doomed)])
+    if pending.chunks:
+        con.execute(_INSERT_CHUNKS, _columns(pending.chunks, 6))
+    if pending.sessions:
+        rows = [[sid, *state] for sid, state in pending.sessions.items()]
+        con.execute(_UPDATE_SESSIONS, _columns(rows, 5))
+    mark = pack(pending.last_n, "journal mark")
+    if marked:
+        con.execute("UPDATE config SET value = ? WHERE key = ?", [mark, FOLDED_KEY])
+    else:
+        con.execute("INSERT INTO config VALUES (?, ?)", [FOLDED_KEY, mark])
+
+
+def folded_mark(con: duckdb.DuckDBPyConnection) -> int | None:
+    """The ``n`` of the last folded record (None: nothing was ever folded)."""
+    row = con.execute("SELECT value FROM config WHERE key = ?", [FOLDED_KEY]).fetchone()
+    return None if row is None else int(unpack(row[0]))
