@@ -325,6 +325,7 @@ def sessions_export(args: argparse.Namespace) -> int:
     """``thinkray sessions export NAME``: every session of a hibernated agent with its
     history, as JSON (read from a copy of the file: the agent is neither woken nor
     touched). Refuses a live agent."""
+    from thinkray.storage.journal import journal_path
     from thinkray.storage.session_store import DuckDBSessionStore
 
     root, ns, row = _find(args, args.name, local_only="sessions export")
@@ -336,6 +337,10 @@ def sessions_export(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="thinkray-export-") as scratch:
         copy = Path(scratch) / path.name
         shutil.copyfile(path, copy)
+        # What a crash left unfolded comes along (the copy's open replays it).
+        journal = journal_path(path)
+        if journal.exists():
+            shutil.copyfile(journal, journal_path(copy))
         with DuckDBSessionStore(copy) as store:
             sessions = []
             for info in store.list_sessions(include_ephemeral=True):

@@ -260,7 +260,9 @@ class SessionActor:
             from thinkray.runtime.agents.context import AgentContext, constructing
             from thinkray.storage.session_store import DuckDBSessionStore
 
-            store = DuckDBSessionStore(path)
+            # Under an object-store root a turn is durable once DuckDB's WAL is shipped
+            # (see _ship): its writes go straight to DuckDB, not to the local journal.
+            store = DuckDBSessionStore(path, journal=remote is None)
             root = remote.root if remote is not None else str(path.parent.parent)
             context = AgentContext(
                 name=spec.name,

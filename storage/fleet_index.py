@@ -2,7 +2,7 @@
 
 A row says what an agent is without opening its database: ``name``, ``owner`` (the
 ingress's owner file, :mod:`thinkray.storage.owners`), ``sessions``, ``messages``
-(visible ones), ``bytes`` on disk (the ``.duckdb`` file plus any ``.wal``),
+(visible ones), ``bytes`` on disk (the ``.duckdb`` file plus any ``.wal`` and ``.journal``),
 ``created_at``, ``last_active`` (the newest session update), token rollups by model and
 kind (``models``: ``{model: {input, output, reasoning, cache_read, cache_write,
 cost_usd}}``) and the same by day (``days``: ``{"YYYY-MM-DD": {model: {...}}}``).
@@ -84,6 +84,7 @@ from typing import Any
 
 import duckdb
 from thinkray.storage.codec import pack, unpack
+from thinkray.storage.journal import journal_path
 from thinkray.storage.layout import FILE_SUFFIX, validate_name
 from thinkray.storage.objectstore import (
     RootURI,
@@ -268,7 +269,7 @@ def _with_days(models: dict[str, Any], reported: dict[str, Any], now: float) -> 
 
 def _file_bytes(path: Path) -> int:
     total = 0
-    for p in (path, path.with_name(path.name + ".wal")):
+    for p in (path, path.with_name(path.name + ".wal"), journal_path(path)):
         with contextlib.suppress(OSError):
             total += p.stat().st_size
     return total

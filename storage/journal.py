@@ -110,10 +110,18 @@ class Journal:
         """Append one record and make it durable."""
         fd = self._open()
         data = frame(record)
-        written = os.write(fd, data)
-        while written < len(data):  # a short write (signals, full pipes): finish it
-            written += os.write(fd, data[written:])
-        os.fdatasync(fd)
+        try:
+            written = os.write(fd, data)
+            while written < len(data):  # a short write (signals, full disks): finish it
+                written += os.write(fd, data[written:])
+            os.fdatasync(fd)
+        except BaseException:
+            # Not acknowledged: take the frame back, so that a later open does not replay
+            # a write its caller was told failed (if this fails too, the tail is torn or
+            # whole; the caller saw an error either way).
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, self.size)
+            raise
         self.size += len(data)
 
     def truncate(self) -> None:

@@ -3,7 +3,7 @@ inherits nothing.
 
 What belongs to agent ``name`` of ``namespace`` under a root:
 
-* its database file (``<ns>/<name>.duckdb`` and its ``.wal``; under an object-store
+* its database file (``<ns>/<name>.duckdb``, its ``.wal`` and its ``.journal``; under an object-store
   root every generation, data object and lease under ``<ns>/<name>/``);
 * its shared workspace, when it is an orchestrator (the bridge's file,
   ``<ns>/_shared/<name>.duckdb``; ``<ns>/.shared/<name>/`` in an object store);
@@ -30,6 +30,7 @@ from pathlib import Path
 
 from thinkray.storage.alarms import write_alarm
 from thinkray.storage.errors import UserError
+from thinkray.storage.journal import journal_path
 from thinkray.storage.layout import (
     REMOTE_SHARED_FOLDER,
     SHARED_FOLDER,
@@ -104,7 +105,8 @@ def _remove_local(root: Path, namespace: str, name: str, removed: list[str]) -> 
         removed.append(str(subs))
     write_alarm(root, namespace, name, None)
     for base in (root / namespace / SHARED_FOLDER / name, root / namespace / name):
-        for path in (Path(f"{base}.duckdb"), Path(f"{base}.duckdb.wal")):
+        duckdb_file = Path(f"{base}.duckdb")
+        for path in (duckdb_file, Path(f"{base}.duckdb.wal"), journal_path(duckdb_file)):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
                 removed.append(str(path))

@@ -93,7 +93,13 @@ import msgpack
 from thinkray.storage import search as _search
 from thinkray.storage.codec import pack as _pack
 from thinkray.storage.codec import unpack as _unpack
-from thinkray.storage.db import MEMORY_PATH, Database, DatabaseClosedError, Migration
+from thinkray.storage.db import (
+    MEMORY_PATH,
+    Database,
+    DatabaseClosedError,
+    Migration,
+    StatementCount,
+)
 from thinkray.storage.journal import Journal, journal_path, read_records
 from thinkray.storage.protocols import HEAD, SessionStore, Thread
 from thinkray.storage.stores import DuckDBStores
@@ -966,6 +972,13 @@ class DuckDBSessionStore(SessionStore):
             _fold_pending(db, self._state)  # whoever reads the file sees all it holds
         return db
 
+    @contextmanager
+    def counting(self) -> Iterator[StatementCount]:
+        """:meth:`Database.counting` without folding the journal first (``db.counting()``
+        would fold before counting begins): folds made while the block runs count."""
+        with self._open().counting() as count:
+            yield count
+
     def _open(self) -> Database:
         """The database, without folding the journal (for what memory answers).
 
@@ -1122,8 +1135,8 @@ class DuckDBSessionStore(SessionStore):
             parent: str | None = None
             if parent_id is HEAD:
                 parent = entry.row[5]
-                if parent is None:
-                    return None
+                if parent is None and entry.path != []:
+                    return None  # the latest visible message: the file knows it
             elif parent_id is not None:
                 if parent_id not in entry.pos:
                     return None
@@ -1201,7 +1214,7 @@ class DuckDBSessionStore(SessionStore):
                 parent = batch.parent_id
             elif batch.use_head:
                 parent = entry.row[5]
-                if parent is None:
+                if parent is None and entry.path != []:
                     return None
         for mid in batch.named:
             if mid != new and mid not in pos:
@@ -1494,7 +1507,9 @@ class DuckDBSessionStore(SessionStore):
         self._open()  # closed: DatabaseClosedError
         entry = self._cached(session_id)
         if entry is None:
-            row = self.db.fetchone(f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", [session_id])
+            row = self.db.fetchone(
+                f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", [session_id]
+            )
             if row is None:
                 raise SessionNotFoundError(f"session {session_id!r} not found")
             entry = self._remember(row)
@@ -2035,6 +2050,8 @@ class DuckDBSessionStore(SessionStore):
                 hidden = tree.hidden
                 path = [i for i in path if hidden[i] is None]
             if not path:
+                if leaf_id is None and not include_hidden and head is None and not tree.ids:
+                    entry.set_path([], [], [])  # known empty: the first turn needs no read
                 return tree, path, []
             payloads = self._part_payloads(con, "session_id = ?", [session_id])
             ids = [tree.ids[i] for i in path]

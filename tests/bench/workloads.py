@@ -150,10 +150,10 @@ class WorkloadAgent(Think):
 
 
 def file_bytes(path: str | os.PathLike[str]) -> int:
-    """Bytes on disk of a database file and its write-ahead log (``.wal`` for DuckDB,
-    ``-wal`` for SQLite), whichever exist."""
+    """Bytes on disk of a database file and its logs (``.wal`` and ``.journal`` for
+    thinkray's DuckDB files, ``-wal`` for SQLite), whichever exist."""
     total = 0
-    for candidate in (str(path), f"{path}.wal", f"{path}-wal"):
+    for candidate in (str(path), f"{path}.wal", f"{path}.journal", f"{path}-wal"):
         if os.path.exists(candidate):
             total += os.path.getsize(candidate)
     return total

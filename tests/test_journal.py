@@ -1,0 +1,296 @@
+"""The session store's write-behind journal (issue 23): a turn's writes are appended to
+``<file>.journal`` and folded into DuckDB in batches. What must hold: an acknowledged
+write survives a SIGKILL of its process (replayed at the next open), a torn last
+append is dropped and damage elsewhere refused, nothing is replayed twice, a fold that
+rolls back loses nothing, and every read sees what the journal holds."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from thinkray.storage.errors import CorruptDatabaseError
+from thinkray.storage.journal import journal_path, read_records
+from thinkray.storage.session_store import DuckDBSessionStore
+from thinkray.storage.types import ChunkPrune, ChunkWrite, PartWrite, StreamFlush
+
+
+def _msg(mid: str, role: str = "user", text: str = "hi") -> dict[str, Any]:
+    return {"id": mid, "role": role, "parts": [{"type": "text", "text": text}]}
+
+
+def _reply(sid: str, turn: int, parent: str, *, prune: bool = False) -> StreamFlush:
+    return StreamFlush(
+        sid,
+        message={"id": f"a{turn}", "role": "assistant", "parts": []},
+        parent_id=parent,
+        use_head=False,
+        parts=[PartWrite(f"a{turn}", 0, {"type": "text", "text": f"answer {turn}"})],
+        chunks=[ChunkWrite(f"run{turn}", i, {"type": "d", "i": i}) for i in range(5)],
+        usage=[{"input": 2, "output": 3}],
+        prune_chunks=ChunkPrune(keep=2) if prune else None,
+    )
+
+
+def _turns(store: DuckDBSessionStore, sid: str, turns: range, prune: bool = False) -> None:
+    for turn in turns:
+        store.append_message(sid, _msg(f"u{turn}"))
+        store.flush_stream(_reply(sid, turn, f"u{turn}", prune=prune))
+
+
+def _started(path: Path) -> tuple[DuckDBSessionStore, str]:
+    store = DuckDBSessionStore(path)
+    sid = store.create_session(session_id="s1").id
+    store.get_history(sid)  # the cache knows the history: writes go to the journal
+    return store, sid
+
+
+def _ids(store: DuckDBSessionStore, sid: str) -> list[str]:
+    return [m["id"] for m in store.get_history(sid)]
+
+
+def test_turns_go_to_the_journal_and_reads_fold_them(tmp_path: Path) -> None:
+    store, sid = _started(tmp_path / "a.duckdb")
+    try:
+        with store.counting() as count:  # not db.counting(): .db folds first
+            _turns(store, sid, range(1))
+        assert count.writes == 0 and count.transactions == 0, count.log
+        assert len(count.log) == 2, count.log  # the file's ids and chunk generations, once
+        with store.counting() as count:
+            _turns(store, sid, range(1, 3))
+        assert count.statements == 0, count.log  # two more turns, no statement at all
+        assert len(read_records(journal_path(tmp_path / "a.duckdb"))) == 6
+        assert _ids(store, sid) == ["u0", "a0", "u1", "a1", "u2", "a2"]  # from memory
+        assert store.get_session(sid).usage["prompt_tokens"] == 6
+        # a read the cache cannot answer folds first, in one transaction
+        with store.db.counting() as count:
+            pass
+        assert count.statements == 0  # .db folded before counting began
+        assert read_records(journal_path(tmp_path / "a.duckdb")) == []
+        rows = store.db.fetchall("SELECT id FROM messages ORDER BY seq")
+        assert [r[0] for r in rows] == ["u0", "a0", "u1", "a1", "u2", "a2"]
+        assert store.get_chunks("run1") == [{"type": "d", "i": i} for i in range(5)]
+    finally:
+        store.close()
+    assert not journal_path(tmp_path / "a.duckdb").exists()  # a clean close leaves none
+
+
+def test_many_turns_fold_in_one_transaction(tmp_path: Path) -> None:
+    store, sid = _started(tmp_path / "a.duckdb")
+    try:
+        _turns(store, sid, range(10), prune=True)
+        with store.counting() as count:
+            store.db  # noqa: B018 - the fold
+        assert count.commits == 1, count.log
+        assert count.statements <= 10, count.log  # one per kind of row, not per turn
+        assert store.chunk_generations() == ["run8", "run9"]  # pruned in memory
+        assert store.get_chunks("run0") == []
+    finally:
+        store.close()
+
+
+def test_a_resend_is_refused_from_memory_and_after_a_fold(tmp_path: Path) -> None:
+    store, sid = _started(tmp_path / "a.duckdb")
+    try:
+        assert store.append_message(sid, _msg("u0")) is True
+        assert store.message_session("u0") == sid  # pending: answered from memory
+        assert store.message_session("nope") is None
+        assert store.append_message(sid, _msg("u0", text="again")) is False
+        store.db  # noqa: B018 - fold
+        assert store.append_message(sid, _msg("u0", text="again")) is False
+        other = store.create_session().id
+        store.get_history(other)
+        assert store.append_message(other, _msg("u0")) is False  # ids are store-wide
+        assert [m["parts"][0]["text"] for m in store.get_history(sid)] == ["hi"]
+    finally:
+        store.close()
+
+
+_CHILD = """
+import os, signal, sys
+sys.path.insert(0, {repo!r})
+from tests.test_journal import _started, _turns
+store, sid = _started({path!r})
+_turns(store, sid, range(3))
+store.append_message(sid, {{"id": "u3", "role": "user", "parts": [{{"type": "text", "text": "last"}}]}})
+print("acknowledged", flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _crashed(path: Path) -> None:
+    """Three turns and a user message through the journal in a child process, then a
+    SIGKILL of that process (nothing folded, nothing closed)."""
+    repo = str(Path(__file__).resolve().parents[1])
+    child = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_CHILD.format(repo=repo, path=str(path)))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    assert "acknowledged" in child.stdout
+    assert len(read_records(journal_path(path))) == 7  # nothing was folded
+
+
+def test_acknowledged_writes_survive_a_sigkill(tmp_path: Path) -> None:
+    path = tmp_path / "a.duckdb"
+    _crashed(path)
+    store = DuckDBSessionStore(path)
+    try:
+        assert _ids(store, "s1") == ["u0", "a0", "u1", "a1", "u2", "a2", "u3"]
+        assert store.get_session("s1").usage["completion_tokens"] == 9
+        assert store.get_chunks("run2") == [{"type": "d", "i": i} for i in range(5)]
+        assert read_records(journal_path(path)) == []  # replayed into the file
+        # new writes after a replay get fresh numbers and sequence
+        store.append_message("s1", _msg("u4"))
+        assert _ids(store, "s1")[-2:] == ["u3", "u4"]
+    finally:
+        store.close()
+
+
+def test_a_torn_last_append_is_dropped(tmp_path: Path) -> None:
+    path = tmp_path / "a.duckdb"
+    _crashed(path)
+    whole = journal_path(path).read_bytes()
+    # a SIGKILL mid-append: whole records, then part of one (header and some payload)
+    journal_path(path).write_bytes(whole + whole[:30])
+    store = DuckDBSessionStore(path)
+    try:
+        assert _ids(store, "s1") == ["u0", "a0", "u1", "a1", "u2", "a2", "u3"]
+    finally:
+        store.close()
+
+
+def test_damage_before_the_last_record_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "a.duckdb"
+    _crashed(path)
+    data = bytearray(journal_path(path).read_bytes())
+    data[12] ^= 0xFF  # inside the first record's payload
+    journal_path(path).write_bytes(bytes(data))
+    with pytest.raises(CorruptDatabaseError, match="journal"):
+        DuckDBSessionStore(path)
+    assert journal_path(path).read_bytes() == bytes(data)  # kept for whoever repairs it
+
+
+def test_records_folded_before_a_crash_are_not_replayed_twice(tmp_path: Path) -> None:
+    path = tmp_path / "a.duckdb"
+    store, sid = _started(path)
+    _turns(store, sid, range(2))
+    saved = journal_path(path).read_bytes()
+    store.db  # noqa: B018 - the fold commits and marks record 4 folded
+    _turns(store, sid, range(2, 3))
+    later = journal_path(path).read_bytes()
+    store.close()
+    # a crash between a fold's commit and the journal's truncation: both still there
+    journal_path(path).write_bytes(saved + later)
+    reopened = DuckDBSessionStore(path)
+    try:
+        assert _ids(reopened, sid) == ["u0", "a0", "u1", "a1", "u2", "a2"]
+        assert reopened.db.fetchone("SELECT count(*) FROM messages") == (6,)
+        assert reopened.db.fetchone("SELECT count(*) FROM chunks") == (3,)  # a row a run
+    finally:
+        reopened.close()
+
+
+def test_a_fold_inside_a_transaction_that_rolls_back_loses_nothing(tmp_path: Path) -> None:
+    store, sid = _started(tmp_path / "a.duckdb")
+    try:
+        _turns(store, sid, range(2))
+
+        class Boom(Exception):
+            pass
+
+        with pytest.raises(Boom), store.transaction():
+            store.get_message_row("u0")  # a read in the transaction folds into it
+            raise Boom
+        assert store._state.pending  # noqa: SLF001 - still pending: it did not commit
+        assert _ids(store, sid) == ["u0", "a0", "u1", "a1"]
+        assert store.db.fetchone("SELECT count(*) FROM messages") == (4,)
+        assert store.get_message_row("a1") is not None
+    finally:
+        store.close()
+
+
+def test_a_write_inside_a_transaction_goes_to_duckdb_with_it(tmp_path: Path) -> None:
+    """A write joined to other stores' writes (the tool-call ledger's) must commit with
+    them: it is not journaled."""
+    store, sid = _started(tmp_path / "a.duckdb")
+    try:
+        with store.transaction():
+            store.append_message(sid, _msg("u0"))
+            store.set_config("with-it", 1)
+        assert not store._state.pending  # noqa: SLF001
+        assert read_records(journal_path(tmp_path / "a.duckdb")) == []
+        assert _ids(store, sid) == ["u0"]
+    finally:
+        store.close()
+
+
+def test_parts_rewritten_and_shrunk_across_records_fold_to_the_last_state(
+    tmp_path: Path,
+) -> None:
+    store, sid = _started(tmp_path / "a.duckdb")
+    try:
+        store.append_message(sid, _msg("u0"))
+        store.flush_stream(_reply(sid, 0, "u0"))
+        store.db  # noqa: B018 - a0 is in the file now
+        text = {"type": "text", "text": "x"}
+        writes = [PartWrite("a0", i, {**text, "text": f"p{i}"}) for i in range(4)]
+        store.flush_stream(StreamFlush(sid, parts=writes))
+        store.flush_stream(StreamFlush(sid, parts=[PartWrite("a0", 1, {**text, "text": "new"})]))
+        store.flush_stream(
+            StreamFlush(
+                sid,
+                message={"id": "a0", "role": "assistant", "parts": [], "metadata": {"k": 1}},
+                parts_length=3,
+            )
+        )
+        memory = store.get_history(sid)[-1]
+        store.db  # noqa: B018 - fold
+        store._forget()  # noqa: SLF001 - read the file, not the cache
+        stored = store.get_history(sid)[-1]
+        assert stored == memory
+        assert [p["text"] for p in stored["parts"]] == ["p0", "new", "p2"]
+        assert stored["metadata"] == {"k": 1}
+    finally:
+        store.close()
+
+
+def test_the_journal_is_off_for_memory_and_shared_databases(tmp_path: Path) -> None:
+    memory = DuckDBSessionStore(":memory:")
+    assert memory._state.pending is None  # noqa: SLF001
+    memory.close()
+    direct = DuckDBSessionStore(tmp_path / "b.duckdb", journal=False)
+    sid = direct.create_session().id
+    direct.append_message(sid, _msg("u0"))
+    assert not journal_path(tmp_path / "b.duckdb").exists()
+    direct.close()
+
+
+def test_a_failing_append_acknowledges_nothing(tmp_path: Path, monkeypatch) -> None:
+    store, sid = _started(tmp_path / "a.duckdb")
+    try:
+
+        def full(*_: Any) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(os, "fdatasync", full)
+        with pytest.raises(OSError, match="No space"):
+            store.append_message(sid, _msg("u0"))
+        monkeypatch.undo()
+        assert _ids(store, sid) == []
+        assert store.message_session("u0") is None
+    finally:
+        store.close()
+    reopened = DuckDBSessionStore(tmp_path / "a.duckdb")
+    try:
+        assert _ids(reopened, sid) == []  # the frame written before the failure is gone
+    finally:
+        reopened.close()
