@@ -90,20 +90,28 @@ class Journal:
     """The append side of one journal file. Not thread-safe: the store calls it under
     its database's lock.
 
-    Contract: :meth:`append` returns once the record is durable (``fdatasync``);
-    :meth:`truncate` forgets every record (called after they were folded and that fold
-    committed); :meth:`close` is idempotent and keeps the file (a later open replays
-    what it holds)."""
+    Contract: :meth:`append` returns once the record is durable (``fdatasync``, and
+    the folder's entry when the append created the file); :meth:`clear` forgets every
+    record (called once they were folded and that fold committed) and removes the
+    file, so an agent that is not writing holds no descriptor for it; :meth:`close`
+    is idempotent and keeps a non-empty file (the next open replays it)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._fd: int | None = None
-        self.size = 0  # bytes appended since the last truncation (this process)
+        self.size = 0  # bytes in the file (as this process wrote them)
 
     def _open(self) -> int:
         if self._fd is None:
+            created = not self.path.exists()
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             self.size = os.fstat(self._fd).st_size
+            if created:  # the new name must survive a power loss with what it holds
+                folder = os.open(self.path.parent, os.O_RDONLY)
+                try:
+                    os.fsync(folder)
+                finally:
+                    os.close(folder)
         return self._fd
 
     def append(self, record: Any) -> None:
@@ -124,13 +132,11 @@ class Journal:
             raise
         self.size += len(data)
 
-    def truncate(self) -> None:
-        """Drop every record (they are in the database now)."""
-        if self._fd is None:
-            if self.path.exists():
-                os.truncate(self.path, 0)
-        else:
-            os.ftruncate(self._fd, 0)
+    def clear(self) -> None:
+        """Drop every record (they are in the database now) and the file."""
+        self.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
         self.size = 0
 
     def close(self) -> None:

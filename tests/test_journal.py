@@ -168,6 +168,29 @@ def test_a_torn_last_append_is_dropped(tmp_path: Path) -> None:
         store.close()
 
 
+def test_a_torn_first_append_is_dropped_and_later_writes_follow_cleanly(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "a.duckdb"
+    store, sid = _started(path)
+    store.close()
+    journal_path(path).write_bytes(b"\x20\x00\x00\x00\x01\x02")  # a torn header+body
+    store = DuckDBSessionStore(path)
+    try:
+        store.get_history(sid)
+        _turns(store, sid, range(1))
+    finally:
+        store._state.journal.close()  # noqa: SLF001 - leave the journal as a crash would
+        store._state.pending = None  # noqa: SLF001
+        store._database.close()  # noqa: SLF001
+    assert len(read_records(journal_path(path))) == 2
+    reopened = DuckDBSessionStore(path)
+    try:
+        assert _ids(reopened, sid) == ["u0", "a0"]
+    finally:
+        reopened.close()
+
+
 def test_damage_before_the_last_record_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "a.duckdb"
     _crashed(path)
