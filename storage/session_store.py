@@ -759,6 +759,29 @@ def _chunk_rows(chunks: Sequence[Any]) -> list[tuple[Any, ...]]:
     return rows
 
 
+def _cached_target(entry: _Cached, batch: _FlushBatch) -> tuple[str | None, str | None] | None:
+    """``(new message id, its parent)`` of a flush when the cached history can check it:
+    every message it names on that history, a new message's parent known (the head;
+    or none, when the history is known to be empty). None when it cannot."""
+    pos = entry.pos
+    new: str | None = None
+    parent: str | None = None
+    if batch.envelope is not None and batch.envelope[0] not in pos:
+        new = batch.envelope[0]
+        if batch.parent_id is not None:
+            if batch.parent_id not in pos:
+                return None
+            parent = batch.parent_id
+        elif batch.use_head:
+            parent = entry.row[5]
+            if parent is None and entry.path != []:
+                return None  # the latest visible message: the file knows it
+    for mid in batch.named:
+        if mid != new and mid not in pos:
+            return None
+    return new, parent
+
+
 def _doomed_generations(generations: list[str], prune: ChunkPrune) -> list[str]:
     """The generations (oldest first) a prune deletes: all but the newest ``keep``
     that are not active, once there are more than ``keep + slack``."""
@@ -1222,22 +1245,10 @@ class DuckDBSessionStore(SessionStore):
         """``(new message id, its parent)`` when the cache can check the batch (every
         message it names on the cached history, a new one's parent known and its id
         new); None when it cannot."""
-        pos = entry.pos
-        new: str | None = None
-        parent: str | None = None
-        if batch.envelope is not None and batch.envelope[0] not in pos:
-            new = batch.envelope[0]
-            if batch.parent_id is not None:
-                if batch.parent_id not in pos:
-                    return None
-                parent = batch.parent_id
-            elif batch.use_head:
-                parent = entry.row[5]
-                if parent is None and entry.path != []:
-                    return None
-        for mid in batch.named:
-            if mid != new and mid not in pos:
-                return None
+        known = _cached_target(entry, batch)
+        if known is None:
+            return None
+        new, parent = known
         if new is not None and self._message_exists(new) is not False:
             return None  # it exists elsewhere: the file's check says where
         return new, parent
@@ -1898,22 +1909,11 @@ class DuckDBSessionStore(SessionStore):
         entry = self._cached(batch.sid)
         if entry is None or entry.path is None:
             return False, None
+        known = _cached_target(entry, batch)
+        if known is None:
+            return False, None
+        new, parent = known
         pos = entry.pos
-        new: str | None = None
-        parent: str | None = None
-        if batch.envelope is not None and batch.envelope[0] not in pos:
-            new = batch.envelope[0]
-            if batch.parent_id is not None:
-                if batch.parent_id not in pos:
-                    return False, None
-                parent = batch.parent_id
-            elif batch.use_head:
-                parent = entry.row[5]
-                if parent is None:
-                    return False, None
-        for mid in batch.named:
-            if mid != new and mid not in pos:
-                return False, None
         if new is not None:
             _, role, blob = batch.envelope  # type: ignore[misc]
             if not self._insert_new(con, batch.sid, new, role, blob, parent, now):
