@@ -167,6 +167,7 @@ class Database:
         # store on this connection (see DuckDBSessionStore).
         self.state: dict[str, Any] = {}
         self._migrated: set[str] = set()
+        self._versions: dict[str, int] | None = None  # schema_version, once read
         # Work a component left in memory to write at close (see before_close).
         self._before_close: dict[str, Callable[[], None]] = {}
         # Components migrated inside the open transaction: a rollback takes their
@@ -380,6 +381,18 @@ class Database:
     def _forget_migrations(self) -> None:
         self._migrated -= self._migrated_in_tx
         self._migrated_in_tx.clear()
+        self._versions = None
+
+    def _schema_versions(self) -> dict[str, int]:
+        """Every component's version, read once per connection (one query for all the
+        stores a wake opens, instead of two statements each)."""
+        if self._versions is None:
+            self.con.execute(
+                "CREATE TABLE IF NOT EXISTS schema_version (component VARCHAR, version INTEGER)"
+            )
+            rows = self.con.execute("SELECT component, version FROM schema_version").fetchall()
+            self._versions = {component: version for component, version in rows}
+        return self._versions
 
     # -- migrations ----------------------------------------------------------------
 
@@ -393,26 +406,22 @@ class Database:
         if component in self._migrated:
             return migrations[-1].version if migrations else 0
         with self._lock:
-            self.con.execute(
-                "CREATE TABLE IF NOT EXISTS schema_version (component VARCHAR, version INTEGER)"
-            )
-            row = self.con.execute(
-                "SELECT version FROM schema_version WHERE component = ?", [component]
-            ).fetchone()
-            current = row[0] if row else 0
+            versions = self._schema_versions()
+            current = versions.get(component, 0)
             pending = [m for m in migrations if m.version > current]
             if pending:
                 with self.transaction() as con:
                     for migration in sorted(pending, key=lambda m: m.version):
                         migration.apply(con)
                     newest = max(m.version for m in pending)
-                    if row:
+                    if component in versions:
                         con.execute(
                             "UPDATE schema_version SET version = ? WHERE component = ?",
                             [newest, component],
                         )
                     else:
                         con.execute("INSERT INTO schema_version VALUES (?, ?)", [component, newest])
+                    versions[component] = newest  # a rollback forgets every version read
                 current = newest
             self._migrated.add(component)
             if self._depth:

@@ -988,6 +988,11 @@ class DuckDBSessionStore(SessionStore):
                 state = db_.state[COMPONENT] = _StoreState(
                     row[0] or 0, row[1] or 0, row[2] or 0.0, epoch=db_.rollbacks
                 )
+                # An empty table is known without a query (a new agent's first turn).
+                if row[0] is None:
+                    state.ids = set()
+                if row[1] is None:
+                    state.generations = []
                 if replayed is not None:
                     state.journal, state.next_n, state.marked = replayed
                     state.pending = Pending()
@@ -1508,7 +1513,8 @@ class DuckDBSessionStore(SessionStore):
         if thread_key is not None:
             _check_thread_key(thread_key)
         sid = session_id or uuid.uuid4().hex
-        with self._tx() as con:
+        # A new row changes no other session, message or chunk: the cache stays.
+        with self._tx(keep_cache=True) as con:
             now = self._now()
             info = SessionInfo(
                 id=sid,
@@ -1526,10 +1532,13 @@ class DuckDBSessionStore(SessionStore):
                 raise InvalidInputError(f"session {sid!r} already exists")
             if thread_key is not None and self._thread_id(con, thread_key) is not None:
                 raise ThreadExistsError(f"thread {thread_key!r} already exists")
+            row = [sid, name, parent_session_id, parent_message_id, thread_key, None, now, now]
             con.execute(
-                f"INSERT INTO sessions ({_SESSION_COLS}) VALUES (?, ?, ?, ?, ?, NULL, ?, ?, ?)",
-                [sid, name, parent_session_id, parent_message_id, thread_key, now, now, blob],
+                f"INSERT INTO sessions ({_SESSION_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [*row, blob],
             )
+            # A new session's history is known (empty): its first turn reads nothing.
+            self._remember([*row, blob]).set_path([], [], [])
         return info
 
     @override
@@ -2739,7 +2748,7 @@ class DuckDBSessionStore(SessionStore):
     def set_config(self, key: str, value: Any) -> None:
         _check_str(key, "config key")
         blob = _pack(value, f"config {key!r}")
-        with self._tx() as con:
+        with self._tx(keep_cache=True) as con:  # config is not cached
             con.execute("DELETE FROM config WHERE key = ?", [key])
             con.execute("INSERT INTO config VALUES (?, ?)", [key, blob])
 

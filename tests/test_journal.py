@@ -59,12 +59,9 @@ def test_turns_go_to_the_journal_and_reads_fold_them(tmp_path: Path) -> None:
     store, sid = _started(tmp_path / "a.duckdb")
     try:
         with store.counting() as count:  # not db.counting(): .db folds first
-            _turns(store, sid, range(1))
-        assert count.writes == 0 and count.transactions == 0, count.log
-        assert len(count.log) == 2, count.log  # the file's ids and chunk generations, once
-        with store.counting() as count:
-            _turns(store, sid, range(1, 3))
-        assert count.statements == 0, count.log  # two more turns, no statement at all
+            _turns(store, sid, range(3))
+        # three turns, no statement at all (a new file: no ids or chunk log to read)
+        assert count.statements == 0, count.log
         assert len(read_records(journal_path(tmp_path / "a.duckdb"))) == 6
         assert _ids(store, sid) == ["u0", "a0", "u1", "a1", "u2", "a2"]  # from memory
         assert store.get_session(sid).usage["prompt_tokens"] == 6
@@ -91,6 +88,23 @@ def test_many_turns_fold_in_one_transaction(tmp_path: Path) -> None:
         assert count.statements <= 10, count.log  # one per kind of row, not per turn
         assert store.chunk_generations() == ["run8", "run9"]  # pruned in memory
         assert store.get_chunks("run0") == []
+    finally:
+        store.close()
+
+
+def test_a_reopened_file_reads_its_ids_and_chunk_log_once(tmp_path: Path) -> None:
+    path = tmp_path / "a.duckdb"
+    store, sid = _started(path)
+    _turns(store, sid, range(2))
+    store.close()
+    store = DuckDBSessionStore(path)
+    try:
+        store.get_history(sid)
+        with store.counting() as count:
+            _turns(store, sid, range(2, 5))
+        assert count.writes == 0 and count.transactions == 0, count.log
+        assert len(count.log) == 2, count.log  # the ids and the generations, once each
+        assert store.append_message(sid, _msg("u0")) is False  # a stored id: refused
     finally:
         store.close()
 
