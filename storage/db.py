@@ -383,6 +383,12 @@ class Database:
         self._migrated_in_tx.clear()
         self._versions = None
 
+    def has_component(self, component: str) -> bool:
+        """Whether ``component``'s tables were ever made in this file (no statement
+        once the versions were read)."""
+        with self._lock:
+            return component in self._schema_versions()
+
     def _schema_versions(self) -> dict[str, int]:
         """Every component's version, read once per connection (one query for all the
         stores a wake opens, instead of two statements each)."""

@@ -129,8 +129,7 @@ def _enabled(db: Database) -> _State | None:
     None: the writes of an agent that never searched cost nothing."""
     state = _state(db)
     if state.enabled is None:
-        row = db.fetchone("SELECT 1 FROM schema_version WHERE component = ?", [COMPONENT])
-        state.enabled = row is not None
+        state.enabled = db.has_component(COMPONENT)
         if state.enabled:
             db.migrate(COMPONENT, MIGRATIONS)  # a newer version's steps, if any
     return state if state.enabled else None

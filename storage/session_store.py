@@ -146,7 +146,10 @@ from thinkray.storage.types import (
     UnrewindInfo,
     empty_rollup,
 )
+from thinkray.storage.write_behind import VALUES_ROWS as _VALUES_ROWS
 from thinkray.storage.write_behind import Pending, fold, folded_mark
+from thinkray.storage.write_behind import as_columns as _as_columns
+from thinkray.storage.write_behind import insert_rows as _insert_rows
 from typing_extensions import override
 
 _log = logging.getLogger(__name__)
@@ -204,26 +207,6 @@ _INSERT_CHUNKS = (
     "INSERT INTO chunks SELECT unnest(?::VARCHAR[]), unnest(?::INTEGER[]), "
     "unnest(?::BLOB[]), unnest(?::BOOLEAN[]), unnest(?::BIGINT[]), unnest(?::INTEGER[])"
 )
-# Up to this many rows go in as ``VALUES`` (binding list parameters costs ~0.3 ms more
-# than a few scalars); more as ``unnest`` of lists (one bind whatever the count).
-_VALUES_ROWS = 3
-
-
-def _insert_rows(
-    con: duckdb.DuckDBPyConnection, table: str, unnest_sql: str, rows: Sequence[tuple[Any, ...]]
-) -> None:
-    """Insert ``rows`` (full rows of ``table``) the cheaper way for their count."""
-    if not rows:
-        return
-    width = len(rows[0])
-    if len(rows) <= _VALUES_ROWS:
-        one = "(" + ", ".join("?" * width) + ")"
-        con.execute(
-            f"INSERT INTO {table} VALUES " + ", ".join([one] * len(rows)),
-            [value for row in rows for value in row],
-        )
-    else:
-        con.execute(unnest_sql, _as_columns(rows, width))
 
 
 def _insert_parts(
@@ -536,12 +519,6 @@ def _message(message: Any) -> tuple[str, str, bytes, list[tuple[Any, ...]]]:
     if not isinstance(parts, list):
         raise InvalidInputError(f"message {mid!r} parts must be a list")
     return mid, role, envelope, [_part_row(mid, i, p) for i, p in enumerate(parts)]
-
-
-def _as_columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
-    if not rows:
-        return [[] for _ in range(width)]
-    return [list(column) for column in zip(*rows, strict=True)]
 
 
 def _session_info(row: Sequence[Any]) -> SessionInfo:

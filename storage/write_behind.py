@@ -36,7 +36,7 @@ _UPDATE_ENVELOPES = (
 _INSERT_MESSAGES = (
     "INSERT INTO messages SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
     "unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::BIGINT[]), unnest(?::DOUBLE[]), "
-    "NULL, unnest(?::BLOB[])"
+    "unnest(?::DOUBLE[]), unnest(?::BLOB[])"
 )
 _DELETE_SLOTS = (
     "DELETE FROM parts USING (SELECT unnest(?::VARCHAR[]) AS m, unnest(?::INTEGER[]) AS i) d "
@@ -65,8 +65,33 @@ _UPDATE_SESSIONS = (
 )
 
 
-def _columns(rows: Sequence[Any], width: int) -> list[list[Any]]:
-    return [list(column) for column in zip(*rows, strict=True)] if rows else [[]] * width
+# Up to this many rows go in as ``VALUES`` (binding list parameters costs ~0.3 ms more
+# than a few scalars); more as ``unnest`` of lists (one bind whatever the count).
+VALUES_ROWS = 3
+
+
+def as_columns(rows: Sequence[Sequence[Any]], width: int) -> list[list[Any]]:
+    """``rows`` as one list per column (``width`` empty lists when there are none)."""
+    if not rows:
+        return [[] for _ in range(width)]
+    return [list(column) for column in zip(*rows, strict=True)]
+
+
+def insert_rows(
+    con: duckdb.DuckDBPyConnection, table: str, unnest_sql: str, rows: Sequence[Sequence[Any]]
+) -> None:
+    """Insert ``rows`` (full rows of ``table``) the cheaper way for their count."""
+    if not rows:
+        return
+    width = len(rows[0])
+    if len(rows) <= VALUES_ROWS:
+        one = "(" + ", ".join("?" * width) + ")"
+        con.execute(
+            f"INSERT INTO {table} VALUES " + ", ".join([one] * len(rows)),
+            [value for row in rows for value in row],
+        )
+    else:
+        con.execute(unnest_sql, as_columns(rows, width))
 
 
 @dataclass
@@ -151,33 +176,53 @@ def fold(db: Database, con: duckdb.DuckDBPyConnection, pending: Pending, marked:
     """Write ``pending`` inside the open transaction ``con`` (stored messages' deletes
     before the inserts that replace them), and mark its last record folded (``marked``:
     the ``config`` row exists already)."""
-    if pending.updates:
-        mids = list(pending.updates)
-        roles = [pending.updates[m][0] for m in mids]
-        envelopes = [pending.updates[m][1] for m in mids]
-        con.execute(_UPDATE_ENVELOPES, [mids, roles, envelopes])
-    if pending.messages:
-        con.execute(_INSERT_MESSAGES, _columns(list(pending.messages.values()), 7))
+    if len(pending.updates) == 1:
+        [(mid, (role, envelope))] = pending.updates.items()
+        con.execute(
+            "UPDATE messages SET role = ?, envelope = ? WHERE id = ?", [role, envelope, mid]
+        )
+    elif pending.updates:
+        rows = [(mid, role, envelope) for mid, (role, envelope) in pending.updates.items()]
+        con.execute(_UPDATE_ENVELOPES, as_columns(rows, 3))
+    messages = [(*row[:6], None, row[6]) for row in pending.messages.values()]
+    insert_rows(con, "messages", _INSERT_MESSAGES, messages)
     if pending.deletes:
-        con.execute(_DELETE_SLOTS, _columns(sorted(pending.deletes), 2))
+        con.execute(_DELETE_SLOTS, as_columns(sorted(pending.deletes), 2))
     if pending.tails:
-        con.execute(_DELETE_TAILS, _columns(list(pending.tails.items()), 2))
+        con.execute(_DELETE_TAILS, as_columns(list(pending.tails.items()), 2))
     if pending.parts:
-        rows = list(pending.parts.values())
-        con.execute(_INSERT_PARTS, _columns(rows, 7))
-        _search.index_parts(db, con, [tuple(row[1:]) for row in rows])
+        part_rows = list(pending.parts.values())
+        insert_rows(con, "parts", _INSERT_PARTS, part_rows)
+        _search.index_parts(db, con, [tuple(row[1:]) for row in part_rows])
     if pending.doomed:
         con.execute(_DELETE_GENERATIONS, [sorted(pending.doomed)])
-    if pending.chunks:
-        con.execute(_INSERT_CHUNKS, _columns(pending.chunks, 6))
-    if pending.sessions:
-        rows = [[sid, *state] for sid, state in pending.sessions.items()]
-        con.execute(_UPDATE_SESSIONS, _columns(rows, 5))
+    insert_rows(con, "chunks", _INSERT_CHUNKS, pending.chunks)
+    _update_sessions(con, pending.sessions)
     mark = pack(pending.last_n, "journal mark")
     if marked:
         con.execute("UPDATE config SET value = ? WHERE key = ?", [mark, FOLDED_KEY])
     else:
         con.execute("INSERT INTO config VALUES (?, ?)", [FOLDED_KEY, mark])
+
+
+def _update_sessions(con: duckdb.DuckDBPyConnection, sessions: dict[str, list[Any]]) -> None:
+    if len(sessions) != 1:
+        if sessions:
+            rows = [[sid, *state] for sid, state in sessions.items()]
+            con.execute(_UPDATE_SESSIONS, as_columns(rows, 5))
+        return
+    [(sid, (updated_at, head, sets_head, info))] = sessions.items()
+    if sets_head:
+        con.execute(
+            "UPDATE sessions SET updated_at = ?, head_id = ?, info = coalesce(?, info) "
+            "WHERE id = ?",
+            [updated_at, head, info, sid],
+        )
+    else:
+        con.execute(
+            "UPDATE sessions SET updated_at = ?, info = coalesce(?, info) WHERE id = ?",
+            [updated_at, info, sid],
+        )
 
 
 def folded_mark(con: duckdb.DuckDBPyConnection) -> int | None:
