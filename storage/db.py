@@ -386,7 +386,7 @@ class Database:
     def has_component(self, component: str) -> bool:
         """Whether ``component``'s tables were ever made in this file (no statement
         once the versions were read)."""
-        with self._lock:
+        with self._lock, self._file_errors():
             return component in self._schema_versions()
 
     def _schema_versions(self) -> dict[str, int]:
@@ -411,7 +411,7 @@ class Database:
         """
         if component in self._migrated:
             return migrations[-1].version if migrations else 0
-        with self._lock:
+        with self._lock, self._file_errors():
             versions = self._schema_versions()
             current = versions.get(component, 0)
             pending = [m for m in migrations if m.version > current]
