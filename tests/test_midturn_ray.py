@@ -390,6 +390,9 @@ def test_a_queued_message_cut_off_mid_turn_is_run_again_and_answered_once(
     # queued, and the wake runs what the crash left: "hold two" again (it waits on
     # the gate), then "later".
     wait_until(lambda: _model_log(log).count("hold two") == 2, timeout=120)
+    # The wake's own turn can reach the model before the directory records the bind
+    # that started it: wait for that record, then compare processes.
+    wait_until(lambda: ns.where("busy") is not None, timeout=60)
     assert ns.where("busy")["pid"] != old_pid
     gate.touch()
     outcomes = []
