@@ -870,6 +870,7 @@ class _StoreState:
     # Every message id in the file and the journal (None: not read yet), so that a new
     # message's duplicate check needs no statement.
     ids: set[str] | None = None
+    too_many_ids: bool = False  # more than _MAX_IDS: the file answers instead
 
 
 @dataclass
@@ -1046,6 +1047,7 @@ class DuckDBSessionStore(SessionStore):
         self._state.cache.clear()
         self._state.generations = None
         self._state.ids = None
+        self._state.too_many_ids = False
 
     def _check_epoch(self) -> None:
         """Forget everything after a rollback: a write the cache recorded may not have
@@ -1109,10 +1111,13 @@ class DuckDBSessionStore(SessionStore):
             return True
         ids = state.ids
         if ids is None:
+            if state.too_many_ids:
+                return None
             rows = self._database.con.execute(
                 f"SELECT id FROM messages LIMIT {_MAX_IDS + 1}"
             ).fetchall()
             if len(rows) > _MAX_IDS:
+                state.too_many_ids = True  # not read again until something forgets
                 return None
             ids = state.ids = {mid for (mid,) in rows}
             if state.pending is not None:

@@ -331,3 +331,25 @@ def test_a_failing_append_acknowledges_nothing(tmp_path: Path, monkeypatch) -> N
         assert _ids(reopened, sid) == []  # the frame written before the failure is gone
     finally:
         reopened.close()
+
+
+def test_past_the_id_limit_the_file_answers_and_is_asked_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from thinkray.storage import session_store
+
+    monkeypatch.setattr(session_store, "_MAX_IDS", 3)
+    store, sid = _started(tmp_path / "a.duckdb")
+    try:
+        _turns(store, sid, range(3))  # 6 messages: past the limit once folded
+        store.db  # noqa: B018 - fold
+        store._forget()  # noqa: SLF001 - as after any other write: ids read again
+        store.get_history(sid)
+        with store.counting() as count:
+            _turns(store, sid, range(3, 6))
+        reads = [s for s in count.log if s.startswith("SELECT id FROM messages")]
+        assert len(reads) == 1, count.log  # tried once, then the file answers
+        assert store.append_message(sid, _msg("u1")) is False  # still refused
+        assert _ids(store, sid)[-2:] == ["u5", "a5"]
+    finally:
+        store.close()
