@@ -375,9 +375,11 @@ def test_a_queued_message_cut_off_mid_turn_is_run_again_and_answered_once(
     holder, _ = _hold(agent, session, log)
     second = {"id": "m-hold", "role": "user", "parts": [{"type": "text", "text": "hold two"}]}
     later = {"id": "m-later", "role": "user", "parts": [{"type": "text", "text": "later"}]}
-    refs = [
-        agent.chat.remote(m, session_id=session) for m in (second, later)
-    ]  # queued (the agent's policy), sent from this process
+    # Queued (the agent's policy), sent from this process one after the other: the queue
+    # is FIFO by arrival, and two calls in flight at once may arrive in either order.
+    refs = [agent.chat.remote(second, session_id=session)]
+    wait_until(lambda: _queue_len(agent, session) == 1, timeout=60)
+    refs.append(agent.chat.remote(later, session_id=session))
     wait_until(lambda: _queue_len(agent, session) == 2, timeout=60)
     agent.abort.remote(session).result()  # the first turn ends; "hold two" starts
     holder.join(60)
