@@ -618,6 +618,11 @@ class _FlushBatch:
     usage: list[dict[str, Any]]
     prune: ChunkPrune | None
 
+    @property
+    def touches(self) -> bool:
+        """Whether the batch changes a message (so the session's ``updated_at`` moves)."""
+        return self.envelope is not None or bool(self.part_rows) or self.target is not None
+
     @classmethod
     def check(cls, flush: Any) -> _FlushBatch:
         """Validate and serialize everything, so that a bad batch writes nothing.
@@ -1221,8 +1226,7 @@ class DuckDBSessionStore(SessionStore):
             if generations is not None:
                 state.generations = generations
             session = record.get("s")
-            touched = envelope is not None or batch.part_rows or batch.target is not None
-            self._flushed(batch, new, now, touched, session[0][4] if session else None)
+            self._flushed(batch, new, now, batch.touches, session[0][4] if session else None)
         self._fold_if_big()
         return True
 
@@ -1293,8 +1297,7 @@ class DuckDBSessionStore(SessionStore):
             for usage in batch.usage:
                 _add_usage(info, usage)
             info_blob = _info_blob(info)
-        touched = envelope is not None or batch.part_rows or batch.target is not None
-        if touched or info_blob is not None:
+        if batch.touches or info_blob is not None:
             record["s"] = [[sid, now, new, new is not None, info_blob]]
         return record, generations
 
@@ -1871,7 +1874,7 @@ class DuckDBSessionStore(SessionStore):
                 for usage in batch.usage:
                     _add_usage(info, usage)
                 info_blob = _info_blob(info)
-            touched = batch.envelope is not None or batch.part_rows or batch.target is not None
+            touched = batch.touches
             if touched or info_blob is not None:
                 head: Any = inserted if inserted else HEAD
                 if info_blob is None:
