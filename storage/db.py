@@ -452,6 +452,11 @@ class MigratedStore:
     @property
     def db(self) -> Database:
         """The database, with this store's tables."""
+        return self._migrated()
+
+    def _migrated(self) -> Database:
+        """The database, with this store's tables (what :attr:`db` is unless a
+        subclass adds to it)."""
         self._db.migrate(self.component, self.migrations)
         return self._db
 

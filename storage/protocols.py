@@ -125,6 +125,15 @@ class SessionStore(Protocol):
         together or not at all; nested blocks join the outer one (see the module)."""
         ...
 
+    def batch(self) -> AbstractContextManager[None]:
+        """A block of writes (through this store and its :meth:`stores`' tool calls)
+        that become durable together when it ends, in order, and are dropped if it
+        raises; reads inside see them. Cheaper than :meth:`transaction` where the
+        store journals (one append, no commit), and a write inside that needs the file
+        first makes the earlier ones durable, so the order always holds; elsewhere it
+        is :meth:`transaction`. Nested blocks join an open batch or transaction."""
+        ...
+
     def stores(self) -> Stores:
         """The other stores of this store's database (fibers, jobs, inbox, registry,
         key/value, workspace). They share its transaction scope and its lifetime: they
@@ -1301,6 +1310,13 @@ class ToolCallStore(Protocol):
 
     def transaction(self) -> AbstractContextManager[None]:
         """Writes inside commit together or not at all; nested blocks join."""
+        ...
+
+    def batch(self) -> AbstractContextManager[None]:
+        """Writes inside become durable together when the block ends, in order, and
+        are dropped if it raises; reads inside see them (the session store's
+        :meth:`SessionStore.batch`, which this joins: it is :meth:`transaction` where
+        there is no journal)."""
         ...
 
     def insert(self, rec: ToolCallRecord) -> ToolCallRecord:

@@ -71,6 +71,12 @@ last record it wrote in ``config`` in its own transaction, so nothing is replaye
 Under an object-store root the actors turn the journal off: there a turn is durable
 once DuckDB's WAL is shipped.
 
+The tool-call ledger's rows go through the same journal (``_Sink``, the
+:class:`~thinkray.storage.write_behind.JournalSink` its store finds on the
+database), and :meth:`DuckDBSessionStore.batch` makes a turn's step (the calls it
+decided, claimed, and the stream batch that shows them) one append: a tool call costs
+no DuckDB statement either.
+
 Threads, branches and rewind (seeds 001 and 002) need no table of their own:
 
 - A thread is a session with a ``thread_key`` (unique, a safe identifier). The
@@ -103,7 +109,7 @@ import uuid
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -146,8 +152,15 @@ from thinkray.storage.types import (
     UnrewindInfo,
     empty_rollup,
 )
+from thinkray.storage.write_behind import (
+    SINK_KEY,
+    JournalSink,
+    Pending,
+    fold,
+    folded_mark,
+    records_of,
+)
 from thinkray.storage.write_behind import VALUES_ROWS as _VALUES_ROWS
-from thinkray.storage.write_behind import Pending, fold, folded_mark
 from thinkray.storage.write_behind import as_columns as _as_columns
 from thinkray.storage.write_behind import insert_rows as _insert_rows
 from typing_extensions import override
@@ -795,7 +808,7 @@ def _replay_journal(db: Database) -> tuple[Journal, int, bool]:
     fold failed) into the file, then empty the journal. Returns the journal, the next
     record's number and whether the folded mark exists."""
     path = journal_path(db.path)
-    records = read_records(path)
+    records = list(records_of(read_records(path)))
     mark = folded_mark(db.con)
     pending = Pending()
     for record in records:
@@ -845,8 +858,117 @@ def _close_journal(db: Database, state: _StoreState) -> None:
         _fold_pending(db, state)
     finally:
         state.pending = None
+        db.state.pop(SINK_KEY, None)
         if state.journal is not None:
             state.journal.close()
+
+
+def _forget_state(state: _StoreState) -> None:
+    """Forget what memory knows of the file (it may hold a write that never landed)."""
+    state.cache.clear()
+    state.generations = None
+    state.ids = None
+    state.too_many_ids = False
+
+
+def _append_batch(state: _StoreState, *, ending: bool) -> None:
+    """Append the open batch's records as one frame and merge them (``ending``: the
+    batch is over; else it goes on with what is written next). A failed append drops
+    them, and what memory knew of them."""
+    records = state.batch or []
+    state.batch = None if ending else []
+    if not records:
+        return
+    assert state.journal is not None and state.pending is not None
+    try:
+        state.journal.append(records[0] if len(records) == 1 else {"b": records})
+    except BaseException:
+        _discard_batch(state)
+        raise
+    for record in records:
+        state.pending.add(record)
+
+
+def _discard_batch(state: _StoreState) -> None:
+    state.discards += 1
+    _forget_state(state)
+
+
+class _Sink(JournalSink):
+    """The journal as the other stores of the file use it (see the module's notes)."""
+
+    def __init__(self, db: Database, state: _StoreState) -> None:
+        self._db = db
+        self._state = state
+
+    def writable(self) -> bool:
+        return self._state.pending is not None and not self._db.in_transaction
+
+    def write(self, record: dict[str, Any]) -> None:
+        _journal_write(self._state, record)
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        state = self._state
+        with self._db.lock:
+            if state.batch is not None:
+                yield  # joins the open batch
+                return
+            if not self.writable():
+                with self._db.transaction():  # or joins the open one
+                    yield
+                return
+            state.batch = []
+            try:
+                yield
+            except BaseException:
+                if state.batch is not None:
+                    state.batch = None
+                    _discard_batch(state)
+                raise
+            _append_batch(state, ending=True)
+
+    def tool_call_row(self, tool_call_id: str) -> list[Any] | None:
+        state = self._state
+        for record in reversed(state.batch or ()):
+            for row in reversed(record.get("k", ())):
+                if row[0] == tool_call_id:
+                    return list(row[:-1])
+        pending = state.pending
+        if pending is None or pending.folding:
+            return None  # folding: the open transaction has the rows (and may move them)
+        return pending.tool_calls.get(tool_call_id)
+
+    def has_tool_calls(self) -> bool:
+        state = self._state
+        if any("k" in record for record in state.batch or ()):
+            return True
+        pending = state.pending
+        return pending is not None and not pending.folding and bool(pending.tool_calls)
+
+    def settle(self) -> None:
+        with self._db.lock:
+            if self._state.batch:
+                _append_batch(self._state, ending=False)
+            _fold_pending(self._db, self._state)
+
+    @property
+    def discards(self) -> int:
+        return self._state.discards
+
+
+def _journal_write(state: _StoreState, record: dict[str, Any]) -> None:
+    """Append ``record`` to the journal (durable when this returns) and merge it into
+    what is pending; inside a batch, keep it for the batch's append. Call under the
+    lock."""
+    assert state.journal is not None and state.pending is not None
+    record["n"] = state.next_n
+    state.next_n += 1
+    if state.batch is not None:
+        state.batch.append(record)
+        return
+    state.journal.append(record)
+    state.pending.add(record)
 
 
 @dataclass
@@ -872,6 +994,9 @@ class _StoreState:
     pending: Pending | None = None
     next_n: int = 1  # the next journal record's number
     marked: bool = False  # whether config holds the folded mark already
+    # The records of the open batch (None: no batch is open); how many were dropped.
+    batch: list[dict[str, Any]] | None = None
+    discards: int = 0
     # Every message id in the file and the journal (None: not read yet), so that a new
     # message's duplicate check needs no statement.
     ids: set[str] | None = None
@@ -980,6 +1105,7 @@ class DuckDBSessionStore(SessionStore):
                     state.journal, state.next_n, state.marked = replayed
                     state.pending = Pending()
                     db_.before_close(_JOURNAL, lambda: _close_journal(db_, state))
+                    db_.state[SINK_KEY] = _Sink(db_, state)
         except BaseException:
             if self._owns:
                 self._database.close()
@@ -998,8 +1124,12 @@ class DuckDBSessionStore(SessionStore):
             DatabaseClosedError: the store is closed.
         """
         db = self._open()
-        if self._state.pending:
-            _fold_pending(db, self._state)  # whoever reads the file sees all it holds
+        state = self._state
+        if state.batch or state.pending:
+            with db.lock:  # whoever reads the file sees all it holds, in order
+                if state.batch:
+                    _append_batch(state, ending=False)
+                _fold_pending(db, state)
         return db
 
     @contextmanager
@@ -1029,6 +1159,17 @@ class DuckDBSessionStore(SessionStore):
             yield
 
     @override
+    def batch(self) -> AbstractContextManager[None]:
+        """Writes inside become durable together when the block ends: one journal
+        append when the journal takes them, else one transaction. Joins an open batch
+        or transaction. A write inside that needs the file appends what the batch
+        wrote before it first (the order holds; the block is then two appends)."""
+        sink = self._open().state.get(SINK_KEY)
+        if isinstance(sink, _Sink):
+            return sink.batch()
+        return self.transaction()
+
+    @override
     def stores(self) -> DuckDBStores:
         """The other stores of this database (one object, made on first use)."""
         db = self._open()  # they never read this store's tables
@@ -1049,10 +1190,7 @@ class DuckDBSessionStore(SessionStore):
     # -- the cache ------------------------------------------------------------------
 
     def _forget(self) -> None:
-        self._state.cache.clear()
-        self._state.generations = None
-        self._state.ids = None
-        self._state.too_many_ids = False
+        _forget_state(self._state)
 
     def _check_epoch(self) -> None:
         """Forget everything after a rollback: a write the cache recorded may not have
@@ -1130,19 +1268,12 @@ class DuckDBSessionStore(SessionStore):
         return message_id in ids
 
     def _journal_write(self, record: dict[str, Any]) -> None:
-        """Append ``record`` to the journal (durable when this returns) and merge it
-        into what is pending. Call under the lock."""
-        state = self._state
-        assert state.journal is not None and state.pending is not None
-        record["n"] = state.next_n
-        state.journal.append(record)
-        state.next_n += 1
-        state.pending.add(record)
+        _journal_write(self._state, record)
 
     def _fold_if_big(self) -> None:
         state = self._state
         pending, journal = state.pending, state.journal
-        if pending is None or journal is None:
+        if pending is None or journal is None or state.batch is not None:
             return
         if pending.records < _FOLD_RECORDS and journal.size < _FOLD_BYTES:
             return

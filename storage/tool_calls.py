@@ -19,18 +19,26 @@ read, NULL once the call is final. Every transition finds its row by id, so ``id
 an ART index (version 2; a plain one, not UNIQUE: DuckDB turns an update of a row under
 a unique key into delete + insert, and ids are checked inside the insert). The audit
 is append-only; ``seq`` increases with every row.
+
+Where the session store of the file journals (:mod:`~thinkray.storage.write_behind`),
+a call's row goes to the journal instead of DuckDB when memory can check the write: an
+insert once the ids of the file are known (read once), a move of a row the journal
+holds (the ledger's insert, claim and completion of one inline call). Such a call
+costs no statement; any other read of the table folds the journal first.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Collection, Iterable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 import duckdb
 from thinkray.storage.codec import pack as _pack
 from thinkray.storage.codec import unpack as _unpack
-from thinkray.storage.db import MigratedStore, Migration
+from thinkray.storage.db import Database, MigratedStore, Migration
 from thinkray.storage.protocols import ToolCallStore
 from thinkray.storage.records import (
     TOOL_CALL_FINISHED,
@@ -40,6 +48,7 @@ from thinkray.storage.records import (
     ToolCallRecord,
 )
 from thinkray.storage.types import InvalidInputError
+from thinkray.storage.write_behind import SINK_KEY, JournalSink
 from typing_extensions import override
 
 __all__ = ["MIGRATIONS", "DuckDBToolCallStore"]
@@ -84,6 +93,18 @@ MIGRATIONS = [Migration(1, _v1), Migration(2, _v2)]
 _COLS = "id, status, tool_name, run_id, session_id, executor, updated_at, info"
 _WRITE_COLS = f"{_COLS}, due_at"
 _AUDIT_COLS = 'seq, tool_call_id, "at", info'  # AT is a keyword in DuckDB
+
+
+# Where a Database's state keeps the ids of its tool calls (_Ids), read once; past
+# _MAX_IDS calls they are not kept (an insert then asks the file).
+_IDS = "tool_calls.ids"
+_MAX_IDS = 100_000
+
+
+@dataclass
+class _Ids:
+    ids: set[str] | None  # None: more than _MAX_IDS
+    epoch: tuple[int, int]  # (Database.rollbacks, JournalSink.discards) when read
 
 
 def _record(values: Sequence[Any]) -> ToolCallRecord:
@@ -144,6 +165,54 @@ def _row_in(con: duckdb.DuckDBPyConnection, tool_call_id: str) -> ToolCallRecord
     """The call's row read inside the caller's transaction (None: no such call)."""
     row = con.execute(f"SELECT {_COLS} FROM tool_calls WHERE id = ?", [tool_call_id]).fetchone()
     return None if row is None else _record(row)
+
+
+def _row(rec: ToolCallRecord) -> list[Any]:
+    """``rec`` as a ``tool_calls`` row (``_WRITE_COLS`` order)."""
+    return [
+        rec.id,
+        rec.status,
+        rec.tool_name,
+        rec.run_id,
+        rec.session_id,
+        rec.executor,
+        rec.updated_at,
+        _pack(_info(rec), "tool call"),
+        _due(rec),
+    ]
+
+
+def _move(
+    rec: ToolCallRecord,
+    expected: Collection[str],
+    status: str,
+    executor: str | None,
+    claim: bool,
+    result: Any,
+    error: str | None,
+    approval: dict[str, Any] | None,
+    lease_until: float | None,
+) -> bool:
+    """Apply a checked :meth:`~DuckDBToolCallStore.transition` to ``rec`` in place if
+    its compare holds; False (``rec`` untouched) if it does not."""
+    if rec.status not in expected:
+        return False
+    if executor is not None and not claim and rec.executor != executor:
+        return False
+    rec.status = status
+    if claim:
+        rec.executor = executor
+        rec.attempts += 1
+    # A lease belongs to one claim: any other move ends it.
+    rec.lease_until = lease_until if claim else None
+    if result is not None:
+        rec.result = result
+    if error is not None:
+        rec.error = error
+    if approval is not None:
+        rec.approval = approval
+    rec.updated_at = time.time()
+    return True
 
 
 def _update(con: duckdb.DuckDBPyConnection, rec: ToolCallRecord, old_status: str) -> None:
@@ -241,6 +310,44 @@ class DuckDBToolCallStore(MigratedStore, ToolCallStore):
     component = "tool_calls"
     migrations = MIGRATIONS
 
+    @property
+    def db(self) -> Database:
+        """The database, with this store's tables and every journaled call folded in."""
+        db = self._migrated()
+        sink = db.state.get(SINK_KEY)
+        if sink is not None and sink.has_tool_calls():
+            sink.settle()
+        return db
+
+    def _sink(self) -> JournalSink | None:
+        """The journal, if a write may go to it now (call under the lock)."""
+        sink: JournalSink | None = self._db.state.get(SINK_KEY)
+        return sink if sink is not None and sink.writable() else None
+
+    def _known_ids(self, sink: JournalSink) -> set[str] | None:
+        """Every call id in the file and the journal (None: too many to keep). Read
+        once; again after a rollback or a dropped batch (it may name a call that never
+        landed). Call under the lock."""
+        epoch = (self._db.rollbacks, sink.discards)
+        known = self._db.state.get(_IDS)
+        if isinstance(known, _Ids) and known.epoch == epoch:
+            return known.ids
+        rows = self.db.fetchall(f"SELECT id FROM tool_calls LIMIT {_MAX_IDS + 1}")
+        ids = None if len(rows) > _MAX_IDS else {cid for (cid,) in rows}
+        self._db.state[_IDS] = _Ids(ids, (self._db.rollbacks, sink.discards))
+        return ids
+
+    def _noted(self, tool_call_id: str) -> None:
+        """A call was inserted through DuckDB: the ids in memory have it too."""
+        known = self._db.state.get(_IDS)
+        if isinstance(known, _Ids) and known.ids is not None:
+            known.ids.add(tool_call_id)
+
+    @override
+    def batch(self) -> AbstractContextManager[None]:
+        sink = self._db.state.get(SINK_KEY)
+        return sink.batch() if sink is not None else self.transaction()
+
     @override
     def insert(self, rec: ToolCallRecord) -> ToolCallRecord:
         if not isinstance(rec.id, str) or not rec.id:
@@ -257,30 +364,51 @@ class DuckDBToolCallStore(MigratedStore, ToolCallStore):
         now = time.time()
         created_at = rec.created_at or now
         blob = _pack(_info(rec) | {"created_at": created_at}, "tool call")
+        row = [*_row(rec)[:6], now, blob, _due(rec)]
+        if self._journal_insert(rec.id, row):
+            rec.created_at = created_at
+            rec.updated_at = now
+            return rec
         with self.db.transaction() as con:
             if con.execute("SELECT 1 FROM tool_calls WHERE id = ?", [rec.id]).fetchone():
                 raise InvalidInputError(f"tool call {rec.id!r} already exists")
             con.execute(
-                f"INSERT INTO tool_calls ({_WRITE_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    rec.id,
-                    rec.status,
-                    rec.tool_name,
-                    rec.run_id,
-                    rec.session_id,
-                    rec.executor,
-                    now,
-                    blob,
-                    _due(rec),
-                ],
+                f"INSERT INTO tool_calls ({_WRITE_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row
             )
+            self._noted(rec.id)
         rec.created_at = created_at
         rec.updated_at = now
         return rec
 
+    def _journal_insert(self, tool_call_id: str, row: list[Any]) -> bool:
+        """Insert the row through the journal if memory knows the id is new (raises if
+        it knows the id exists); False: the file must be asked."""
+        with self._db.lock:
+            sink = self._sink()
+            ids = None if sink is None else self._known_ids(sink)
+            if sink is None or ids is None:
+                return False
+            if tool_call_id in ids:
+                raise InvalidInputError(f"tool call {tool_call_id!r} already exists")
+            sink.write({"k": [[*row, False]]})
+            ids.add(tool_call_id)
+        return True
+
     @override
     def get(self, tool_call_id: str) -> ToolCallRecord | None:
-        row = self.db.fetchone(f"SELECT {_COLS} FROM tool_calls WHERE id = ?", [tool_call_id])
+        sink = self._db.state.get(SINK_KEY)
+        if sink is not None:
+            with self._db.lock:
+                journaled = sink.tool_call_row(tool_call_id)
+                if journaled is not None:
+                    return _record(journaled[:8])
+                ids = self._known_ids(sink)
+                if ids is not None and tool_call_id not in ids:
+                    return None
+        # The journal holds no row of this call: the file has its truth.
+        row = self._migrated().fetchone(
+            f"SELECT {_COLS} FROM tool_calls WHERE id = ?", [tool_call_id]
+        )
         return _record(row) if row else None
 
     @override
@@ -313,30 +441,26 @@ class DuckDBToolCallStore(MigratedStore, ToolCallStore):
         _pack(result, "tool call result")
         _pack(approval, "tool call approval")
 
+        move = (expected, status, executor, claim, result, error, approval, lease_until)
+        with self._db.lock:
+            sink = self._sink()
+            journaled = None if sink is None else sink.tool_call_row(tool_call_id)
+            if sink is not None and journaled is not None:
+                # The journal holds the row (this ledger wrote it): move it there.
+                moved = _record(journaled[:8])
+                if not _move(moved, *move):
+                    return None
+                sink.write({"k": [[*_row(moved), False]]})
+                return moved
         rollbacks = self.db.rollbacks
         try:
             with self.db.transaction() as con:
                 rec = _row_in(con, tool_call_id)
                 if rec is None:
                     return None
-                if rec.status not in expected:
-                    return None
-                if executor is not None and not claim and rec.executor != executor:
-                    return None
                 old_status = rec.status
-                rec.status = status
-                if claim:
-                    rec.executor = executor
-                    rec.attempts += 1
-                # A lease belongs to one claim: any other move ends it.
-                rec.lease_until = lease_until if claim else None
-                if result is not None:
-                    rec.result = result
-                if error is not None:
-                    rec.error = error
-                if approval is not None:
-                    rec.approval = approval
-                rec.updated_at = time.time()
+                if not _move(rec, *move):
+                    return None
                 _update(con, rec, old_status)
         except duckdb.TransactionException as exc:
             # Another connection to the same file moved the call first (DuckDB refuses

@@ -6,8 +6,12 @@ A *record* is what one store call wrote, as rows (see :class:`Pending.add` for i
 keys). :class:`Pending` merges records in order into the state the file must end up
 in: new messages with their last envelope, the last payload of each part slot, the
 slots and tails of stored messages to delete first, chunk rows, pruned generations,
-and each session's last ``updated_at``/head/info. The live store and a replay at open
-run the same merge over the same records, so both fold the same rows.
+each session's last ``updated_at``/head/info, and the last state of each tool call
+the ledger moved (the ``tool_calls`` rows of :mod:`~thinkray.storage.tool_calls`,
+which journals through the session store's :class:`JournalSink`). The live store and
+a replay at open run the same merge over the same records, so both fold the same rows.
+A *frame* is one record, or a batch (``{"b": [records]}``, what one
+:meth:`JournalSink.batch` wrote: durable together); :func:`records_of` flattens them.
 
 :func:`fold` writes that state in one transaction with a constant number of
 statements (one per kind of row, whatever the number of turns), and records the last
@@ -17,9 +21,10 @@ between the fold's commit and the journal's truncation skips what was folded.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import duckdb
 from thinkray.storage import search as _search
@@ -63,6 +68,67 @@ _UPDATE_SESSIONS = (
     "unnest(?::DOUBLE[]) AS u, unnest(?::VARCHAR[]) AS h, unnest(?::BOOLEAN[]) AS sh, "
     "unnest(?::BLOB[]) AS i) d WHERE sessions.id = d.id"
 )
+
+
+_DELETE_TOOL_CALLS = "DELETE FROM tool_calls WHERE id IN (SELECT unnest(?::VARCHAR[]))"
+_INSERT_TOOL_CALLS = (
+    "INSERT INTO tool_calls SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
+    "unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
+    "unnest(?::DOUBLE[]), unnest(?::BLOB[]), unnest(?::DOUBLE[])"
+)
+# Where a Database's state holds its JournalSink (when its session store journals).
+SINK_KEY = "journal"
+
+
+class JournalSink(Protocol):
+    """The session store's journal, as the other stores of its file use it (the
+    tool-call ledger's rows). Called under the database's lock, from one writer.
+
+    Contract: :meth:`write` is durable when it returns (one append), unless a
+    :meth:`batch` is open: then the batch's records become durable together, in one
+    append, when it ends, and are dropped if it raises. Either way the record is
+    visible to :meth:`tool_call_row` at once. :meth:`settle` folds everything
+    journaled into DuckDB (a batch's records so far are appended first, so order is
+    kept): call it before reading the file."""
+
+    def writable(self) -> bool:
+        """Whether a write may go to the journal now (no DuckDB transaction is open)."""
+        ...
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Journal ``record`` (keys as :meth:`Pending.add`; ``n`` is set here)."""
+        ...
+
+    def batch(self) -> AbstractContextManager[None]:
+        """Writes inside become durable together when the block ends (nested: joins)."""
+        ...
+
+    def tool_call_row(self, tool_call_id: str) -> list[Any] | None:
+        """The call's last journaled row not folded yet (None: the file has the truth)."""
+        ...
+
+    def has_tool_calls(self) -> bool:
+        """Whether tool-call rows wait to be folded."""
+        ...
+
+    def settle(self) -> None:
+        """Fold everything journaled into the file."""
+        ...
+
+    @property
+    def discards(self) -> int:
+        """How many batches were dropped (what a store remembered of them is stale)."""
+        ...
+
+
+def records_of(frames: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The records of journal frames, in order (a batch frame holds several)."""
+    for frame in frames:
+        batch = frame.get("b")
+        if batch is None:
+            yield frame
+        else:
+            yield from batch
 
 
 # Up to this many rows go in as ``VALUES`` (binding list parameters costs ~0.3 ms more
@@ -110,6 +176,8 @@ class Pending:
     chunks: list[list[Any]] = field(default_factory=list)
     doomed: set[str] = field(default_factory=set)
     sessions: dict[str, list[Any]] = field(default_factory=dict)
+    tool_calls: dict[str, list[Any]] = field(default_factory=dict)
+    replaced: set[str] = field(default_factory=set)
     records: int = 0
     last_n: int = 0
     folding: bool = False
@@ -124,8 +192,29 @@ class Pending:
         - ``p``: part rows ``[session, message, index, type, state, tool_call_id, payload]``;
         - ``c``: chunk rows ``[generation, index, payload, is_final, seq, n]``;
         - ``x``: chunk generations to delete;
-        - ``s``: ``[session, updated_at, head, sets_head, info or None]``.
+        - ``s``: ``[session, updated_at, head, sets_head, info or None]``;
+        - ``k``: ``tool_calls`` rows (its column order) and whether the file holds the
+          call's row already (then it is deleted before the new one goes in).
         """
+        self._add_messages(record)
+        for row in record.get("p", ()):
+            self.parts[(row[1], row[2])] = list(row)
+        self.chunks.extend(list(row) for row in record.get("c", ()))
+        doomed = record.get("x")
+        if doomed:
+            gone = set(doomed)
+            self.chunks = [row for row in self.chunks if row[0] not in gone]
+            self.doomed |= gone
+        self._add_sessions(record.get("s", ()))
+        for *row, in_file in record.get("k", ()):
+            self.tool_calls[row[0]] = row
+            if in_file:
+                self.replaced.add(row[0])
+        self.records += 1
+        self.last_n = record["n"]
+
+    def _add_messages(self, record: dict[str, Any]) -> None:
+        """The ``m``, ``u``, ``d`` and ``t`` keys of a record (see :meth:`add`)."""
         for row in record.get("m", ()):
             self.messages[row[0]] = list(row)
         for mid, role, envelope in record.get("u", ()):
@@ -142,15 +231,9 @@ class Pending:
                 del self.parts[slot]
             if mid not in self.messages:
                 self.tails[mid] = min(self.tails.get(mid, length), length)
-        for row in record.get("p", ()):
-            self.parts[(row[1], row[2])] = list(row)
-        self.chunks.extend(list(row) for row in record.get("c", ()))
-        doomed = record.get("x")
-        if doomed:
-            gone = set(doomed)
-            self.chunks = [row for row in self.chunks if row[0] not in gone]
-            self.doomed |= gone
-        for sid, updated_at, head, sets_head, info in record.get("s", ()):
+
+    def _add_sessions(self, rows: Iterable[Sequence[Any]]) -> None:
+        for sid, updated_at, head, sets_head, info in rows:
             now = self.sessions.get(sid)
             if now is None:
                 self.sessions[sid] = [updated_at, head, sets_head, info]
@@ -160,8 +243,6 @@ class Pending:
                 now[1], now[2] = head, True
             if info is not None:
                 now[3] = info
-        self.records += 1
-        self.last_n = record["n"]
 
     def __bool__(self) -> bool:
         return self.records > 0
@@ -198,6 +279,9 @@ def fold(db: Database, con: duckdb.DuckDBPyConnection, pending: Pending, marked:
         con.execute(_DELETE_GENERATIONS, [sorted(pending.doomed)])
     insert_rows(con, "chunks", _INSERT_CHUNKS, pending.chunks)
     _update_sessions(con, pending.sessions)
+    if pending.replaced:
+        con.execute(_DELETE_TOOL_CALLS, [sorted(pending.replaced)])
+    insert_rows(con, "tool_calls", _INSERT_TOOL_CALLS, list(pending.tool_calls.values()))
     mark = pack(pending.last_n, "journal mark")
     if marked:
         con.execute("UPDATE config SET value = ? WHERE key = ?", [mark, FOLDED_KEY])

@@ -2,7 +2,8 @@
 costs, counted through :meth:`Database.counting` (no timing). A turn without tools
 commits at most three times (the user message, the batches, the end of the turn); an
 inline tool call adds nothing beyond its step's one write (the step's calls decided),
-however many calls the step makes. The recorder's timer is pushed out of the way
+however many calls the step makes, and through the journal (a store on its own file)
+neither costs a commit or, once the file's ids are known, a statement at all. The recorder's timer is pushed out of the way
 (``flush_interval``) so that only the structural writes are counted, whatever the
 machine's load."""
 
@@ -29,8 +30,8 @@ def lookup(query: str) -> dict:
     return {"query": query, "hits": 3}
 
 
-def _agent(path: Any, replies: list[Any]) -> Think:
-    agent = Think(DuckDBSessionStore(path), model=ScriptedModel(replies))
+def _agent(path: Any, replies: list[Any], *, journal: bool = True) -> Think:
+    agent = Think(DuckDBSessionStore(path, journal=journal), model=ScriptedModel(replies))
     agent.get_tools = lambda: {"lookup": lookup}  # type: ignore[method-assign]
     agent.flush_interval = 3600.0  # only the structural writes: no timer batches
     agent.tool_input_gate = 3600.0  # nor the gate's timer (a loaded machine could fire it)
@@ -63,21 +64,29 @@ async def test_a_turn_without_tools_commits_at_most_three_times(tmp_path):
         agent.close()
 
 
+@pytest.mark.parametrize("journal", [True, False])
 @pytest.mark.parametrize("calls", [1, 3])
-async def test_an_inline_tool_call_adds_no_commit_beyond_its_step(tmp_path, calls):
+async def test_an_inline_tool_call_adds_no_commit_beyond_its_step(tmp_path, calls, journal):
     ran.clear()
     replies = [reply(*TEXT)]
     for turn in range(2):
         replies += [reply(*_calls(calls, turn), *TEXT), reply(*TEXT[:50])]
-    agent = _agent(tmp_path / "a.duckdb", replies)
+    agent = _agent(tmp_path / "a.duckdb", replies, journal=journal)
     try:
         plain, _ = await _counted(agent, "no tools")
         for turn in range(2):
             count, result = await _counted(agent, f"turn {turn}")
-            # one more durable write than a turn without tools: the step's calls
-            # decided (their rows, claimed, with their parts and chunks); their results
-            # land with the turn's end
-            assert count.commits <= plain.commits + 1, count.log
+            if journal:
+                # the step's batch (its calls' rows, claimed, with their parts and
+                # chunks) and the results are journal appends: no commit, and after the
+                # first tool turn read the ledger's ids, no statement
+                assert count.commits == 0, count.log
+                assert count.statements <= (1 if turn == 0 else 0), count.log
+            else:
+                # one more durable write than a turn without tools: the step's calls
+                # decided (their rows, claimed, with their parts and chunks); their
+                # results land with the turn's end
+                assert count.commits <= plain.commits + 1, count.log
             rows = agent.list_tool_calls(run_id=result.run_id)
             assert [r["status"] for r in rows] == ["completed"] * calls
             assert all(r["attempts"] == 1 for r in rows)

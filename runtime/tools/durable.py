@@ -98,11 +98,11 @@ class WriteBehind:
         self._queue.append(write)
 
     def drain(self) -> None:
-        """Run the queued writes, in order, in one transaction (joining one that is
-        open: the recorder's batch)."""
+        """Run the queued writes, in order, in one batch (joining one that is open:
+        the recorder's)."""
         while self._queue:
             writes, self._queue = self._queue, []
-            with self.inner.transaction():
+            with self.inner.batch():
                 for write in writes:
                     write()
 

@@ -209,8 +209,9 @@ class Recorder:
             prune_chunks=prune,
         )
         if self.deferred is not None and self.deferred.pending:
-            # One transaction: the ledger's waiting writes and the batch commit together.
-            with self.store.transaction():
+            # One batch: the ledger's waiting writes and the stream's become durable
+            # together (one journal append, or one commit).
+            with self.store.batch():
                 self.deferred.drain()
                 self.store.flush_stream(flush)
         else:
