@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar, cast
 
 import duckdb
+from thinkray.storage import instance as _instance
 from thinkray.storage.errors import (
     CorruptDatabaseError,
     DatabaseFileError,
@@ -37,10 +38,8 @@ from thinkray.storage.errors import (  # re-exported: the errors live in thinkra
 
 _log = logging.getLogger(__name__)
 
-# 16 KiB blocks: an empty session file is ~28 KiB instead of ~780 KiB with the 256 KiB
-# default, which matters when thousands of hibernated sessions sit on shared storage.
-BLOCK_SIZE = 16384
-MEMORY_PATH = ":memory:"
+BLOCK_SIZE = _instance.BLOCK_SIZE
+MEMORY_PATH = _instance.MEMORY_PATH
 AGENT_FILE_SUFFIX = ".duckdb"
 
 # What DuckDB says of a file that is not (or no longer) a database it can read.
@@ -75,6 +74,11 @@ def file_error(path: str, exc: BaseException) -> DatabaseFileError:
     return DatabaseFileError(
         f"{who}: its file {path!r} cannot be used ({reason})", path, agent, namespace, reason
     )
+
+
+def _check_fatal(exc: BaseException) -> None:
+    if isinstance(exc, duckdb.FatalException):
+        _instance.invalidated()  # DuckDB's rule: the whole instance is unusable now
 
 
 @dataclass(frozen=True)
@@ -179,28 +183,22 @@ class Database:
             parent = Path(self.path).parent
             if not parent.exists():
                 parent.mkdir(parents=True, exist_ok=True)
-        self._con: duckdb.DuckDBPyConnection | None = self._connect(lock_retry_seconds)
+        self._held = self._attach(lock_retry_seconds)
+        self._con: duckdb.DuckDBPyConnection | None = self._held.cursor
 
-    def _connect(self, lock_retry_seconds: float) -> duckdb.DuckDBPyConnection:
-        config: dict[str, str | bool | int | float | list[str]] = {
-            "threads": 1,
-            # no pool of async I/O threads per database: with threads=1 alone each open
-            # file still starts ~8 (an agent host keeps hundreds of files open in one
-            # process: 800 threads per 100 agents, and ~0.3 MiB more each)
-            "async_threads": 0,
-            "default_block_size": str(BLOCK_SIZE),
-            # DuckDB's default. A lower threshold checkpoints mid-stream, and with 16 KiB
-            # blocks a checkpoint of a large history stalls writes for 0.3-2 s; the
-            # file is compacted by the checkpoint at close (hibernation) anyway.
-            "checkpoint_threshold": "16MB",
-        }
+    def _attach(self, lock_retry_seconds: float) -> _instance.Attached:
+        """The file attached to the process's DuckDB instance (see
+        :mod:`~thinkray.storage.instance`), with a cursor of this database's own."""
         # DuckDB's file lock lingers briefly after the previous owner was killed
         # (~50 ms after ray.kill): retry instead of failing a wake.
         deadline = time.monotonic() + lock_retry_seconds
         delay = 0.01
         while True:
             try:
-                return duckdb.connect(self.path, config=config)
+                return _instance.attach(self.path)
+            except duckdb.FatalException:
+                _instance.invalidated()
+                raise
             except duckdb.IOException as exc:
                 if "lock" not in str(exc).lower():
                     raise file_error(self.path, exc) from exc
@@ -243,7 +241,7 @@ class Database:
             try:
                 con.execute("CHECKPOINT")
             finally:
-                con.close()
+                _instance.detach(self._held)
 
     def __enter__(self) -> Database:
         return self
@@ -323,6 +321,9 @@ class Database:
             yield
         except duckdb.IOException as exc:
             raise file_error(self.path, exc) from exc
+        except duckdb.FatalException:
+            _instance.invalidated()  # DuckDB's rule: the whole instance is unusable now
+            raise
 
     @contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -348,6 +349,7 @@ class Database:
                     con.execute("ROLLBACK")
                 finally:
                     self._ended(False)
+                _check_fatal(exc)
                 if isinstance(exc, duckdb.IOException):
                     raise file_error(self.path, exc) from exc
                 raise
@@ -358,6 +360,7 @@ class Database:
                 self.rollbacks += 1
                 self._forget_migrations()
                 self._ended(False)
+                _check_fatal(exc)
                 if isinstance(exc, duckdb.IOException):
                     raise file_error(self.path, exc) from exc
                 raise

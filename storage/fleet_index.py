@@ -788,6 +788,11 @@ def scan_file(path: str | os.PathLike[str], now: float | None = None) -> Row:
         if "lock" in str(exc).lower():
             raise AgentLiveError(f"{name} is live: {exc}") from exc
         raise
+    except duckdb.Error as exc:
+        # attached by an agent of this very process (DuckDB's lock is per process)
+        if "already attached" in str(exc).lower():
+            raise AgentLiveError(f"{name} is live in this process: {exc}") from exc
+        raise
     try:
 
         def fetchall(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:

@@ -67,8 +67,7 @@ _FIELDS = (
 def has_turn_queue(db: Database) -> bool:
     """Whether the database has the table (a file that never queued has none: reading
     it must not create one)."""
-    row = db.fetchone("SELECT 1 FROM duckdb_tables() WHERE table_name = ?", [TABLE])
-    return row is not None
+    return db.has_component(TABLE)
 
 
 def _row(values: Sequence[Any]) -> QueuedTurn:

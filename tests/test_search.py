@@ -131,7 +131,9 @@ def test_snippet_is_cut_around_the_match_and_highlights_it(store):
 
 def has_index(store) -> bool:
     return bool(
-        store.db.fetchall("SELECT 1 FROM duckdb_tables() WHERE table_name = 'search_index'")
+        store.db.fetchall(
+            "SELECT 1 FROM duckdb_tables() WHERE table_name = 'search_index' AND database_name = current_database()"
+        )
     )
 
 

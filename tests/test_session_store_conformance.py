@@ -67,7 +67,12 @@ def store(backend: str, opened: _Opened, request: pytest.FixtureRequest) -> Duck
     if backend != ":memory:":
         return opened.open(backend)
     db: Database = request.getfixturevalue("memory_db")
-    tables = [t for (t,) in db.fetchall("SELECT table_name FROM duckdb_tables()")]
+    tables = [
+        t
+        for (t,) in db.fetchall(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()"
+        )
+    ]
     for table in tables:
         if table != "schema_version":
             db.execute(f"DELETE FROM {table}")

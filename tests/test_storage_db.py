@@ -51,7 +51,9 @@ def test_empty_file_is_small(tmp_path: Path) -> None:
 
 def test_block_size(tmp_path: Path) -> None:
     db = Database(tmp_path / "b.duckdb")
-    assert db.fetchone("SELECT block_size FROM pragma_database_size()") == (BLOCK_SIZE,)
+    assert db.fetchone(
+        "SELECT block_size FROM pragma_database_size() WHERE database_name = current_database()"
+    ) == (BLOCK_SIZE,)
     assert BLOCK_SIZE == 16384
     assert db.fetchone("SELECT current_setting('threads')") == (1,)
     db.close()
@@ -195,7 +197,7 @@ def test_failed_migration_leaves_the_old_version(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError):
         db.migrate("t", [Migration(1, _create_t), Migration(2, broken)])
     assert db.fetchone("SELECT version FROM schema_version WHERE component = 't'") == (1,)
-    assert [c for (c,) in db.fetchall("SELECT column_name FROM duckdb_columns() WHERE table_name = 't'")] == ["k", "v"]  # fmt: skip
+    assert [c for (c,) in db.fetchall("SELECT column_name FROM duckdb_columns() WHERE table_name = 't' AND database_name = current_database()")] == ["k", "v"]  # fmt: skip
     db.close()
 
 
@@ -207,7 +209,7 @@ def test_a_migration_rolled_back_with_its_transaction_is_redone() -> None:
             assert db.migrate("t", [Migration(1, _create_t)]) == 1
             db.execute("INSERT INTO t VALUES ('lost', 1)")
             raise RuntimeError("boom")
-        tables = "SELECT count(*) FROM information_schema.tables WHERE table_name = 't'"
+        tables = "SELECT count(*) FROM information_schema.tables WHERE table_name = 't' AND table_catalog = current_database()"
         assert db.fetchone(tables) == (0,)
         assert db.migrate("t", [Migration(1, _create_t)]) == 1
         db.execute("INSERT INTO t VALUES ('kept', 2)")

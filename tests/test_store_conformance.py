@@ -82,7 +82,12 @@ def reopen(opened: _Opened) -> Callable[[Stores], Stores] | None:
 
 
 def _tables(db: Database) -> set[str]:
-    return {r[0] for r in db.fetchall("SELECT table_name FROM information_schema.tables")}
+    return {
+        r[0]
+        for r in db.fetchall(
+            "SELECT table_name FROM information_schema.tables WHERE table_catalog = current_database()"
+        )
+    }
 
 
 def test_tables_are_created_on_first_use(tmp_path: Path) -> None:
@@ -188,7 +193,8 @@ def test_tool_call_lookups_by_id_use_an_index(tmp_path: Path) -> None:
             "''::BLOB, NULL FROM range(20000) r(i)"
         )
         indexes = db.fetchall(
-            "SELECT index_name, expressions FROM duckdb_indexes() WHERE table_name = 'tool_calls'"
+            "SELECT index_name, expressions FROM duckdb_indexes() "
+            "WHERE table_name = 'tool_calls' AND database_name = current_database()"
         )
         assert [name for name, _ in indexes] == ["tool_calls_id"]
         plan = "".join(
@@ -237,7 +243,8 @@ def test_a_version_1_tool_call_file_is_migrated_in_place(tmp_path: Path) -> None
         versions = dict(calls.db.fetchall("SELECT component, version FROM schema_version"))
         assert versions["tool_calls"] == 2
         assert calls.db.fetchall(
-            "SELECT index_name FROM duckdb_indexes() WHERE table_name = 'tool_calls'"
+            "SELECT index_name FROM duckdb_indexes() "
+            "WHERE table_name = 'tool_calls' AND database_name = current_database()"
         ) == [("tool_calls_id",)]
     finally:
         stores.close()
