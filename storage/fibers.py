@@ -311,20 +311,25 @@ class DuckDBFiberStore(MigratedStore, FiberStore):
         """Delete completed, failed and cancelled fibers (and interrupted ones the host
         handled) last updated more than ``older_than`` seconds ago. Returns the count."""
         cutoff = (time.time() if now is None else now) - older_than
-        with self.db.transaction() as con:
-            rows = con.execute(
+        db = self.db
+        # Every wake asks this, and there is seldom anything to delete: the read runs
+        # alone (a transaction around it would triple its statements); the file has one
+        # writer and the lock is held, so what it found is still there to delete.
+        with db.lock:
+            rows = db.fetchall(
                 "SELECT id, status, info FROM fibers WHERE updated_at < ? "
                 "AND status IN ('completed', 'failed', 'cancelled', 'interrupted')",
                 [cutoff],
-            ).fetchall()
+            )
             doomed = [
                 fid
                 for fid, status, info in rows
                 if status != "interrupted" or (unpack(info) or {}).get("recovery_handled")
             ]
             if doomed:
-                marks = ", ".join("?" for _ in doomed)
-                con.execute(f"DELETE FROM fibers WHERE id IN ({marks})", doomed)
+                with db.transaction() as con:
+                    marks = ", ".join("?" for _ in doomed)
+                    con.execute(f"DELETE FROM fibers WHERE id IN ({marks})", doomed)
         return len(doomed)
 
     # -- schedules ---------------------------------------------------------------------

@@ -420,6 +420,35 @@ async def test_tool_spec_from_typed_function(store):
     assert spec.input_schema["properties"]["city"]["type"] == "string"
 
 
+def test_tools_rebuilt_at_every_wake_reuse_their_input_model():
+    """get_tools() builds its tools at each wake, often as closures: one model per
+    signature, not per call, and a different signature gets its own."""
+
+    def make(unit: str):
+        @tool
+        def temperature(city: str, days: int = 1) -> str:
+            """Forecast."""
+            return f"{city} {days} {unit}"
+
+        return temperature
+
+    def other(city: int) -> str:
+        return str(city)
+
+    first, second = make("C"), make("F")
+    assert first.input_model is second.input_model
+    assert first.input_schema is second.input_schema
+    assert first.validate({"city": "Oslo"}).days == 1  # type: ignore[attr-defined]
+    renamed = tool(other, name="temperature")
+    assert renamed.input_model is not first.input_model
+    assert renamed.input_schema["properties"]["city"]["type"] == "integer"
+
+    def unhashable(tags: list = [1]) -> str:  # noqa: B006 - an unhashable default
+        return str(tags)
+
+    assert tool(unhashable).validate({}).tags == [1]  # built, just not cached
+
+
 async def test_invalid_tool_arguments_never_run_the_tool(store):
     calls = []
 

@@ -196,7 +196,8 @@ class Think(metaclass=_StartsAfterInit):
         self._constructed = False
         self.tool_calls.arm = self._arm_tool_call_alarm
         self.recovered_tool_calls = self.tool_calls.recover(self._tool_policies())
-        self.tool_calls.cancel_unreleased(store.open_generations(), INTERRUPTED_ERROR)
+        if self.tool_calls.open_at_wake:
+            self.tool_calls.cancel_unreleased(store.open_generations(), INTERRUPTED_ERROR)
         self.recovered_runs: list[RecoveredRun] = recover_interrupted_runs(
             store, self._call_outcome
         )

@@ -10,6 +10,7 @@ import asyncio
 import functools
 import inspect
 import json
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, get_type_hints, runtime_checkable
@@ -170,7 +171,7 @@ class ModelTool:
             inspect.iscoroutinefunction(fn)
             or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004
         )
-        self._schema = _clean_schema(input_model.model_json_schema())
+        self._schema = _schema_of(input_model)
 
     @property
     def input_schema(self) -> dict[str, Any]:
@@ -242,22 +243,9 @@ def tool(
 
     def build(f: Callable[..., Any]) -> ModelTool:
         sig = inspect.signature(f)
-        hints = get_type_hints(f)
-        fields: dict[str, Any] = {}
-        for pname, param in sig.parameters.items():
-            if pname == "ctx":
-                continue
-            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-                raise InvalidTypeError(f"tool {f.__name__}: *args/**kwargs are not supported")
-            annotation = hints.get(pname, Any)
-            default = param.default if param.default is not param.empty else ...
-            fields[pname] = (annotation, default)
-        model = create_model(
-            f"{f.__name__}_input", __config__=ConfigDict(extra="forbid", defer_build=True), **fields
-        )
         return ModelTool(
             name or f.__name__,
-            model,
+            _input_model(f, sig),
             f,
             (description or inspect.getdoc(f) or "").strip(),
             wants_context="ctx" in sig.parameters,
@@ -270,6 +258,42 @@ def tool(
     return build
 
 
+# Input models by the function's code and signature: an agent's get_tools() builds its
+# tools at every wake (often as closures, a new function each time), and a pydantic
+# model and its schema cost ~2 ms to build. Bounded: cleared when full.
+_MODELS: dict[tuple[Any, ...], type[BaseModel]] = {}
+_MAX_MODELS = 1024
+
+
+def _input_model(f: Callable[..., Any], sig: inspect.Signature) -> type[BaseModel]:
+    """The pydantic model of ``f``'s parameters (``ctx`` excluded)."""
+    hints = get_type_hints(f)
+    fields: dict[str, Any] = {}
+    for pname, param in sig.parameters.items():
+        if pname == "ctx":
+            continue
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise InvalidTypeError(f"tool {f.__name__}: *args/**kwargs are not supported")
+        annotation = hints.get(pname, Any)
+        default = param.default if param.default is not param.empty else ...
+        fields[pname] = (annotation, default)
+    key = (getattr(f, "__code__", None), f.__name__, *fields.items())
+    try:
+        cached = _MODELS.get(key)
+    except TypeError:  # an unhashable annotation or default: build it every time
+        key, cached = (), None
+    if cached is not None:
+        return cached
+    model = create_model(
+        f"{f.__name__}_input", __config__=ConfigDict(extra="forbid", defer_build=True), **fields
+    )
+    if key and key[0] is not None:
+        if len(_MODELS) >= _MAX_MODELS:
+            _MODELS.clear()
+        _MODELS[key] = model
+    return model
+
+
 def tool_from_model(
     name: str,
     input_model: type[BaseModel],
@@ -278,6 +302,17 @@ def tool_from_model(
 ) -> ModelTool:
     """A tool whose input is ``input_model``; ``fn(input[, ctx=...])``."""
     return ModelTool(name, input_model, fn, description or (input_model.__doc__ or "").strip())
+
+
+_SCHEMAS: weakref.WeakKeyDictionary[type[BaseModel], dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def _schema_of(model: type[BaseModel]) -> dict[str, Any]:
+    """``model``'s cleaned JSON schema, built once per model (see ``_MODELS``)."""
+    schema = _SCHEMAS.get(model)
+    if schema is None:
+        schema = _SCHEMAS[model] = _clean_schema(model.model_json_schema())
+    return schema
 
 
 def _clean_schema(schema: dict[str, Any]) -> dict[str, Any]:

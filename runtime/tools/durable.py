@@ -160,6 +160,8 @@ class ToolCallLedger:
         # turn's own timers and the claim-time sweep still apply).
         self.arm: Callable[[float], None] | None = None
         self._armed: float | None = None  # the earliest alarm asked for and not yet run
+        # Whether recover() found open calls (if not, none can be unreleased either).
+        self.open_at_wake = True
 
     # -- the turn's side ------------------------------------------------------------
 
@@ -737,7 +739,13 @@ class ToolCallLedger:
         self.policies.update(policies)
         counts = {"retried": 0, "failed": 0, "expired": 0, "lapsed": 0}
         now = time.time()
-        for rec in self.store.rows(OPEN):
+        open_rows = self.store.rows(OPEN)
+        # Nothing open (most wakes): nothing can have died, expired or lapsed, and
+        # nothing is due (a final call has no due time), so there is no sweep to run.
+        self.open_at_wake = bool(open_rows)
+        if not open_rows:
+            return counts
+        for rec in open_rows:
             policy = policies.get(rec.tool_name, ToolPolicy())
             external = rec.lease_until is not None or (
                 rec.durable and policy.executor == "external"
