@@ -125,7 +125,7 @@ from typing import Any, Literal
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from thinkray.actors import pool_policy as policy
-from thinkray.actors.errors import ActorBusyError, InvalidStateError, WakeError
+from thinkray.actors.errors import ActorBusyError, InvalidStateError, NotBoundError, WakeError
 from thinkray.actors.metrics import install_ray_metrics
 from thinkray.actors.pool_policy import (
     FRESH_GRACE,
@@ -1563,6 +1563,18 @@ class Directory:
             }
             for load in self._host_loads()
         }
+
+    async def wake(self, name: str, node_id: str | None = None) -> dict[str, Any]:
+        """Bind ``name`` now if it is not live (optionally on a given node) and say
+        where it lives: :meth:`resolve` and :meth:`live_actor` in one call."""
+        await self.resolve(name, True, None, node_id)
+        where = await self.live_actor(name)
+        if where is None:  # hibernated again already (idle_timeout 0): bind once more
+            await self.resolve(name, True, None, node_id)
+            where = await self.live_actor(name)
+        if where is None:
+            raise NotBoundError(name, None)
+        return where
 
     async def live_actor(self, name: str) -> dict[str, Any] | None:
         """Where ``name`` runs (``actor_id``, ``node_id``, ``pid``), or None when it is

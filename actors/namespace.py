@@ -423,8 +423,7 @@ class AgentNamespace(Generic[A]):
     def wake(self, name: str, node_id: str | None = None) -> dict[str, Any]:
         """Bind agent ``name`` now (optionally on a given node); returns where it lives."""
         shard = self._router.shard_of(validate_name(name))
-        self._call(shard, "resolve", name, True, None, node_id)
-        where: dict[str, Any] = self._call(shard, "live_actor", name)
+        where: dict[str, Any] = self._call(shard, "wake", name, node_id)
         return where
 
     def where(self, name: str) -> dict[str, Any] | None:
