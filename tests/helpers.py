@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -115,3 +120,18 @@ def round_of(report: dict[str, Any], kind: str) -> dict[str, Any]:
     round_ = report[kind]
     assert "error" not in round_, round_["error"]
     return dict(round_)
+
+
+def sigkilled_child(code: str, **fields: str) -> None:
+    """Run ``code`` (formatted with ``repo`` and ``fields``) in a child Python that
+    prints "acknowledged" once its writes returned and then SIGKILLs itself; asserts
+    it got that far (a crash test's setup: nothing folded, nothing closed)."""
+    repo = str(Path(__file__).resolve().parents[1])
+    child = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code.format(repo=repo, **fields))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    assert "acknowledged" in child.stdout

@@ -7,10 +7,6 @@ rolls back loses nothing, and every read sees what the journal holds."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +15,8 @@ from thinkray.storage.errors import CorruptDatabaseError
 from thinkray.storage.journal import journal_path, read_records
 from thinkray.storage.session_store import DuckDBSessionStore
 from thinkray.storage.types import ChunkPrune, ChunkWrite, PartWrite, StreamFlush
+
+from tests.helpers import sigkilled_child
 
 
 def _msg(mid: str, role: str = "user", text: str = "hi") -> dict[str, Any]:
@@ -141,15 +139,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 def _crashed(path: Path) -> None:
     """Three turns and a user message through the journal in a child process, then a
     SIGKILL of that process (nothing folded, nothing closed)."""
-    repo = str(Path(__file__).resolve().parents[1])
-    child = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_CHILD.format(repo=repo, path=str(path)))],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert child.returncode == -signal.SIGKILL, child.stderr
-    assert "acknowledged" in child.stdout
+    sigkilled_child(_CHILD, path=str(path))
     assert len(read_records(journal_path(path))) == 7  # nothing was folded
 
 

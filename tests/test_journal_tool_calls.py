@@ -7,10 +7,6 @@ file holds is still moved by compare-and-set in DuckDB."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +15,12 @@ from thinkray.storage.journal import journal_path, read_records
 from thinkray.storage.records import ToolCallRecord
 from thinkray.storage.session_store import DuckDBSessionStore
 from thinkray.storage.tool_calls import DuckDBToolCallStore
+
+from tests.helpers import sigkilled_child
+
+
+class Boom(Exception):
+    pass
 
 
 def _msg(mid: str) -> dict[str, Any]:
@@ -147,10 +149,6 @@ def test_a_read_of_the_file_inside_a_batch_makes_what_came_before_durable_first(
 def test_a_raising_batch_leaves_nothing(tmp_path: Path) -> None:
     path = tmp_path / "a.duckdb"
     store, calls = _opened(path)
-
-    class Boom(Exception):
-        pass
-
     try:
         store.append_message("s1", _msg("u0"))
         with pytest.raises(Boom), store.batch():
@@ -209,15 +207,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 def test_acknowledged_calls_survive_a_sigkill(tmp_path: Path) -> None:
     path = tmp_path / "a.duckdb"
-    repo = str(Path(__file__).resolve().parents[1])
-    child = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_CHILD.format(repo=repo, path=str(path)))],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert child.returncode == -signal.SIGKILL, child.stderr
-    assert "acknowledged" in child.stdout
+    sigkilled_child(_CHILD, path=str(path))
     assert len(_frames(path)) == 3  # the batch, the completion, the second insert
     store, calls = _opened(path)
     try:
@@ -237,10 +227,6 @@ def test_acknowledged_calls_survive_a_sigkill(tmp_path: Path) -> None:
 def test_a_call_folded_into_an_open_transaction_is_moved_there(tmp_path: Path) -> None:
     path = tmp_path / "a.duckdb"
     store, calls = _opened(path)
-
-    class Boom(Exception):
-        pass
-
     try:
         calls.insert(_call("c1"))
         with store.transaction():
