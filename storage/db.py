@@ -396,10 +396,19 @@ class Database:
         """Every component's version, read once per connection (one query for all the
         stores a wake opens, instead of two statements each)."""
         if self._versions is None:
-            self.con.execute(
+            create = (
                 "CREATE TABLE IF NOT EXISTS schema_version (component VARCHAR, version INTEGER)"
             )
-            rows = self.con.execute("SELECT component, version FROM schema_version").fetchall()
+            read = "SELECT component, version FROM schema_version"
+            if self._depth:  # a failed statement would spoil the open transaction
+                self.con.execute(create)
+                rows = self.con.execute(read).fetchall()
+            else:
+                try:  # every wake reads it; only a new file lacks it (one statement less)
+                    rows = self.con.execute(read).fetchall()
+                except duckdb.CatalogException:
+                    self.con.execute(create)
+                    rows = []
             self._versions = {component: version for component, version in rows}
         return self._versions
 

@@ -153,6 +153,7 @@ from thinkray.storage.types import (
     empty_rollup,
 )
 from thinkray.storage.write_behind import (
+    FOLDED_KEY,
     SINK_KEY,
     JournalSink,
     Pending,
@@ -1087,12 +1088,19 @@ class DuckDBSessionStore(SessionStore):
             state = db_.state.get(COMPONENT)
             if state is None:
                 use_journal = journal and self._owns and db_.path != MEMORY_PATH
-                replayed = _replay_journal(db_) if use_journal else None
+                # A journal left behind (a crash) is replayed before anything is read.
+                left = use_journal and journal_path(db_.path).exists()
+                replayed = _replay_journal(db_) if left else None
                 row = db_.fetchone(
                     "SELECT (SELECT max(seq) FROM messages), (SELECT max(seq) FROM chunks), "
-                    "(SELECT max(updated_at) FROM sessions)"
+                    "(SELECT max(updated_at) FROM sessions), "
+                    "(SELECT value FROM config WHERE key = ?)",
+                    [FOLDED_KEY],
                 )
                 assert row is not None
+                if use_journal and replayed is None:  # no journal: the mark says where to go on
+                    mark = None if row[3] is None else int(_unpack(row[3]))
+                    replayed = Journal(journal_path(db_.path)), (mark or 0) + 1, mark is not None
                 state = db_.state[COMPONENT] = _StoreState(
                     row[0] or 0, row[1] or 0, row[2] or 0.0, epoch=db_.rollbacks
                 )

@@ -343,3 +343,26 @@ def test_past_the_id_limit_the_file_answers_and_is_asked_once(
         assert _ids(store, sid)[-2:] == ["u5", "a5"]
     finally:
         store.close()
+
+
+def test_writes_after_a_clean_reopen_are_numbered_past_the_folded_mark(tmp_path: Path) -> None:
+    """A reopen without a journal learns where numbering goes on from the fold's mark
+    (read with the sequence maxima, one statement): a write journaled then and lost in
+    a crash must be replayed, not skipped as already folded."""
+    path = tmp_path / "a.duckdb"
+    store, sid = _started(path)
+    _turns(store, sid, range(3))
+    store.close()  # folded: the mark says 6, no journal left
+    assert not journal_path(path).exists()
+    store = DuckDBSessionStore(path)
+    store.get_history(sid)
+    store.append_message(sid, _msg("u3"))
+    assert [r["n"] for r in read_records(journal_path(path))] == [7]
+    store._state.journal.close()  # noqa: SLF001 - a crash: nothing folded or closed
+    store._state.pending = None  # noqa: SLF001
+    store._database.close()  # noqa: SLF001
+    reopened = DuckDBSessionStore(path)
+    try:
+        assert _ids(reopened, sid)[-2:] == ["a2", "u3"]
+    finally:
+        reopened.close()
