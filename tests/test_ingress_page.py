@@ -338,3 +338,49 @@ def test_a_wrong_token_disables_send_and_the_page_asks_for_nothing_missing(
         finally:
             context.close()
         assert missing == [], missing
+
+
+def test_a_message_sent_before_the_first_session_list_arrives_stays_on_the_page(
+    ray_local, tmp_path, browser
+):
+    """The page's first session list waits for the agent's wake; a message typed and
+    sent meanwhile creates and opens its session. Found in a loaded suite run: when the
+    first list came back after that, the page switched back to "New chat" with no
+    sessions, detaching the answer's stream. Here the first list is held back until the
+    sent message's session exists."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=TIMEOUT)
+    namespace = f"pagerace-{tmp_path.name[-10:]}".replace("_", "-")
+    config = make_config(str(tmp_path / "root"), namespace, agent_kwargs={"chunks": 3})
+    agent = "alice-race"
+    with serve_app(config) as base:
+        context = browser.new_context()
+        page = context.new_page()
+        held: list[Any] = []
+
+        def hold_first_list(route: Any) -> None:
+            if route.request.method == "GET" and not held:
+                # asked of the server now (no session yet), delivered below, late
+                held.append((route, route.fetch()))
+            else:
+                route.continue_()
+
+        page.route(f"**/agents/*/{agent}/sessions", hold_first_list)
+        try:
+            page.goto(f"{base}/?token=token-alice&agent={agent}")
+            expect(page.locator("#status-text")).to_have_text("connecting\u2026")
+            page.get_by_label("Message", exact=True).fill("hello early")
+            page.get_by_role("button", name="Send", exact=True).click()
+            expect(page.locator("li.msg.user")).to_have_count(1)
+            expect(page.locator("li.msg.assistant").first).to_have_attribute("data-state", "done")
+            assert held, "the page never asked for its session list"
+            route, stale = held[0]
+            assert stale.json()["sessions"] == []
+            route.fulfill(response=stale)  # the list from before the send arrives last
+            page.wait_for_timeout(500)
+            expect(page.locator("li.msg.user")).to_have_count(1)
+            expect(page.locator("li.msg.user").first).to_contain_text("hello early")
+            expect(page.locator("#sessions li.empty")).to_have_count(0)
+        finally:
+            context.close()
