@@ -29,7 +29,8 @@ def test_a_namespace_outlives_the_driver_that_created_it(ray_local, tmp_path):
     )
     out, err = driver.communicate(timeout=120)
     assert driver.returncode == 0, err[-3000:]
-    assert out.strip().endswith("completed")
+    # (Ray may copy raylet warnings into the driver's stdout, before or after it.)
+    assert "completed" in out.split()
     # The creating driver is gone; another driver reaches the namespace by name.
     ns = AgentNamespace.connect("lifetime-a")
     try:
