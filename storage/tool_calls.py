@@ -364,7 +364,17 @@ class DuckDBToolCallStore(MigratedStore, ToolCallStore):
         now = time.time()
         created_at = rec.created_at or now
         blob = _pack(_info(rec) | {"created_at": created_at}, "tool call")
-        row = [*_row(rec)[:6], now, blob, _due(rec)]
+        row = [
+            rec.id,
+            rec.status,
+            rec.tool_name,
+            rec.run_id,
+            rec.session_id,
+            rec.executor,
+            now,
+            blob,
+            _due(rec),
+        ]
         if self._journal_insert(rec.id, row):
             rec.created_at = created_at
             rec.updated_at = now
