@@ -2839,6 +2839,14 @@ class DuckDBSessionStore(SessionStore):
 
     @override
     def chunk_generations(self) -> list[str]:
+        # Answered from memory once known (the journal's flushes keep it current), so
+        # checking a caller's run id does not fold the journal into DuckDB every turn.
+        if self._closed:
+            raise DatabaseClosedError("session store is closed")
+        self._check_epoch()
+        known = self._state.generations
+        if known is not None:
+            return list(known)
         with self._tx(keep_cache=True) as con:
             return list(self._known_generations(con))
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from thinkray.runtime import Think, tool
+from thinkray.runtime.errors import DuplicateRunError
 from thinkray.runtime.models.testing import ScriptedModel, reply, tool_call
 from thinkray.storage.db import StatementCount
 from thinkray.storage.session_store import DuckDBSessionStore
@@ -38,11 +39,13 @@ def _agent(path: Any, replies: list[Any], *, journal: bool = True) -> Think:
     return agent
 
 
-async def _counted(agent: Think, text: str) -> tuple[StatementCount, Any]:
+async def _counted(
+    agent: Think, text: str, run_id: str | None = None
+) -> tuple[StatementCount, Any]:
     db = agent.store.db  # type: ignore[attr-defined]
     collector = Collector()
     with db.counting() as count:
-        result = await agent.chat(text, collector)
+        result = await agent.chat(text, collector, run_id=run_id)
     assert result.status == "completed", result.error
     return count, result
 
@@ -62,6 +65,29 @@ async def test_a_turn_without_tools_commits_at_most_three_times(tmp_path):
             assert count.statements <= 12, count.log
     finally:
         agent.close()
+
+
+async def test_a_turn_with_a_caller_chosen_run_id_runs_no_statement(tmp_path):
+    # Every turn through an actor carries the caller's run id (exactly-once): checking
+    # that it is new reads the chunk log's generations, which memory keeps; it once
+    # folded the whole journal into DuckDB each turn (half an actor turn's CPU).
+    agent = _agent(tmp_path / "a.duckdb", [reply(*TEXT) for _ in range(4)])
+    try:
+        await agent.chat("warm up", run_id="r0")  # the session, tables, generations
+        for turn in range(1, 3):
+            count, result = await _counted(agent, f"turn {turn}", run_id=f"r{turn}")
+            assert result.run_id == f"r{turn}"
+            assert count.statements == 0, count.log
+        with pytest.raises(DuplicateRunError):  # still refused: the log knows r1
+            await agent.chat("again", run_id="r1")
+    finally:
+        agent.close()
+    again = _agent(tmp_path / "a.duckdb", [reply(*TEXT)])
+    try:  # after a reopen, the file's generations are read once and still refuse it
+        with pytest.raises(DuplicateRunError):
+            await again.chat("again", run_id="r2")
+    finally:
+        again.close()
 
 
 @pytest.mark.parametrize("journal", [True, False])
