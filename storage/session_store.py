@@ -115,6 +115,7 @@ from typing import Any, cast
 
 import duckdb
 import msgpack
+from thinkray.storage import blank as _blank
 from thinkray.storage import search as _search
 from thinkray.storage.codec import pack as _pack
 from thinkray.storage.codec import unpack as _unpack
@@ -127,7 +128,7 @@ from thinkray.storage.db import (
 )
 from thinkray.storage.journal import Journal, journal_path, read_records
 from thinkray.storage.protocols import HEAD, SessionStore, Thread
-from thinkray.storage.stores import DuckDBStores
+from thinkray.storage.stores import AGENT_COMPONENTS, DuckDBStores
 from thinkray.storage.types import (
     DEFAULT_SETTINGS_KEY,
     DEFAULT_THREAD_KEY,
@@ -208,6 +209,10 @@ def _v2(con: duckdb.DuckDBPyConnection) -> None:
 
 
 MIGRATIONS: list[Migration] = [Migration(1, _v1), Migration(2, _v2)]
+
+# A new file is a copy of a blank one with these tables (see thinkray.storage.blank):
+# the session store's and those every agent's wake opens.
+_NEW_FILE_COMPONENTS = ((COMPONENT, MIGRATIONS), *AGENT_COMPONENTS)
 
 _SESSION_COLS = (
     "id, name, parent_session_id, parent_message_id, thread_key, head_id, "
@@ -1078,6 +1083,8 @@ class DuckDBSessionStore(SessionStore):
             self._database = db
             self._owns = False
         else:
+            if str(db) != MEMORY_PATH:
+                _blank.create(db, _NEW_FILE_COMPONENTS)  # a new agent's tables, copied
             self._database = Database(db, lock_retry_seconds=lock_retry_seconds)
             self._owns = True
         self._closed = False

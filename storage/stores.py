@@ -31,7 +31,14 @@ from thinkray.storage.types import InvalidInputError
 from thinkray.storage.workspace import DuckDBWorkspaceStore
 from typing_extensions import override
 
-__all__ = ["DuckDBStores", "open_stores"]
+__all__ = ["AGENT_COMPONENTS", "DuckDBStores", "open_stores"]
+
+AGENT_COMPONENTS = tuple(
+    (store.component, store.migrations)
+    for store in (DuckDBFiberStore, DuckDBToolCallStore, DuckDBJobStore)
+)
+"""The components whose tables every agent's wake opens (its durable services: fibers
+and schedules, the tool-call ledger, jobs): a new agent file is made with them."""
 
 
 class DuckDBStores(Stores):
