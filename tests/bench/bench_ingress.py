@@ -4,6 +4,10 @@ session actors directly (``ns.get(name).stream_chat.remote``) on the same agents
 
     python tests/bench/bench_ingress.py [--streams 200] [--rounds 2] [--turns 1] [--agents 8]
         [--chunks 20] [--delay 0.01] [--via serve|uvicorn] [--replicas 1] [--quick]
+        [--placement dedicated|hosts]
+
+Issue 22's row (200 streams, 200 chunks over 1 s of model time each, as ``thinkray
+serve`` runs): ``--chunks 200 --delay 0.005 --placement hosts`` (and ``dedicated``).
 
 Each of ``--streams`` clients has its own chat (session) on one of ``--agents`` agents
 and runs one warm-up turn, then ``--turns`` measured turns back to back, all clients at
@@ -12,7 +16,8 @@ the same clients run the same turns against the actors directly. Prints chunks/s
 through the ingress, TTFC (to the first text chunk) and turn latency p50/p95 both ways,
 what the ingress adds, and errors (non-200, error chunks, streams without ``[DONE]``,
 exceptions, clients unfinished at ``--timeout``), which must be 0: the exit code is 1
-otherwise. ``--via serve`` (default) goes through Ray Serve's proxy and ``--replicas``
+otherwise; and the CPU the server spends per relayed text chunk (the machine's busy CPU
+over each phase minus this process's, whose clients read the streams). ``--via serve`` (default) goes through Ray Serve's proxy and ``--replicas``
 replicas, as ``thinkray serve`` does; ``--via uvicorn`` runs the app in this process
 (lighter; what the test runs). This machine has 2 cores and is noisy: read medians and
 p95, compare ratios.
@@ -40,6 +45,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import line, pct  # noqa: E402
 
+# Issue 22, for 200 streams of 200 chunks over 1 s of model time (--chunks 200 --delay
+# 0.005): first chunk through the ingress, and the CPU the whole server spends per text
+# chunk it relays (ingress, agents, Ray: the machine's busy time minus the clients').
+TARGET_TTFC = (0.5, 1.5)
+TARGET_CPU_PER_CHUNK_MS = 0.3
+
 TOKEN = "bench-token"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 
@@ -55,6 +66,7 @@ class Phase:
     wall: float = 0.0
     all_chunks: int = 0  # warm-up turns too: they are in the wall time
     all_turns: int = 0
+    server_cpu: float = 0.0  # busy CPU-s of the machine minus this process's (the clients)
 
 
 def user_message(text: str, message_id: str) -> dict[str, Any]:
@@ -81,11 +93,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--replicas", type=int, default=1, help="Serve replicas (--via serve)")
     parser.add_argument("--timeout", type=float, default=150.0, help="bound per phase, s")
     parser.add_argument("--root", help="storage root (default: a temp folder)")
+    parser.add_argument(
+        "--placement",
+        choices=("dedicated", "hosts"),
+        default="dedicated",
+        help="the agents' placement: an actor each, or agent hosts (dedicated)",
+    )
     parser.add_argument("--quick", action="store_true", help="50 streams, 1 round")
     args = parser.parse_args(argv)
     if args.quick:
         args.streams, args.rounds = min(args.streams, 50), 1
     return args
+
+
+def machine_busy() -> float:
+    """Busy CPU seconds of the whole machine since boot (``/proc/stat``)."""
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    return (sum(values[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 # -- the two ways of running a turn ----------------------------------------------------
@@ -175,10 +201,12 @@ async def run_phase(
             out.errors.append(f"{type(exc).__name__}: {exc}")
 
     warm, measured = Phase(), Phase()
+    busy0, own0 = machine_busy(), time.process_time()
     tasks = [asyncio.create_task(client(i)) for i in range(args.streams)]
     t0 = time.perf_counter()
     done, pending = await asyncio.wait(tasks, timeout=args.timeout)
     out.wall += time.perf_counter() - t0
+    out.server_cpu += (machine_busy() - busy0) - (time.process_time() - own0)
     for task in pending:
         task.cancel()
     if pending:
@@ -235,7 +263,7 @@ def report(args: argparse.Namespace, http: Phase, direct: Phase) -> int:
         f"\n{args.streams} concurrent streams x {args.rounds} rounds x {args.turns} turns "
         f"(+1 warm-up each; {turns} measured turns per way, "
         f"{args.chunks} text chunks each, model delay {args.delay * 1000:.0f} ms/chunk), "
-        f"{args.agents} agents, via {args.via}"
+        f"{args.agents} agents ({args.placement}), via {args.via}"
         + (f" ({args.replicas} replica{'s' * (args.replicas > 1)})" if args.via == "serve" else "")
     )
     for label, phase in (("through the ingress (HTTP/SSE)", http), ("direct (actor)", direct)):
@@ -244,13 +272,25 @@ def report(args: argparse.Namespace, http: Phase, direct: Phase) -> int:
         line("chunks/s", f"{rate:,.0f} ({phase.all_chunks:,} chunks in {phase.wall:.1f} s)")
         line("turns/s", f"{phase.all_turns / phase.wall if phase.wall else 0:.1f}")
         if phase.ttfc:
+            p50, p95 = pct(phase.ttfc, 0.5), pct(phase.ttfc, 0.95)
             line(
                 "TTFC p50 / p95",
-                f"{pct(phase.ttfc, 0.5) * 1000:.1f} / {pct(phase.ttfc, 0.95) * 1000:.1f} ms",
+                f"{p50 * 1000:.1f} / {p95 * 1000:.1f} ms",
+                f"<= {TARGET_TTFC[0]} / {TARGET_TTFC[1]} s" if phase is http else "",
+                (p50 <= TARGET_TTFC[0] and p95 <= TARGET_TTFC[1]) if phase is http else None,
             )
             line(
                 "turn latency p50 / p95",
                 f"{pct(phase.turn, 0.5) * 1000:.1f} / {pct(phase.turn, 0.95) * 1000:.1f} ms",
+            )
+        texts = phase.all_turns * args.chunks
+        if texts:
+            per_chunk = phase.server_cpu / texts * 1000
+            line(
+                "CPU per relayed text chunk (machine minus clients)",
+                f"{per_chunk:.3f} ms ({phase.server_cpu:.1f} CPU-s / {texts:,})",
+                f"<= {TARGET_CPU_PER_CHUNK_MS} ms" if phase is http else "",
+                per_chunk <= TARGET_CPU_PER_CHUNK_MS if phase is http else None,
             )
         line("errors", str(len(phase.errors)), "0", not phase.errors)
         for error in phase.errors[:5]:
@@ -312,7 +352,12 @@ def run(args: argparse.Namespace) -> int:
     start_local_ray()  # unless one runs (a test's)
     root = args.root or tempfile.mkdtemp(prefix="thinkray-bench-ingress-")
     name = f"bench-ingress-{os.getpid()}"
-    options = {"pool_size": 2, "max_live": max(64, args.agents + 4), "idle_timeout": None}
+    options: dict[str, Any] = {
+        "pool_size": 2,
+        "max_live": max(64, args.agents + 4),
+        "idle_timeout": None,
+        "placement": args.placement,
+    }
     kwargs = {"chunks": args.chunks, "delay": args.delay}
     # This process makes the namespace; the ingress attaches to it (the same agents).
     ns = AgentNamespace(
