@@ -319,6 +319,9 @@ class Directory:
         self.entries: dict[str, Entry] = {}
         self.free: list[PooledActor] = []
         self.hosts: dict[str, HostRecord] = {}  # placement "hosts": actor id -> host
+        # placement "hosts": agents moved to an actor of their own (see place); such
+        # an actor is started for the agent's bind and stopped at its hibernation
+        self.own_actor: set[str] = set()
         self._started_slots: dict[str, list[PooledActor]] = {}  # see _start_actor
         self.waiters: deque[_Waiter] = deque()
         self.starting = 0  # actor starts in flight
@@ -489,9 +492,14 @@ class Directory:
             handle, info["actor_id"], info["node_id"], info["pid"], info.get("bindings", 0)
         )
         if bound is None:
+            if self._hosted():  # an agent's own actor whose agent left: not a slot
+                self._stop_own(actor)
+                return
             self.counters["adopted_spares"] += 1
             self._offer(actor)
             return
+        if self._hosted():
+            self.own_actor.add(bound)  # it was moved out of the hosts: it stays out
         entry = Entry(actor)
         self.entries[bound] = entry
         self.counters["adopted"] += 1
@@ -609,13 +617,16 @@ class Directory:
         """Agent slots one start adds (a host's capacity under placement ``hosts``)."""
         return max(1, self.cfg.host_capacity) if self._hosted() else 1
 
-    def _new_actor(self, node_id: str | None = None) -> Any:
-        kind = "host-" if self._hosted() else ""
+    def _new_actor(self, node_id: str | None = None, own: bool = False) -> Any:
+        """A new pooled actor (a host under placement ``hosts``), or with ``own`` a
+        session actor for one agent moved out of the hosts (see :meth:`place`)."""
+        hosted = self._hosted() and not own
+        kind = "host-" if hosted else ("own-" if own else "")
         prefix = session_actor_prefix(self.cfg.namespace, self.cfg.shard)
         options: dict[str, Any] = {
             "num_cpus": 0,
             # a host keeps a watch, maybe a stream and a status feed per agent pending
-            "max_concurrency": max(1000, 8 * self._per_start()),
+            "max_concurrency": max(1000, 8 * (self._per_start() if hosted else 1)),
             # Named, so that a replacement directory finds it (see the module).
             "name": f"{prefix}{kind}{uuid.uuid4().hex}",
             "namespace": RAY_NAMESPACE,
@@ -628,7 +639,7 @@ class Directory:
             options.pop("resources", None)
         # The agent class's module too: deserializing the first BindSpec imports it.
         module = self.cfg.agent_cls.__module__
-        if self._hosted():
+        if hosted:
             from thinkray.actors.host import RemoteAgentHost
 
             return RemoteAgentHost.options(**options).remote(
@@ -958,6 +969,8 @@ class Directory:
 
     def _release(self, actor: PooledActor) -> None:
         if self._hosted():
+            if actor.actor_id not in self.hosts and self._stop_own(actor):
+                return
             self._release_slot(actor)
             return
         actor.bindings += 1
@@ -1188,7 +1201,10 @@ class Directory:
         )
         last_error: BaseException | None = None
         for attempt in range(4):
-            actor = await self._acquire(name, node_id, retry=attempt > 0)
+            if self._hosted() and name in self.own_actor:
+                actor = await self._start_own(node_id)
+            else:
+                actor = await self._acquire(name, node_id, retry=attempt > 0)
             error: BaseException | None = None
             info: Any = None
             try:
@@ -1269,6 +1285,8 @@ class Directory:
         unless its failed wake could not close the agent's database (WakeError not
         ``clean``): then its process is stopped, which frees the file (a host is
         drained instead: it takes no more agents and stops once its others left)."""
+        if self._hosted() and actor.actor_id not in self.hosts and self._stop_own(actor):
+            return
         record = self.hosts.get(actor.actor_id)
         if record is not None and isinstance(error, WakeError) and not error.clean:
             record.draining = True
@@ -1284,6 +1302,100 @@ class Directory:
             self._kick()
             return
         self._offer(actor)
+
+    # -- one agent's placement -------------------------------------------------------
+
+    async def _start_own(self, node_id: str | None) -> PooledActor:
+        """A session actor of its own for an agent moved out of the hosts, counted in
+        ``binding`` as :meth:`_acquire`'s actors are (its caller gives it back)."""
+        if self._closed:
+            raise InvalidStateError(f"namespace {self.cfg.namespace!r} is shutting down")
+        self.binding += 1
+        try:
+            handle = self._new_actor(node_id, own=True)
+            info = await handle.ready.remote()
+        except BaseException:
+            self.binding -= 1
+            raise
+        self.counters["own_actors_started"] += 1
+        return PooledActor(handle, info["actor_id"], info["node_id"], info["pid"])
+
+    def _stop_own(self, actor: PooledActor) -> bool:
+        """Stop an agent's own actor (never pooled: the pool holds host slots)."""
+        with contextlib.suppress(Exception):
+            ray.kill(actor.handle, no_restart=True)
+        self.counters["own_actors_stopped"] += 1
+        self._kick()
+        return True
+
+    async def place(
+        self, name: str, placement: str, timeout: float = 30.0
+    ) -> dict[str, Any] | None:
+        """Move agent ``name`` to an actor of its own (``"dedicated"``) or back into
+        the agent hosts (``"hosts"``), at its next turn boundary: a live agent is
+        hibernated once no turn or call of its own runs (waiting up to ``timeout``
+        seconds) and woken where it now belongs; a hibernated one wakes there on its
+        next call. Returns :meth:`live_actor`'s answer afterwards (None: not live).
+        Kept while this directory lives (a replacement finds the moved agents live).
+
+        Raises:
+            InvalidInputError: ``placement`` is neither ``"dedicated"`` nor ``"hosts"``.
+            InvalidStateError: the namespace has no hosts (every agent already has
+                an actor of its own).
+            SessionNotFoundError: no such agent (nothing recorded).
+            ActorBusyError: the agent was still busy after ``timeout`` (it stays
+                where it was, and its placement is unchanged).
+        """
+        self._owns(name)
+        await self._ready()
+        if placement not in ("dedicated", "hosts"):
+            raise InvalidInputError(f"placement must be 'dedicated' or 'hosts', not {placement!r}")
+        if not self._hosted():
+            raise InvalidStateError(
+                f"namespace {self.cfg.namespace!r} has placement {self.cfg.placement!r}: "
+                "every agent has an actor of its own already"
+            )
+        path = session_path(self.cfg.storage_root, self.cfg.namespace, name)
+        if name not in self.entries and not path.exists():
+            raise SessionNotFoundError(
+                f"agent {name!r} does not exist in namespace {self.cfg.namespace!r}"
+            )
+        before = name in self.own_actor
+        if placement == "dedicated":
+            self.own_actor.add(name)
+        else:
+            self.own_actor.discard(name)
+        try:
+            moved = await self._move_live(name, placement, timeout)
+        except BaseException:
+            if before:  # nothing changed: the agent keeps its placement
+                self.own_actor.add(name)
+            else:
+                self.own_actor.discard(name)
+            raise
+        if moved:
+            await self.resolve(name, False, None, None)
+        return await self.live_actor(name)
+
+    async def _move_live(self, name: str, placement: str, timeout: float) -> bool:
+        """Hibernate ``name`` at its next turn boundary if it is live on the wrong
+        kind of actor; whether it was."""
+        deadline = time.monotonic() + timeout
+        while True:
+            await self._await_settling(name)
+            entry = self.entries.get(name)
+            if entry is None:
+                return False
+            on_host = entry.actor.actor_id in self.hosts
+            if on_host == (placement == "hosts"):
+                return False  # already there
+            left = deadline - time.monotonic()
+            with contextlib.suppress(Exception):  # a dead actor: hibernate says so
+                await entry.actor.handle.until_idle.remote(name, max(0.0, left))
+            if await self.hibernate(name):
+                return True
+            if time.monotonic() >= deadline:
+                raise ActorBusyError("busy", name)
 
     # -- hibernate -------------------------------------------------------------------
 

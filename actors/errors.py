@@ -51,7 +51,11 @@ class ActorBusyError(InvalidStateError):
         if state == "broken":
             message = "actor is broken: a failed wake left a database open in its process"
         else:
-            what = {"bound": "already hosts", "binding": "is binding"}.get(state, f"is {state}")
+            what = {
+                "bound": "already hosts",
+                "binding": "is binding",
+                "busy": "is busy with a turn or call of",
+            }.get(state, f"is {state}")
             message = f"actor {what} {session!r}"
         super().__init__(message)
         self.state = state

@@ -426,6 +426,27 @@ class AgentNamespace(Generic[A]):
         where: dict[str, Any] = self._call(shard, "wake", name, node_id)
         return where
 
+    def place(
+        self, name: str, placement: Placement, timeout: float = 30.0
+    ) -> dict[str, Any] | None:
+        """Move agent ``name`` out of the agent hosts to a Ray actor of its own
+        (``"dedicated"``: a hot agent, or one whose blocking work delays its siblings)
+        or back into the hosts (``"hosts"``), at its next turn boundary: a live agent
+        finishes what it runs (up to ``timeout`` seconds), hibernates, and wakes where
+        it now belongs; a hibernated one wakes there on its next call. Returns where
+        it lives afterwards (:meth:`where`). For a namespace with placement
+        ``"hosts"``; the move lasts while its directory lives.
+
+        Raises:
+            InvalidInputError: an unknown ``placement``.
+            InvalidStateError: the namespace's placement is ``"dedicated"``.
+            SessionNotFoundError: no such agent.
+            ActorBusyError: still busy after ``timeout`` (nothing changed).
+        """
+        shard = self._router.shard_of(validate_name(name))
+        where: dict[str, Any] | None = self._call(shard, "place", name, placement, timeout)
+        return where
+
     def where(self, name: str) -> dict[str, Any] | None:
         """The live actor hosting agent ``name`` (actor_id, node_id, pid), or None
         when it is hibernated."""

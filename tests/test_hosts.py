@@ -196,3 +196,120 @@ def test_a_host_answers_every_call_a_dedicated_actor_answers():
 
     internal = {"busy"}  # read by the host itself, never through a handle
     assert public(SessionActor) - internal <= public(AgentHost)
+
+
+def _own_actors(ns) -> list[str]:
+    """The agents' own actors (moved out of the hosts) of ``ns`` Ray still lists."""
+    import ray
+
+    return [
+        item["name"]
+        for item in ray.util.list_named_actors(all_namespaces=True)
+        if item["namespace"] == "thinkray" and ns.name in item["name"] and "own-" in item["name"]
+    ]
+
+
+def test_a_hot_agent_moves_to_its_own_actor_and_back(namespace_factory):
+    from tests.helpers import text_of
+
+    ns = hosts_ns(namespace_factory)
+    hot, sibling = ns.get("hot"), ns.get("sibling")
+    hot.chat.remote("before the move").result()
+    sibling.chat.remote("hi").result()
+    host_pid = ns.where("hot")["pid"]
+
+    where = ns.place("hot", "dedicated")
+    assert where is not None and where["placement"] == "dedicated"
+    assert where["pid"] != host_pid  # a process of its own
+    assert ns.where("sibling")["placement"] == "hosts"  # the sibling stayed
+    assert ns.where("sibling")["pid"] == host_pid
+    hot.chat.remote("after the move").result()  # the handle follows the agent
+    users = [text_of(m) for m in hot.get_history.remote().result() if m["role"] == "user"]
+    assert users == ["before the move", "after the move"]  # its file went with it
+
+    assert ns.hibernate("hot")  # its own actor is stopped, not pooled as a host slot
+    wait_until(lambda: not _own_actors(ns), timeout=20)
+    assert ns.get("hot").whoami.remote().result()["pid"] != host_pid  # still its own
+    assert ns.where("hot")["placement"] == "dedicated"
+
+    back = ns.place("hot", "hosts")
+    assert back is not None and back["placement"] == "hosts"
+    wait_until(lambda: not _own_actors(ns), timeout=20)
+    assert hot.whoami.remote().result()["pid"] == ns.where("sibling")["pid"]
+    stats = ns.stats()["counters"]
+    assert stats["own_actors_started"] == stats["own_actors_stopped"] == 2
+
+
+def test_a_move_waits_for_the_running_turn(namespace_factory):
+    ns = hosts_ns(namespace_factory, agent_kwargs={"chunks": 30, "delay": 0.03})
+    agent = ns.get("busy")
+    agent.chat.remote("wake").result()
+    stream = agent.stream_chat.remote("a long answer")
+    chunks = iter(stream)
+    next(chunks)  # the turn runs
+    moved: list = []
+    mover = threading.Thread(target=lambda: moved.append(ns.place("busy", "dedicated")))
+    mover.start()
+    rest = list(chunks)
+    mover.join(timeout=60)
+    assert rest[-1]["type"] == "finish"  # the turn ran to its end, not aborted
+    assert moved and moved[0]["placement"] == "dedicated"
+    history = agent.get_history.remote().result()
+    assert [m["role"] for m in history[-2:]] == ["user", "assistant"]
+
+
+def test_a_move_refused_leaves_the_agent_where_it_was(namespace_factory, tmp_path):
+    from thinkray.actors.errors import ActorBusyError, InvalidStateError
+    from thinkray.storage.errors import InvalidInputError
+    from thinkray.storage.types import SessionNotFoundError
+
+    ns = hosts_ns(namespace_factory, agent_kwargs={"chunks": 60, "delay": 0.05})
+    agent = ns.get("a")
+    agent.chat.remote("wake").result()
+    with pytest.raises(InvalidInputError, match="placement"):
+        ns.place("a", "shared")  # type: ignore[arg-type]
+    with pytest.raises(SessionNotFoundError):
+        ns.place("nobody", "dedicated")
+    assert "nobody" not in ns.names()  # nothing was created
+    chunks = iter(agent.stream_chat.remote("a long answer"))
+    next(chunks)
+    with pytest.raises(ActorBusyError, match="busy"):
+        ns.place("a", "dedicated", timeout=0.2)
+    assert list(chunks)[-1]["type"] == "finish"
+    assert ns.where("a")["placement"] == "hosts"
+    ns.hibernate("a")
+    assert agent.whoami.remote().result() and ns.where("a")["placement"] == "hosts"
+
+    dedicated = namespace_factory(None, idle_timeout=None, placement="dedicated")
+    dedicated.get("b").chat.remote("hi").result()
+    with pytest.raises(InvalidStateError, match="actor of its own"):
+        dedicated.place("b", "dedicated")
+
+
+def test_a_moved_agent_stays_on_its_own_actor_after_the_directory_restarts(
+    namespace_factory,
+):
+    import signal
+
+    import ray
+
+    ns = hosts_ns(namespace_factory)
+    ns.get("hot").chat.remote("hi").result()
+    ns.get("sibling").chat.remote("hi").result()
+    moved = ns.place("hot", "dedicated")
+    pid = ray.get(ns._router.handles[0].stats.remote())["pid"]
+    os.kill(pid, signal.SIGKILL)
+
+    # the replacement adopts the agent on its own actor, and keeps it out of the hosts
+    def restarted() -> bool:
+        try:
+            return ray.get(ns._router.handles[0].stats.remote())["pid"] != pid
+        except ray.exceptions.RayActorError:  # restarting
+            return False
+
+    wait_until(restarted, timeout=30)
+    assert ns.where("hot") == moved
+    assert ns.hibernate("hot")
+    wait_until(lambda: not _own_actors(ns), timeout=20)  # stopped, not a host slot
+    assert ns.get("hot").whoami.remote().result()["pid"] != ns.where("sibling")["pid"]
+    assert ns.where("hot")["placement"] == "dedicated"
