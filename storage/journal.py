@@ -8,12 +8,26 @@ folds many of them into DuckDB later in one transaction (see
 :mod:`thinkray.storage.write_behind`).
 
 Format: frames of ``<length u32 LE><crc32 u32 LE><msgpack payload>``. Each payload is
-one record (a map with an increasing ``n``). A frame is appended with one ``write`` of
-the whole frame and made durable with ``fdatasync`` before :meth:`Journal.append`
-returns, so an acknowledged record is on disk whole. A crash mid-append leaves a torn
-last frame (short, or a checksum that does not match): :func:`read_records` drops it,
-because it was never acknowledged. A bad frame followed by good ones is damage, not a
-torn append, and raises :class:`~thinkray.storage.errors.CorruptDatabaseError`.
+``[synced, record]``: the record (a map with an increasing ``n``) and how many bytes of
+the file were durable when it was written (older journals hold the bare record). A
+frame is appended with one ``write`` of the whole frame. A synced append (the default:
+every durable point of a turn) calls ``fdatasync`` before :meth:`Journal.append`
+returns, so an acknowledged record is on disk whole. An unsynced append (a progress
+flush in the middle of a stream, SQLite's ``synchronous=NORMAL`` for such writes) is
+written through to the OS: a crash of the process keeps it, a power loss may lose it,
+and the next synced append makes it durable along with itself, in order. Agent hosts
+stream hundreds of agents from one event loop; an ``fdatasync`` per progress flush
+(every 30 ms per streaming agent) left the loop waiting on the disk.
+
+A crash mid-append leaves a torn last frame (short, or a checksum that does not
+match): :func:`read_records` drops it, because it was never acknowledged. A power loss
+may also tear an unsynced frame while a later one reached the disk: a bad frame that
+no later frame says was synced is such a tear, and it and what follows are dropped
+(none of it was acknowledged as durable). A bad frame that a later frame says was
+synced is damage, and raises :class:`~thinkray.storage.errors.CorruptDatabaseError`.
+(Media damage to a progress frame that the very last, synced, frame made durable
+reads as a tear and drops that last frame: like SQLite's WAL, which stops at its first
+bad frame, the journal cannot tell these apart.)
 
 The journal never holds the only copy of anything for long: the store folds it at
 close, before any read that needs it, and when it grows past a bound; the fold records
@@ -43,10 +57,36 @@ def journal_path(db_path: str | os.PathLike[str]) -> Path:
     return path.with_name(path.name + SUFFIX)
 
 
-def frame(record: Any) -> bytes:
-    """One record as a frame (header and msgpack payload)."""
-    payload = msgpack.packb(record, use_bin_type=True)
+def frame(record: Any, synced: int = 0) -> bytes:
+    """One record as a frame (header and msgpack payload), saying that ``synced``
+    bytes of the file were durable when it was written."""
+    payload = msgpack.packb([synced, record], use_bin_type=True)
     return _HEAD.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def _parse(body: bytes) -> tuple[int, Any]:
+    """``(synced, record)`` of a frame's payload (a bare record: an older journal,
+    every frame of which was synced)."""
+    value = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    if isinstance(value, list) and len(value) == 2 and isinstance(value[0], int):
+        return value[0], value[1]
+    return -1, value
+
+
+def _synced_past(data: bytes, at: int, bad: int) -> bool:
+    """Whether a whole frame from ``at`` on says that byte ``bad`` was durable when
+    it was written (an older journal's frames say so of everything before them)."""
+    end = len(data)
+    while end - at >= _HEAD.size:
+        length, crc = _HEAD.unpack_from(data, at)
+        body = data[at + _HEAD.size : at + _HEAD.size + length]
+        if len(body) == length and zlib.crc32(body) == crc:
+            with contextlib.suppress(ValueError, msgpack.UnpackException):
+                synced, _ = _parse(body)
+                if synced < 0 or synced > bad:
+                    return True
+        at += _HEAD.size + length
+    return False
 
 
 def read_records(path: str | os.PathLike[str]) -> list[Any]:
@@ -70,18 +110,19 @@ def read_records(path: str | os.PathLike[str]) -> list[Any]:
         if len(body) < length:
             break  # a torn payload
         if zlib.crc32(body) != crc:
-            if at + _HEAD.size + length >= end:
-                break  # the last frame, written partly: never acknowledged
+            if not _synced_past(data, at + _HEAD.size + length, at):
+                break  # never made durable (a torn append): neither is what follows
             raise CorruptDatabaseError(
                 f"the journal {str(path)!r} is damaged at byte {at} (a frame's checksum "
-                "does not match and more frames follow); thinkray does not repair it: "
+                "does not match, and a later frame says it was on disk); thinkray does "
+                "not repair it: "
                 "restore the agent's files from a backup",
                 str(path),
                 None,
                 None,
                 "journal checksum",
             )
-        records.append(msgpack.unpackb(body, raw=False, strict_map_key=False))
+        records.append(_parse(body)[1])
         at += _HEAD.size + length
     return records
 
@@ -91,7 +132,10 @@ class Journal:
     its database's lock.
 
     Contract: :meth:`append` returns once the record is durable (``fdatasync``, and
-    the folder's entry when the append created the file); :meth:`clear` forgets every
+    the folder's entry when the append created the file), or with ``sync=False`` once
+    it is written to the OS (durable with the next synced append, in order); every
+    record is on disk in the order appended, a prefix of them after a power loss;
+    :meth:`clear` forgets every
     record (called once they were folded and that fold committed) and removes the
     file, so an agent that is not writing holds no descriptor for it; :meth:`close`
     is idempotent and keeps a non-empty file (the next open replays it)."""
@@ -100,6 +144,8 @@ class Journal:
         self.path = Path(path)
         self._fd: int | None = None
         self.size = 0  # bytes in the file (as this process wrote them)
+        self.synced = 0  # bytes of it known durable (see the module: frames say it)
+        self.syncs = 0  # fdatasync calls (a seam for tests)
 
     def _open(self) -> int:
         if self._fd is None:
@@ -112,17 +158,26 @@ class Journal:
                     os.fsync(folder)
                 finally:
                     os.close(folder)
+            elif self.size:  # left by a crashed process: what it holds may be unsynced
+                self._sync(self._fd)
+            self.synced = self.size
         return self._fd
 
-    def append(self, record: Any) -> None:
-        """Append one record and make it durable."""
+    def _sync(self, fd: int) -> None:
+        os.fdatasync(fd)
+        self.syncs += 1
+
+    def append(self, record: Any, *, sync: bool = True) -> None:
+        """Append one record; durable when this returns, or with ``sync=False``
+        written to the OS and durable with the next synced append (see the class)."""
         fd = self._open()
-        data = frame(record)
+        data = frame(record, self.synced)
         try:
             written = os.write(fd, data)
             while written < len(data):  # a short write (signals, full disks): finish it
                 written += os.write(fd, data[written:])
-            os.fdatasync(fd)
+            if sync:
+                self._sync(fd)
         except BaseException:
             # Not acknowledged: take the frame back, so that a later open does not replay
             # a write its caller was told failed (if this fails too, the tail is torn or
@@ -131,19 +186,26 @@ class Journal:
                 os.ftruncate(fd, self.size)
             raise
         self.size += len(data)
+        if sync:
+            self.synced = self.size
 
     def clear(self) -> None:
         """Drop every record (they are in the database now) and the file."""
         self.close()
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
-        self.size = 0
+        self.size = self.synced = 0
 
     def close(self) -> None:
         """Close the file (idempotent); an empty journal is removed."""
         fd, self._fd = self._fd, None
         if fd is not None:
-            os.close(fd)
+            try:
+                if self.synced < self.size:  # kept for the next open: whole on disk
+                    with contextlib.suppress(OSError):
+                        self._sync(fd)
+            finally:
+                os.close(fd)
         with contextlib.suppress(FileNotFoundError):
             if self.path.stat().st_size == 0:
                 self.path.unlink()

@@ -636,6 +636,7 @@ class _FlushBatch:
     chunk_rows: list[tuple[Any, ...]]
     usage: list[dict[str, Any]]
     prune: ChunkPrune | None
+    durable: bool = True  # False: a progress flush (see StreamFlush.durable)
 
     @property
     def touches(self) -> bool:
@@ -704,6 +705,7 @@ class _FlushBatch:
             _chunk_rows(flush.chunks),
             list(flush.usage),
             prune,
+            bool(flush.durable),
         )
 
 
@@ -963,17 +965,17 @@ class _Sink(JournalSink):
         return self._state.discards
 
 
-def _journal_write(state: _StoreState, record: dict[str, Any]) -> None:
-    """Append ``record`` to the journal (durable when this returns) and merge it into
-    what is pending; inside a batch, keep it for the batch's append. Call under the
-    lock."""
+def _journal_write(state: _StoreState, record: dict[str, Any], *, sync: bool = True) -> None:
+    """Append ``record`` to the journal (durable when this returns, unless ``sync`` is
+    False: then with the next durable write) and merge it into what is pending; inside
+    a batch, keep it for the batch's append (always durable). Call under the lock."""
     assert state.journal is not None and state.pending is not None
     record["n"] = state.next_n
     state.next_n += 1
     if state.batch is not None:
         state.batch.append(record)
         return
-    state.journal.append(record)
+    state.journal.append(record, sync=sync)
     state.pending.add(record)
 
 
@@ -1282,8 +1284,8 @@ class DuckDBSessionStore(SessionStore):
                 ids.update(state.pending.messages)
         return message_id in ids
 
-    def _journal_write(self, record: dict[str, Any]) -> None:
-        _journal_write(self._state, record)
+    def _journal_write(self, record: dict[str, Any], *, sync: bool = True) -> None:
+        _journal_write(self._state, record, sync=sync)
 
     def _fold_if_big(self) -> None:
         state = self._state
@@ -1361,7 +1363,7 @@ class DuckDBSessionStore(SessionStore):
                 generations = self._known_generations(self._database.con)
             now = self._now()
             record, generations = self._flush_record(batch, entry, new, parent, now, generations)
-            self._journal_write(record)
+            self._journal_write(record, sync=batch.durable)
             envelope = batch.envelope
             if new is not None:
                 assert envelope is not None and state.ids is not None

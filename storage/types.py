@@ -185,6 +185,12 @@ class StreamFlush:
     then deletes the chunk logs of all but the newest ``keep`` generations, never one
     named in ``active`` (runs still in flight): the end of a run writes its last
     parts, its usage and the pruning atomically.
+
+    ``durable`` False marks a progress flush in the middle of a stream: the store may
+    return before it is durable (written through to the OS, so a crash of the process
+    keeps it; a power loss may lose it), and makes it durable with the next durable
+    write, in order. Every flush that a consumer or a side effect waits on (the user
+    message, a step's tool calls, the end of a run) is durable.
     """
 
     session_id: str
@@ -196,6 +202,7 @@ class StreamFlush:
     parts_length: int | None = None
     usage: list[dict[str, Any]] = field(default_factory=list)
     prune_chunks: ChunkPrune | None = None
+    durable: bool = True
 
 
 @dataclass

@@ -366,3 +366,141 @@ def test_writes_after_a_clean_reopen_are_numbered_past_the_folded_mark(tmp_path:
         assert _ids(reopened, sid)[-2:] == ["a2", "u3"]
     finally:
         reopened.close()
+
+
+# -- progress flushes: written through, synced by the next durable write ------------------
+
+
+def _progress(sid: str, turn: int, parent: str, step: int) -> StreamFlush:
+    """A timer's flush in the middle of answer ``turn``: its text so far and a chunk."""
+    return StreamFlush(
+        sid,
+        message={"id": f"a{turn}", "role": "assistant", "parts": []},
+        parent_id=parent,
+        use_head=False,
+        parts=[PartWrite(f"a{turn}", 0, {"type": "text", "text": f"answer {turn}.{step}"})],
+        chunks=[ChunkWrite(f"run{turn}", step, {"type": "d", "i": step})],
+        durable=False,
+    )
+
+
+def _frames(path: Path) -> list[tuple[int, int]]:
+    """``(offset, length)`` of each frame of a journal."""
+    import struct
+
+    data, at, out = path.read_bytes(), 0, []
+    while at + 8 <= len(data):
+        (length,) = struct.unpack_from("<I", data, at)
+        out.append((at, 8 + length))
+        at += 8 + length
+    return out
+
+
+def test_progress_flushes_are_not_synced_until_the_next_durable_write(tmp_path: Path) -> None:
+    store, sid = _started(tmp_path / "a.duckdb")
+    try:
+        store.append_message(sid, _msg("u0"))
+        journal = store._state.journal  # noqa: SLF001
+        synced = journal.syncs
+        for step in range(3):
+            store.flush_stream(_progress(sid, 0, "u0", step))
+        assert journal.syncs == synced  # written through to the OS, not synced
+        assert journal.synced < journal.size
+        assert len(read_records(journal.path)) == 4  # but in the file, in order
+        store.flush_stream(_reply(sid, 0, "u0"))  # the end of the turn: durable
+        assert journal.syncs == synced + 1
+        assert journal.synced == journal.size  # everything before it went with it
+        assert _ids(store, sid) == ["u0", "a0"]
+    finally:
+        store.close()
+
+
+_PROGRESS_CHILD = """
+import os, signal, sys
+sys.path.insert(0, {repo!r})
+from tests.test_journal import _msg, _progress, _started
+store, sid = _started({path!r})
+store.append_message(sid, _msg("u0"))
+for step in range(3):
+    store.flush_stream(_progress(sid, 0, "u0", step))
+print("acknowledged", flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_progress_flushes_survive_a_sigkill_of_their_process(tmp_path: Path) -> None:
+    path = tmp_path / "a.duckdb"
+    sigkilled_child(_PROGRESS_CHILD, path=str(path))
+    store = DuckDBSessionStore(path)
+    try:
+        assert _ids(store, "s1") == ["u0", "a0"]
+        assert store.get_message("a0")["parts"][0]["text"] == "answer 0.2"
+        assert store.get_chunks("run0") == [{"type": "d", "i": i} for i in range(3)]
+    finally:
+        store.close()
+
+
+def _left_as_a_crash_would(store: DuckDBSessionStore) -> None:
+    store._state.journal.close()  # noqa: SLF001
+    store._state.pending = None  # noqa: SLF001
+    store._database.close()  # noqa: SLF001
+
+
+def test_a_progress_flush_torn_by_a_power_loss_is_dropped_with_what_follows(
+    tmp_path: Path,
+) -> None:
+    # A power loss can tear an unsynced frame while a later one reached the disk.
+    # Neither was acknowledged as durable: both go, the durable ones before stay.
+    path = tmp_path / "a.duckdb"
+    store, sid = _started(path)
+    store.append_message(sid, _msg("u0"))  # durable
+    store.flush_stream(_progress(sid, 0, "u0", 0))
+    store.flush_stream(_progress(sid, 0, "u0", 1))
+    _left_as_a_crash_would(store)
+    data = bytearray(journal_path(path).read_bytes())
+    (_, _), (torn, _), (_, _) = _frames(journal_path(path))
+    data[torn + 12] ^= 0xFF  # inside the first progress flush's payload
+    journal_path(path).write_bytes(bytes(data))
+    reopened = DuckDBSessionStore(path)
+    try:
+        assert _ids(reopened, sid) == ["u0"]
+        assert reopened.get_chunks("run0") == []
+    finally:
+        reopened.close()
+
+
+def test_damage_to_a_record_a_later_one_says_was_synced_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "a.duckdb"
+    store, sid = _started(path)
+    store.append_message(sid, _msg("u0"))
+    store.flush_stream(_progress(sid, 0, "u0", 0))
+    store.flush_stream(_reply(sid, 0, "u0"))  # durable: syncs the progress flush too
+    store.append_message(sid, _msg("u1"))  # says the bytes before it were synced
+    _left_as_a_crash_would(store)
+    data = bytearray(journal_path(path).read_bytes())
+    damaged = _frames(journal_path(path))[1][0]
+    data[damaged + 12] ^= 0xFF
+    journal_path(path).write_bytes(bytes(data))
+    with pytest.raises(CorruptDatabaseError, match="journal"):
+        DuckDBSessionStore(path)
+
+
+def test_a_journal_of_bare_records_is_still_read(tmp_path: Path) -> None:
+    import zlib
+
+    import msgpack
+
+    # frames as the journal wrote them before they said how far the file was synced
+    records = [{"n": 1, "x": "one"}, {"n": 2, "x": "two"}]
+    data = b""
+    for record in records:
+        payload = msgpack.packb(record, use_bin_type=True)
+        data += len(payload).to_bytes(4, "little") + zlib.crc32(payload).to_bytes(4, "little")
+        data += payload
+    (tmp_path / "old.journal").write_bytes(data)
+    assert read_records(tmp_path / "old.journal") == records
+    damaged = bytearray(data)
+    damaged[10] ^= 0xFF  # a bare record before another: damage, as before
+    (tmp_path / "old.journal").write_bytes(bytes(damaged))
+    with pytest.raises(CorruptDatabaseError):
+        read_records(tmp_path / "old.journal")

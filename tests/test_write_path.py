@@ -176,3 +176,31 @@ async def test_a_wake_with_nothing_open_reads_a_handful_of_statements(tmp_path):
         assert count.statements <= 6, count.log
     finally:
         store.close()
+
+
+async def test_a_turns_timed_batches_are_progress_and_its_durable_points_are_synced(
+    tmp_path, monkeypatch
+):
+    # The recorder's timer flushes (every flush_interval mid-stream) skip the disk's
+    # sync; the user message and the end of the turn are synced (an agent host streams
+    # hundreds of agents from one loop: an fdatasync per timed batch stalled it).
+    from thinkray.storage.journal import Journal
+
+    appends: list[bool] = []
+    real_append = Journal.append
+
+    def noting(self, record, *, sync=True):
+        appends.append(sync)
+        return real_append(self, record, sync=sync)
+
+    monkeypatch.setattr(Journal, "append", noting)
+    agent = _agent(tmp_path / "a.duckdb", [reply(*TEXT[:40], delay=0.002) for _ in range(2)])
+    agent.flush_interval = 0.005  # several timed batches in a turn
+    try:
+        await agent.chat("warm up")
+        appends.clear()
+        await agent.chat("a streamed answer")
+        assert appends.count(False) >= 2, appends  # timed batches: not synced
+        assert appends[0] is True and appends[-1] is True, appends  # message, end
+    finally:
+        agent.close()

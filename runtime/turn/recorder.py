@@ -3,10 +3,14 @@
 It folds chunks into the assistant message and writes, in batches, the parts that
 changed, the chunk log and the model steps' usage. A batch is flushed when its oldest
 entry is ``flush_interval`` old — on the next chunk, or by a timer if the stream
-stalls — and at the end of the run, so a chunk (or a step's usage) is durable within
+stalls — and at the end of the run, so a chunk (or a step's usage) is stored within
 about ``flush_interval`` of its emission while storage pays one transaction per batch,
-not one per chunk. The last batch also prunes old chunk logs: the run's final message,
-its usage and the pruning commit together.
+not one per chunk. Those timed batches are progress: a store may keep them from the
+disk's sync until its next durable write (a crash of the process keeps them; a power
+loss may lose what followed the last durable point). Every batch a consumer or a side
+effect waits on is durable: the gated chunks of a step's tool calls, a refused call's
+result, the last batch. The last batch also prunes old chunk logs: the run's final
+message, its usage and the pruning commit together.
 
 The run's last chunk (``finish``, ``abort`` or ``error``) is written only by that last
 batch, flagged final: a batch the timer flushes holds it back. So a log whose final
@@ -132,7 +136,7 @@ class Recorder:
             self._oldest_pending = now
             self._arm_timer()
         elif now - self._oldest_pending >= self.flush_interval:
-            self.flush()
+            self.flush(durable=False)
 
     def _arm_timer(self) -> None:
         try:
@@ -145,7 +149,7 @@ class Recorder:
     def _on_timer(self) -> None:
         self._timer = None
         if not self.closed and self._oldest_pending is not None:
-            self.flush()
+            self.flush(durable=False)
 
     def flush(
         self,
@@ -153,10 +157,14 @@ class Recorder:
         final: bool = False,
         parts_length: int | None = None,
         prune: ChunkPrune | None = None,
+        durable: bool = True,
     ) -> None:
         """Write what accumulated, in one transaction (with ``prune``, pruning the
         chunk logs in it too). Discards if the session was cleared since the run
-        started (the clear-during-stream guard)."""
+        started (the clear-during-stream guard). ``durable`` False: a progress flush
+        (the timer's), which the store may make durable with its next durable write
+        (see :class:`~thinkray.storage.types.StreamFlush`); the final flush, and one
+        carrying the tool-call ledger's writes, are always durable."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -207,6 +215,7 @@ class Recorder:
             parts_length=parts_length,
             usage=self._pending_usage,
             prune_chunks=prune,
+            durable=durable or final or parts_length is not None or prune is not None,
         )
         if self.deferred is not None and self.deferred.pending:
             # One batch: the ledger's waiting writes and the stream's become durable
