@@ -135,3 +135,15 @@ def sigkilled_child(code: str, **fields: str) -> None:
     )
     assert child.returncode == -signal.SIGKILL, child.stderr
     assert "acknowledged" in child.stdout
+
+
+def json_report(stdout: str) -> Any:
+    """The JSON a child driver printed last. Ray copies its raylet's warnings ("N worker
+    processes have been started ...") into a driver's stdout, after the report too, so
+    the last line is not the report: the last line that is a JSON object or list is."""
+    import json
+
+    for line in reversed(stdout.strip().splitlines()):
+        if line.startswith(("{", "[")):
+            return json.loads(line)
+    raise AssertionError(f"no JSON report in the child's output: {stdout[-2000:]!r}")

@@ -9,7 +9,7 @@ import pytest
 from thinkray.actors.directory import shard_of
 from thinkray.storage.errors import InvalidInputError
 
-from tests.helpers import start_driver, wait_until
+from tests.helpers import json_report, start_driver, wait_until
 
 pytestmark = pytest.mark.ray
 
@@ -68,9 +68,8 @@ def test_names_resolve_to_their_shard_from_any_process(namespace_factory):
     )
     out, err = driver.communicate(timeout=120)
     assert driver.returncode == 0, err[-3000:]
-    import json
 
-    seen = json.loads(out.strip().splitlines()[-1])
+    seen = json_report(out)
     assert seen["shards"] == 4
     assert seen["dirs"] == shard_ids
     assert seen["where"] == where  # the same live actors: nothing bound twice

@@ -13,12 +13,13 @@ would; the test only reads what it printed.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 
 import pytest
+
+from tests.helpers import json_report
 
 pytestmark = pytest.mark.ray
 
@@ -137,7 +138,7 @@ def test_a_job_with_its_own_runtime_storage_actors_folders_runs_a_session(tmp_pa
         timeout=280,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = json_report(proc.stdout)
     assert report["status"] == "completed", report
     assert report["text"] == "The job's folders and thinkray live side by side."
     assert report["tool_state"] == "output-available"

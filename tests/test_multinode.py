@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import json_report
 
 pytestmark = pytest.mark.ray
 REPO = Path(__file__).resolve().parent.parent
@@ -26,7 +27,7 @@ def test_hibernate_on_one_node_wake_on_the_other(tmp_path):
         cwd=str(REPO),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = json_report(proc.stdout)
     assert len(report["nodes"]) == 2
     assert report["first_node"] != report["second_node"]
     assert report["serving_node"] == report["second_node"]

@@ -6,7 +6,6 @@ the spans it could not take are dropped and counted. Each case runs in its own p
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -17,6 +16,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+from tests.helpers import json_report
 
 
 @pytest.fixture
@@ -93,7 +94,7 @@ def _run(env: dict[str, str], turns: int) -> dict:
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return json_report(out.stdout)
 
 
 def test_spans_reach_a_collector_over_otlp_http(collector):
