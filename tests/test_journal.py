@@ -184,9 +184,7 @@ def test_a_torn_first_append_is_dropped_and_later_writes_follow_cleanly(
         store.get_history(sid)
         _turns(store, sid, range(1))
     finally:
-        store._state.journal.close()  # noqa: SLF001 - leave the journal as a crash would
-        store._state.pending = None  # noqa: SLF001
-        store._database.close()  # noqa: SLF001
+        _left_as_a_crash_would(store)
     assert len(read_records(journal_path(path))) == 2
     reopened = DuckDBSessionStore(path)
     try:
@@ -441,6 +439,7 @@ def test_progress_flushes_survive_a_sigkill_of_their_process(tmp_path: Path) -> 
 
 
 def _left_as_a_crash_would(store: DuckDBSessionStore) -> None:
+    """Close the file and the journal without folding it, as a crash leaves them."""
     store._state.journal.close()  # noqa: SLF001
     store._state.pending = None  # noqa: SLF001
     store._database.close()  # noqa: SLF001
