@@ -65,8 +65,9 @@ cache is updated as for a commit. What the journal holds is *folded* into DuckDB
 transaction (:mod:`~thinkray.storage.write_behind`: one statement per kind of row,
 whatever the number of turns) before anything reads the file (every path to it goes
 through :attr:`DuckDBSessionStore.db`, which folds first), once it holds
-``_FOLD_RECORDS`` records or ``_FOLD_BYTES`` bytes, and at close. A crash leaves the
-journal: the next open replays it (a torn last append is dropped). The fold marks the
+``_FOLD_RECORDS`` durable records (a recorder's timed progress flushes do not count)
+or ``_FOLD_BYTES`` bytes, and at close. A crash leaves the journal: the next open
+replays it (a torn append is dropped, with what followed it). The fold marks the
 last record it wrote in ``config`` in its own transaction, so nothing is replayed twice.
 Under an object-store root the actors turn the journal off: there a turn is durable
 once DuckDB's WAL is shipped.
@@ -802,7 +803,7 @@ def _new_slots(entry: _Cached, slots: list[tuple[str, int]]) -> bool:
 
 
 # The journal (see the module's notes) is folded into DuckDB once it holds this many
-# records or bytes, and before anything reads the file.
+# durable records or bytes, and before anything reads the file.
 _FOLD_RECORDS = 64
 _FOLD_BYTES = 4 << 20
 _JOURNAL = "sessions.journal"  # its before_close hook
@@ -977,6 +978,8 @@ def _journal_write(state: _StoreState, record: dict[str, Any], *, sync: bool = T
         return
     state.journal.append(record, sync=sync)
     state.pending.add(record)
+    if not sync:
+        state.pending.progress += 1
 
 
 @dataclass
@@ -1292,7 +1295,9 @@ class DuckDBSessionStore(SessionStore):
         pending, journal = state.pending, state.journal
         if pending is None or journal is None or state.batch is not None:
             return
-        if pending.records < _FOLD_RECORDS and journal.size < _FOLD_BYTES:
+        # Progress flushes do not count: a streaming turn writes one every 30 ms, and
+        # they mostly rewrite the same rows (the journal's size still bounds them).
+        if pending.records - pending.progress < _FOLD_RECORDS and journal.size < _FOLD_BYTES:
             return
         try:
             _fold_pending(self._database, state)

@@ -179,6 +179,7 @@ class Pending:
     tool_calls: dict[str, list[Any]] = field(default_factory=dict)
     replaced: set[str] = field(default_factory=set)
     records: int = 0
+    progress: int = 0  # of ``records``, the progress flushes (see Journal.append's sync)
     last_n: int = 0
     folding: bool = False
 

@@ -503,3 +503,18 @@ def test_a_journal_of_bare_records_is_still_read(tmp_path: Path) -> None:
     (tmp_path / "old.journal").write_bytes(bytes(damaged))
     with pytest.raises(CorruptDatabaseError):
         read_records(tmp_path / "old.journal")
+
+
+def test_progress_flushes_do_not_bring_a_fold_forward(tmp_path: Path) -> None:
+    # A streaming turn writes a progress flush every 30 ms; counted like durable
+    # writes they folded the journal into DuckDB every 64 of them, on the agents' loop.
+    store, sid = _started(tmp_path / "a.duckdb")
+    try:
+        store.append_message(sid, _msg("u0"))
+        with store._database.counting() as count:  # noqa: SLF001
+            for step in range(200):
+                store.flush_stream(_progress(sid, 0, "u0", step))
+        assert count.statements == 0, count.log  # no fold
+        assert store.get_chunks("run0")[-1] == {"type": "d", "i": 199}  # a read folds
+    finally:
+        store.close()
