@@ -7,13 +7,19 @@ a tool call every 5th turn (then 50 more chunks after its result), persistence o
 - in process: :class:`~tests.bench.workloads.WorkloadAgent` (a ``Think``)
   on a DuckDB file per session: 10 sessions × 5 turns one at a time, and one session
   of 50 turns (its bytes on disk after 5 and 50 turns);
-- through session actors: the same 10 × 5 with the actors already bound;
+- through session actors: the same 10 × 5 with the actors already bound, then 10 new
+  sessions one after another, one turn each (each first turn binds its agent), beside
+  LangGraph's first turn of a new thread;
 - N concurrent sessions (default 50) × 5 turns: brand-new sessions with the default
   namespace configuration (cold), then a namespace whose pool was pre-warmed to N;
   then USS and idle CPU of the N live actors;
 - the peer, LangGraph + its SQLite checkpointer
   (:mod:`tests.bench.langgraph_peer`), in child processes of its own: the
   sequential runs, then N concurrent sessions on asyncio.
+
+``--placement dedicated|hosts|both`` runs the actor phases under either placement
+(issue 22's targets sit on the concurrent rows; ``--sessions 1000 --placement hosts
+--host-capacity 250`` is its 1,000-session row).
 
 W2: a model with real latency (first chunk after 500 ms, 200 chunks over 4 s) at 100
 concurrent sessions through actors: the latency thinkray adds on top of the model's,
