@@ -969,9 +969,10 @@ class Directory:
 
     def _release(self, actor: PooledActor) -> None:
         if self._hosted():
-            if actor.actor_id not in self.hosts and self._stop_own(actor):
-                return
-            self._release_slot(actor)
+            if actor.actor_id in self.hosts:
+                self._release_slot(actor)
+            else:
+                self._stop_own(actor)
             return
         actor.bindings += 1
         if self._closed or actor.bindings >= self.cfg.recycle_after:
@@ -1285,7 +1286,8 @@ class Directory:
         unless its failed wake could not close the agent's database (WakeError not
         ``clean``): then its process is stopped, which frees the file (a host is
         drained instead: it takes no more agents and stops once its others left)."""
-        if self._hosted() and actor.actor_id not in self.hosts and self._stop_own(actor):
+        if self._hosted() and actor.actor_id not in self.hosts:
+            self._stop_own(actor)
             return
         record = self.hosts.get(actor.actor_id)
         if record is not None and isinstance(error, WakeError) and not error.clean:
@@ -1320,13 +1322,12 @@ class Directory:
         self.counters["own_actors_started"] += 1
         return PooledActor(handle, info["actor_id"], info["node_id"], info["pid"])
 
-    def _stop_own(self, actor: PooledActor) -> bool:
+    def _stop_own(self, actor: PooledActor) -> None:
         """Stop an agent's own actor (never pooled: the pool holds host slots)."""
         with contextlib.suppress(Exception):
             ray.kill(actor.handle, no_restart=True)
         self.counters["own_actors_stopped"] += 1
         self._kick()
-        return True
 
     async def place(
         self, name: str, placement: str, timeout: float = 30.0
@@ -1336,7 +1337,8 @@ class Directory:
         hibernated once no turn or call of its own runs (waiting up to ``timeout``
         seconds) and woken where it now belongs; a hibernated one wakes there on its
         next call. Returns :meth:`live_actor`'s answer afterwards (None: not live).
-        Kept while this directory lives (a replacement finds the moved agents live).
+        Kept while this directory lives; a replacement directory keeps it for the
+        moved agents it finds live (a hibernated one then wakes into a host again).
 
         Raises:
             InvalidInputError: ``placement`` is neither ``"dedicated"`` nor ``"hosts"``.

@@ -435,7 +435,8 @@ class AgentNamespace(Generic[A]):
         finishes what it runs (up to ``timeout`` seconds), hibernates, and wakes where
         it now belongs; a hibernated one wakes there on its next call. Returns where
         it lives afterwards (:meth:`where`). For a namespace with placement
-        ``"hosts"``; the move lasts while its directory lives.
+        ``"hosts"``; the move lasts while its directory lives (a replacement directory
+        keeps it for an agent it finds live).
 
         Raises:
             InvalidInputError: an unknown ``placement``.
