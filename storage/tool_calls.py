@@ -32,7 +32,7 @@ from __future__ import annotations
 import time
 from collections.abc import Collection, Iterable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import duckdb
@@ -363,18 +363,8 @@ class DuckDBToolCallStore(MigratedStore, ToolCallStore):
         _check_time(rec.deadline_at, "deadline_at")
         now = time.time()
         created_at = rec.created_at or now
-        blob = _pack(_info(rec) | {"created_at": created_at}, "tool call")
-        row = [
-            rec.id,
-            rec.status,
-            rec.tool_name,
-            rec.run_id,
-            rec.session_id,
-            rec.executor,
-            now,
-            blob,
-            _due(rec),
-        ]
+        # the caller's record is stamped only once the insert succeeded
+        row = _row(replace(rec, created_at=created_at, updated_at=now))
         if self._journal_insert(rec.id, row):
             rec.created_at = created_at
             rec.updated_at = now
