@@ -55,6 +55,11 @@ def blank_bytes(components: Components) -> bytes:
         return blank
 
 
+def versions(components: Components) -> dict[str, int]:
+    """The ``schema_version`` rows of the blank of ``components`` (component → version)."""
+    return dict(_key(components))
+
+
 def _build(components: Components) -> bytes:
     folder = tempfile.mkdtemp(prefix="thinkray-blank-")
     try:

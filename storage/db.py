@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,8 +162,14 @@ class Database:
         path: str | os.PathLike[str] = MEMORY_PATH,
         *,
         lock_retry_seconds: float = 2.0,
+        fresh: bool = False,
+        versions: Mapping[str, int] | None = None,
     ) -> None:
+        """``fresh``: the caller just made the file as a copy of the blank one (see
+        :attr:`fresh`); ``versions``: the components' schema versions, when the caller
+        knows them (the blank's), so that no statement reads them."""
         self.path = str(path)
+        self._fresh = fresh
         self._lock = threading.RLock()
         self._depth = 0
         self.rollbacks = 0
@@ -171,7 +177,8 @@ class Database:
         # store on this connection (see DuckDBSessionStore).
         self.state: dict[str, Any] = {}
         self._migrated: set[str] = set()
-        self._versions: dict[str, int] | None = None  # schema_version, once read
+        # schema_version, once read
+        self._versions: dict[str, int] | None = None if versions is None else dict(versions)
         # Work a component left in memory to write at close (see before_close).
         self._before_close: dict[str, Callable[[], None]] = {}
         # Components migrated inside the open transaction: a rollback takes their
@@ -250,6 +257,16 @@ class Database:
         self.close()
 
     @property
+    def fresh(self) -> bool:
+        """Whether every table in the file is known to be empty without a query: the
+        opener made the file as a copy of the blank one (:mod:`~thinkray.storage.blank`)
+        and nothing was written since. Any transaction, or a statement other than a
+        ``SELECT``, ends it. Readers answer from it instead of querying, so a brand-new
+        agent's wake (its recovery reads: interrupted fibers, jobs, tool calls, open
+        generations) runs no statement."""
+        return self._fresh
+
+    @property
     def in_transaction(self) -> bool:
         """Whether a transaction is open (on any thread: callers hold :attr:`lock`)."""
         return self._depth > 0
@@ -299,6 +316,8 @@ class Database:
             DatabaseClosedError: the database is closed.
         """
         with self._lock, self._file_errors():
+            if self._fresh and sql.lstrip()[:6].upper() != "SELECT":
+                self._fresh = False  # it may write
             if params is None:
                 return self.con.execute(sql)
             return self.con.execute(sql, params)
@@ -330,6 +349,7 @@ class Database:
         """One transaction; nested calls join the outermost one."""
         with self._lock:
             con = self.con
+            self._fresh = False  # it may write
             if self._depth:
                 self._depth += 1
                 try:

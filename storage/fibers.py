@@ -26,7 +26,7 @@ from typing import Any
 
 import duckdb
 from thinkray.storage.codec import pack, unpack
-from thinkray.storage.db import MigratedStore, Migration
+from thinkray.storage.db import Database, MigratedStore, Migration
 from thinkray.storage.errors import (  # re-exported: the errors live in thinkray.storage.errors
     FiberNotFoundError as FiberNotFoundError,
 )
@@ -149,6 +149,11 @@ def _schedule_info(rec: ScheduleRecord) -> dict[str, Any]:
 
 _UNSET: Any = object()
 
+# In Database.state: True once the file is known to hold no enabled schedule. A
+# scheduler asks for what is due after every run and wake; most agents never schedule
+# anything, so the answer is kept until a schedule is added or run (its writers).
+_NONE_DUE = "fibers.none_due"
+
 
 class DuckDBFiberStore(MigratedStore, FiberStore):
     """:class:`~thinkray.storage.protocols.FiberStore` on a :class:`Database` (the
@@ -158,6 +163,11 @@ class DuckDBFiberStore(MigratedStore, FiberStore):
 
     component = "fibers"
     migrations = MIGRATIONS
+
+    def __init__(self, db: Database) -> None:
+        super().__init__(db)
+        if db.fresh:  # a new agent's file: nothing is scheduled until it adds something
+            db.state[_NONE_DUE] = True
 
     # -- fibers ------------------------------------------------------------------------
 
@@ -205,12 +215,14 @@ class DuckDBFiberStore(MigratedStore, FiberStore):
     def list_fibers(self, status: str | Iterable[str] | None = None) -> list[FiberRecord]:
         """Oldest first (by creation)."""
         if status is None:
+            if self._db.fresh:
+                return []
             rows = self.db.fetchall(f"SELECT {_FIBER_COLS} FROM fibers")
         else:
             statuses = [status] if isinstance(status, str) else list(status)
             for s in statuses:
                 _check_status(s)
-            if not statuses:
+            if not statuses or self._db.fresh:
                 return []
             marks = ", ".join("?" for _ in statuses)
             rows = self.db.fetchall(
@@ -311,6 +323,8 @@ class DuckDBFiberStore(MigratedStore, FiberStore):
         """Delete completed, failed and cancelled fibers (and interrupted ones the host
         handled) last updated more than ``older_than`` seconds ago. Returns the count."""
         cutoff = (time.time() if now is None else now) - older_than
+        if self._db.fresh:
+            return 0
         db = self.db
         # Every wake asks this, and there is seldom anything to delete: the read runs
         # alone (a transaction around it would triple its statements); the file has one
@@ -392,6 +406,7 @@ class DuckDBFiberStore(MigratedStore, FiberStore):
             created_at=now,
         )
         blob = pack(_schedule_info(rec), "schedule payload")
+        self._db.state.pop(_NONE_DUE, None)
         with self.db.transaction() as con:
             if con.execute("SELECT 1 FROM schedules WHERE id = ?", [sid]).fetchone():
                 raise InvalidInputError(f"schedule {sid!r} already exists")
@@ -429,6 +444,8 @@ class DuckDBFiberStore(MigratedStore, FiberStore):
     ) -> list[ScheduleRecord]:
         """Enabled schedules with ``next_run_at <= now``, earliest first."""
         now = time.time() if now is None else now
+        if self._none_due():
+            return []
         rows = self.db.fetchall(
             f"SELECT {_SCHEDULE_COLS} FROM schedules WHERE next_run_at IS NOT NULL "
             "AND next_run_at <= ? ORDER BY next_run_at, id",
@@ -440,6 +457,8 @@ class DuckDBFiberStore(MigratedStore, FiberStore):
 
     def next_due_at(self, *, exclude: Collection[str] = ()) -> float | None:
         """The earliest ``next_run_at`` of an enabled schedule (epoch seconds), or None."""
+        if self._none_due():
+            return None
         if exclude:
             ids = list(exclude)
             marks = ", ".join("?" for _ in ids)
@@ -450,7 +469,13 @@ class DuckDBFiberStore(MigratedStore, FiberStore):
             )
         else:
             row = self.db.fetchone("SELECT min(next_run_at) FROM schedules")
+            if row is None or row[0] is None:
+                self._db.state[_NONE_DUE] = True
         return None if row is None or row[0] is None else float(row[0])
+
+    def _none_due(self) -> bool:
+        """Whether the file is known to hold no enabled schedule (see ``_NONE_DUE``)."""
+        return bool(self._db.state.get(_NONE_DUE))
 
     def mark_ran(
         self,
@@ -467,6 +492,7 @@ class DuckDBFiberStore(MigratedStore, FiberStore):
         updated record, or None if the schedule was deleted meanwhile."""
         now = time.time() if now is None else now
         ran_at = now if ran_at is None else ran_at
+        self._db.state.pop(_NONE_DUE, None)
         with self.db.transaction() as con:
             row = con.execute(
                 f"SELECT {_SCHEDULE_COLS} FROM schedules WHERE id = ?", [schedule_id]

@@ -1012,6 +1012,9 @@ class _StoreState:
     # message's duplicate check needs no statement.
     ids: set[str] | None = None
     too_many_ids: bool = False  # more than _MAX_IDS: the file answers instead
+    # The sessions table was empty at open and no session was made since (a clone
+    # needs a parent, so only create_session ends it).
+    no_sessions: bool = False
 
 
 @dataclass
@@ -1088,9 +1091,14 @@ class DuckDBSessionStore(SessionStore):
             self._database = db
             self._owns = False
         else:
-            if str(db) != MEMORY_PATH:
-                _blank.create(db, _NEW_FILE_COMPONENTS)  # a new agent's tables, copied
-            self._database = Database(db, lock_retry_seconds=lock_retry_seconds)
+            # A new agent's tables are copied from the blank: its wake reads nothing.
+            new = str(db) != MEMORY_PATH and _blank.create(db, _NEW_FILE_COMPONENTS)
+            self._database = Database(
+                db,
+                lock_retry_seconds=lock_retry_seconds,
+                fresh=new,
+                versions=_blank.versions(_NEW_FILE_COMPONENTS) if new else None,
+            )
             self._owns = True
         self._closed = False
         self._stores: DuckDBStores | None = None
@@ -1103,11 +1111,15 @@ class DuckDBSessionStore(SessionStore):
                 # A journal left behind (a crash) is replayed before anything is read.
                 left = use_journal and journal_path(db_.path).exists()
                 replayed = _replay_journal(db_) if left else None
-                row = db_.fetchone(
-                    "SELECT (SELECT max(seq) FROM messages), (SELECT max(seq) FROM chunks), "
-                    "(SELECT max(updated_at) FROM sessions), "
-                    "(SELECT value FROM config WHERE key = ?)",
-                    [FOLDED_KEY],
+                row = (
+                    (None, None, None, None)
+                    if db_.fresh
+                    else db_.fetchone(
+                        "SELECT (SELECT max(seq) FROM messages), (SELECT max(seq) FROM chunks), "
+                        "(SELECT max(updated_at) FROM sessions), "
+                        "(SELECT value FROM config WHERE key = ?)",
+                        [FOLDED_KEY],
+                    )
                 )
                 assert row is not None
                 if use_journal and replayed is None:  # no journal: the mark says where to go on
@@ -1121,6 +1133,7 @@ class DuckDBSessionStore(SessionStore):
                     state.ids = set()
                 if row[1] is None:
                     state.generations = []
+                state.no_sessions = row[2] is None
                 if replayed is not None:
                     state.journal, state.next_n, state.marked = replayed
                     state.pending = Pending()
@@ -1653,6 +1666,8 @@ class DuckDBSessionStore(SessionStore):
         sid = session_id or uuid.uuid4().hex
         # A new row changes no other session, message or chunk: the cache stays.
         with self._tx(keep_cache=True) as con:
+            # A new agent's first session: no row to clash with, nothing to read.
+            known_empty, self._state.no_sessions = self._state.no_sessions, False
             now = self._now()
             info = SessionInfo(
                 id=sid,
@@ -1666,9 +1681,16 @@ class DuckDBSessionStore(SessionStore):
                 model=model,
             )
             blob = _info_blob(info)
-            if con.execute("SELECT 1 FROM sessions WHERE id = ?", [sid]).fetchone():
+            if (
+                not known_empty
+                and con.execute("SELECT 1 FROM sessions WHERE id = ?", [sid]).fetchone()
+            ):
                 raise InvalidInputError(f"session {sid!r} already exists")
-            if thread_key is not None and self._thread_id(con, thread_key) is not None:
+            if (
+                not known_empty
+                and thread_key is not None
+                and self._thread_id(con, thread_key) is not None
+            ):
                 raise ThreadExistsError(f"thread {thread_key!r} already exists")
             row = [sid, name, parent_session_id, parent_message_id, thread_key, None, now, now]
             con.execute(
@@ -2866,6 +2888,8 @@ class DuckDBSessionStore(SessionStore):
 
     @override
     def open_generations(self) -> list[str]:
+        if self._open().fresh:
+            return []
         rows = self.db.fetchall(
             "SELECT generation_id FROM chunks GROUP BY generation_id "
             "HAVING NOT bool_or(coalesce(is_final, false)) ORDER BY min(seq)"
@@ -2887,6 +2911,8 @@ class DuckDBSessionStore(SessionStore):
 
     @override
     def get_config(self, key: str, default: Any = None) -> Any:
+        if self._open().fresh:
+            return default
         row = self.db.fetchone("SELECT value FROM config WHERE key = ?", [key])
         return default if row is None else _unpack(row[0])
 

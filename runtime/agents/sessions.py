@@ -113,9 +113,16 @@ class SessionManager:
     # -- sessions ---------------------------------------------------------------------
 
     def create(self, name: str = "New Chat", **kwargs: Any) -> SessionInfo:
-        """A new session, made current."""
-        info = self.store.create_session(name, **kwargs)
-        self.set_current(info.id)
+        """A new session, made current (one commit: a new agent's first turn makes
+        its session this way)."""
+        previous = self.current_id
+        try:
+            with self.store.transaction():
+                info = self.store.create_session(name, **kwargs)
+                self.set_current(info.id)
+        except BaseException:
+            self.current_id = previous  # the transaction took the new current id back
+            raise
         return info
 
     def switch(self, session_id: str) -> list[dict[str, Any]]:

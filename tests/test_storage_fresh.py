@@ -1,0 +1,145 @@
+"""A brand-new agent's file is known empty (issue 22: a burst of new sessions on one
+agent host queued each agent's recovery reads, ~8 statements on empty tables, and
+its first session's two commits on one event loop). What must hold: the wake of a
+new agent and its first turn read nothing from the file and commit once, and the
+moment anything is written every reader asks the file again (nothing written is
+ever answered as "empty"); a reopened file is never taken for a new one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from thinkray.runtime import Think
+from thinkray.runtime.agents.sessions import CURRENT_SESSION_KEY
+from thinkray.runtime.models.testing import ScriptedModel, reply
+from thinkray.storage.db import Database
+from thinkray.storage.errors import InvalidInputError
+from thinkray.storage.session_store import DuckDBSessionStore
+from thinkray.storage.records import JobRecord, ToolCallRecord
+
+from tests.conftest import Collector
+
+
+def _think(store: DuckDBSessionStore, replies: int = 1) -> Think:
+    agent = Think(store, model=ScriptedModel([reply("hello ", "there") for _ in range(replies)]))
+    agent.flush_interval = 3600.0  # only the structural writes: no timer batches
+    return agent
+
+
+async def test_a_new_agents_wake_reads_nothing_and_its_first_turn_commits_once(tmp_path):
+    store = DuckDBSessionStore(tmp_path / "a.duckdb")
+    assert store.db.fresh
+    with store.counting() as woken:
+        agent = _think(store)
+        await agent.on_wake()
+    try:
+        assert woken.statements == 0, woken.log
+        with store.counting() as turn:
+            result = await agent.chat("hi", Collector())
+        assert result.status == "completed", result.error
+        # the session and "it is current" together; the messages go to the journal
+        assert turn.commits == 1, turn.log
+        assert not [s for s in turn.log if s.lstrip().upper().startswith("SELECT")], turn.log
+        assert agent.sessions.current_id == result.session_id
+    finally:
+        agent.close()
+    again = DuckDBSessionStore(tmp_path / "a.duckdb")
+    try:
+        assert not again.db.fresh  # an existing file is read, never assumed empty
+        assert again.get_config(CURRENT_SESSION_KEY) == result.session_id
+        assert [m["role"] for m in again.get_history(result.session_id)] == [
+            "user",
+            "assistant",
+        ]
+    finally:
+        again.close()
+
+
+def test_a_write_ends_freshness_for_every_reader(tmp_path):
+    store = DuckDBSessionStore(tmp_path / "a.duckdb")
+    try:
+        stores = store.stores()
+        fibers, jobs, calls = stores.fibers(), stores.jobs(), stores.tool_calls()
+        assert fibers.list_fibers() == [] and jobs.rows() == [] and calls.rows() == []
+        fiber = fibers.insert_fiber("work", {"x": 1})
+        assert [f.id for f in fibers.list_fibers("running")] == [fiber.id]
+        assert not store.db.fresh
+        jobs.insert(JobRecord(id="j1", kind="shell", status="running", created_at=1.0))
+        assert jobs.interrupt_running("gone") == 1
+        calls.insert(ToolCallRecord(id="c1", tool_name="t", run_id="r", session_id="s"))
+        assert [c.id for c in calls.rows()] == ["c1"]
+        store.set_config("k", 1)
+        assert store.get_config("k") == 1
+    finally:
+        store.close()
+
+
+def test_a_statement_that_writes_ends_freshness(tmp_path):
+    db = Database(tmp_path / "a.duckdb", fresh=True)
+    try:
+        db.execute("SELECT 42")
+        assert db.fresh  # a read writes nothing
+        db.execute("CREATE TABLE t (x INTEGER)")
+        assert not db.fresh
+    finally:
+        db.close()
+    db = Database(tmp_path / "b.duckdb", fresh=True)
+    try:
+        with db.transaction():
+            pass
+        assert not db.fresh  # a transaction may have written through its connection
+    finally:
+        db.close()
+
+
+def test_no_schedule_is_known_until_one_is_added_or_run(tmp_path):
+    store = DuckDBSessionStore(tmp_path / "a.duckdb")
+    try:
+        fibers = store.stores().fibers()
+        store.create_session("s")  # a write: the file is no longer fresh
+        with store.counting() as count:
+            assert fibers.due_schedules(now=10.0) == [] and fibers.next_due_at() is None
+        assert count.statements == 0, count.log  # known from the new file
+        rec = fibers.insert_schedule("tick", kind="once", next_run_at=5.0)
+        assert [s.id for s in fibers.due_schedules(now=10.0)] == [rec.id]
+        assert fibers.next_due_at() == 5.0
+        fibers.mark_ran(rec.id, now=10.0)  # a once-schedule is disabled by its run
+        assert fibers.next_due_at() is None
+        with store.counting() as count:
+            assert fibers.due_schedules(now=20.0) == []
+        assert count.statements == 0, count.log  # learned again from the read above
+    finally:
+        store.close()
+    again = DuckDBSessionStore(tmp_path / "a.duckdb")
+    try:
+        fibers = again.stores().fibers()
+        fibers.insert_schedule("tock", kind="once", next_run_at=7.0)
+        again.close()
+        again = DuckDBSessionStore(tmp_path / "a.duckdb")
+        assert again.stores().fibers().next_due_at() == 7.0  # a reopened file is asked
+    finally:
+        again.close()
+
+
+def test_a_duplicate_first_session_is_still_refused(tmp_path):
+    store = DuckDBSessionStore(tmp_path / "a.duckdb")
+    try:
+        store.create_session("one", session_id="s1")
+        with pytest.raises(InvalidInputError, match="already exists"):
+            store.create_session("two", session_id="s1")
+        assert store.get_session("s1").name == "one"
+    finally:
+        store.close()
+
+
+async def test_a_refused_session_leaves_the_current_one(tmp_path: Path):
+    agent = _think(DuckDBSessionStore(tmp_path / "a.duckdb"), replies=0)
+    try:
+        first = agent.sessions.create("first", session_id="s1")
+        with pytest.raises(InvalidInputError):
+            agent.sessions.create("again", session_id="s1")
+        assert agent.sessions.current_id == first.id
+        assert agent.store.get_config(CURRENT_SESSION_KEY) == first.id
+    finally:
+        agent.close()
