@@ -15,8 +15,8 @@ from thinkray.runtime.agents.sessions import CURRENT_SESSION_KEY
 from thinkray.runtime.models.testing import ScriptedModel, reply
 from thinkray.storage.db import Database
 from thinkray.storage.errors import InvalidInputError
-from thinkray.storage.session_store import DuckDBSessionStore
 from thinkray.storage.records import JobRecord, ToolCallRecord
+from thinkray.storage.session_store import DuckDBSessionStore
 
 from tests.conftest import Collector
 
