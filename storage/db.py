@@ -266,6 +266,11 @@ class Database:
         generations) runs no statement."""
         return self._fresh
 
+    def wrote(self) -> None:
+        """Say that rows of this file were written another way (the session store's
+        journal, folded later): it is no longer :attr:`fresh`."""
+        self._fresh = False
+
     @property
     def in_transaction(self) -> bool:
         """Whether a transaction is open (on any thread: callers hold :attr:`lock`)."""

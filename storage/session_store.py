@@ -914,7 +914,7 @@ class _Sink(JournalSink):
         return self._state.pending is not None and not self._db.in_transaction
 
     def write(self, record: dict[str, Any]) -> None:
-        _journal_write(self._state, record)
+        _journal_write(self._db, self._state, record)
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -966,11 +966,14 @@ class _Sink(JournalSink):
         return self._state.discards
 
 
-def _journal_write(state: _StoreState, record: dict[str, Any], *, sync: bool = True) -> None:
+def _journal_write(
+    db: Database, state: _StoreState, record: dict[str, Any], *, sync: bool = True
+) -> None:
     """Append ``record`` to the journal (durable when this returns, unless ``sync`` is
     False: then with the next durable write) and merge it into what is pending; inside
     a batch, keep it for the batch's append (always durable). Call under the lock."""
     assert state.journal is not None and state.pending is not None
+    db.wrote()  # the file's rows now include the journal's: no reader may assume empty
     record["n"] = state.next_n
     state.next_n += 1
     if state.batch is not None:
@@ -1301,7 +1304,7 @@ class DuckDBSessionStore(SessionStore):
         return message_id in ids
 
     def _journal_write(self, record: dict[str, Any], *, sync: bool = True) -> None:
-        _journal_write(self._state, record, sync=sync)
+        _journal_write(self._database, self._state, record, sync=sync)
 
     def _fold_if_big(self) -> None:
         state = self._state

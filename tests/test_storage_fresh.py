@@ -56,21 +56,28 @@ async def test_a_new_agents_wake_reads_nothing_and_its_first_turn_commits_once(t
         again.close()
 
 
-def test_a_write_ends_freshness_for_every_reader(tmp_path):
+@pytest.mark.parametrize("first", ["fiber", "job", "tool call", "config"])
+def test_a_write_ends_freshness_for_every_reader(tmp_path, first):
+    # Each kind of write first, on its own new file: a tool call goes to the session
+    # store's journal, not to DuckDB, and must end freshness all the same.
     store = DuckDBSessionStore(tmp_path / "a.duckdb")
     try:
         stores = store.stores()
         fibers, jobs, calls = stores.fibers(), stores.jobs(), stores.tool_calls()
         assert fibers.list_fibers() == [] and jobs.rows() == [] and calls.rows() == []
-        fiber = fibers.insert_fiber("work", {"x": 1})
-        assert [f.id for f in fibers.list_fibers("running")] == [fiber.id]
+        if first == "fiber":
+            fiber = fibers.insert_fiber("work", {"x": 1})
+            assert [f.id for f in fibers.list_fibers("running")] == [fiber.id]
+        elif first == "job":
+            jobs.insert(JobRecord(id="j1", kind="shell", status="running", created_at=1.0))
+            assert jobs.interrupt_running("gone") == 1
+        elif first == "tool call":
+            calls.insert(ToolCallRecord(id="c1", tool_name="t", run_id="r", session_id="s"))
+            assert [c.id for c in calls.rows()] == ["c1"]
+        else:
+            store.set_config("k", 1)
+            assert store.get_config("k") == 1
         assert not store.db.fresh
-        jobs.insert(JobRecord(id="j1", kind="shell", status="running", created_at=1.0))
-        assert jobs.interrupt_running("gone") == 1
-        calls.insert(ToolCallRecord(id="c1", tool_name="t", run_id="r", session_id="s"))
-        assert [c.id for c in calls.rows()] == ["c1"]
-        store.set_config("k", 1)
-        assert store.get_config("k") == 1
     finally:
         store.close()
 
