@@ -229,10 +229,15 @@ def pick_host(hosts: Sequence[HostLoad]) -> str | None:
 
 def spread_target(per_start: int, hosts: int, cores: int) -> int:
     """Free agent slots to keep while fewer hosts run than ``cores`` (the CPUs the
-    directory may start actors for): over half a host's worth, so the next host starts
-    once one is half full. A host is one process, so it uses one core at most: agents
-    spread over a host per core before they pack. 0 once there are enough hosts."""
-    return per_start // 2 + 1 if hosts < cores else 0
+    directory may start actors for): more than a whole host's worth, so an empty host
+    is always running ahead of the agents. A host is one process, so it uses one core
+    at most: agents spread over a host per core (placement picks the least loaded)
+    before they pack. Started ahead, not on demand: a burst of new sessions arrives
+    faster than a host process starts (~1 s), and binds already placed stay where
+    they are (issue 22: 50 brand-new sessions at once all landed on the one host
+    running, whose loop they queued on while the second core sat idle). 0 once there
+    are enough hosts."""
+    return per_start + 1 if hosts < cores else 0
 
 
 def hosts_to_retire(

@@ -261,10 +261,11 @@ class AgentResponseStream(Generic[T]):
     def _open_sync(self) -> None:
         stale = False
         for attempt in range(ATTEMPTS):
-            refs = self._open(self._handle._actor_sync(stale=stale))
+            actor = self._handle._actor_sync(stale=stale)
+            refs = self._open(actor)
             try:
                 with _own_errors():
-                    self._take_header(ray.get(next(refs)))
+                    self._take_header(ray.get(next(refs)), actor)
                 self._refs = refs
                 return
             except RETRYABLE as exc:
@@ -278,10 +279,11 @@ class AgentResponseStream(Generic[T]):
     async def _open_async(self) -> None:
         stale = False
         for attempt in range(ATTEMPTS):
-            refs = self._open(await self._handle._actor_async(stale=stale))
+            actor = await self._handle._actor_async(stale=stale)
+            refs = self._open(actor)
             try:
                 with _own_errors():
-                    self._take_header(await (await refs.__anext__()))
+                    self._take_header(await (await refs.__anext__()), actor)
                 self._refs = refs
                 return
             except RETRYABLE as exc:
@@ -292,10 +294,14 @@ class AgentResponseStream(Generic[T]):
                     and await _may_resend_async(self._handle, self._policy, "as the stream opened")
                 )
 
-    def _take_header(self, header: dict[str, Any]) -> None:
+    def _take_header(self, header: dict[str, Any], actor: Any) -> None:
         """The stream's first item: the header, which may carry the first batch of
-        items (``items``)."""
+        items (``items``). A chat stream's abort receiver is made here, from the handle
+        of the actor the stream came from: the actor sending one would build and
+        serialize its own handle per turn, and this process deserialize it."""
         items = header.pop("items", None)
+        if "message_id" in header and "receiver" not in header:
+            header["receiver"] = AbortReceiver(actor, self._handle.name, header["run_id"])
         self._header = header
         if items:
             self._buffer.extend(items)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import ray
 from thinkray.actors.errors import ActorBusyError, RemoteCallError, WakeError
 from thinkray.actors.metrics import install_ray_metrics
-from thinkray.actors.relay import AbortReceiver, NotBoundError, as_callback
+from thinkray.actors.relay import NotBoundError, as_callback
 from thinkray.runtime.observability import tracing
 from thinkray.runtime.observability.metrics import metrics
 from thinkray.runtime.observability.setup import configure_from_env
@@ -262,7 +262,9 @@ class SessionActor:
 
             # Under an object-store root a turn is durable once DuckDB's WAL is shipped
             # (see _ship): its writes go straight to DuckDB, not to the local journal.
-            store = DuckDBSessionStore(path, journal=remote is None)
+            # Off the loop: a new file is synced to disk, and the open replays a journal
+            # a crash left (an agent host's siblings keep running meanwhile).
+            store = await asyncio.to_thread(DuckDBSessionStore, path, journal=remote is None)
             root = remote.root if remote is not None else str(path.parent.parent)
             context = AgentContext(
                 name=spec.name,
@@ -758,7 +760,7 @@ class SessionActor:
                 # The turn's task copies the context current here: the caller's trace.
                 with tracing.attached(trace):
                     run = agent.start_chat(*args, **kwargs)
-                header = self._run_header(name, run)
+                header = self._run_header(run)
                 batches = run.stream.follow(coalesce=_relay_pacing())
                 # The header travels with the first batch (one Ray item fewer, and the
                 # first text delta is in it); alone if the turn is slow to start (a
@@ -786,13 +788,13 @@ class SessionActor:
                 async for batch in _batched(getattr(agent, method)(*args, **kwargs)):
                     yield batch
 
-    def _run_header(self, name: str, run: Any) -> dict[str, Any]:
-        handle = ray.get_runtime_context().current_actor
+    def _run_header(self, run: Any) -> dict[str, Any]:
+        # The caller makes the run's abort receiver from this actor's handle
+        # (AgentResponseStream._take_header).
         return {
             "run_id": run.run_id,
             "session_id": run.session_id,
             "message_id": run.stream.message_id,
-            "receiver": AbortReceiver(handle, name, run.run_id),
         }
 
     async def abort_run(self, name: str, run_id: str, reason: str = "aborted") -> bool:
@@ -977,7 +979,8 @@ def _report_wakes(agent: Any, directory: Any, name: str) -> None:
     def queue(busy: bool) -> None:
         directory.note_queue.remote(name, busy)
 
-    agent.durable.scheduler.on_next_due = alarm
+    # The directory dropped the agent's alarm as it bound it: only a due time is news.
+    agent.durable.scheduler.report_to(alarm, known=None)
     turns = getattr(agent, "turns", None)
     if turns is not None:
         turns.queue.watch_work(queue)

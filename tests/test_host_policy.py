@@ -105,6 +105,8 @@ def test_a_drained_host_stops_once_empty():
 def test_a_host_per_core_before_agents_pack():
     from thinkray.actors.pool_policy import spread_target
 
-    assert spread_target(64, hosts=1, cores=2) == 33  # the 2nd host starts at half full
+    # an empty host always runs ahead: the 2nd starts before the 1st takes an agent
+    assert spread_target(64, hosts=1, cores=2) == 65
     assert spread_target(64, hosts=2, cores=2) == 0
-    assert spread_target(1, hosts=0, cores=2) == 1
+    assert spread_target(1, hosts=0, cores=2) == 2
+    assert spread_target(64, hosts=3, cores=8) == 65  # and one more each time one fills

@@ -21,6 +21,9 @@ pytestmark = pytest.mark.ray
 def hosts_ns(namespace_factory, agent_cls=None, **kwargs):
     kwargs.setdefault("placement", "hosts")
     kwargs.setdefault("host_capacity", 8)
+    # One host holds every agent these tests start (siblings share its loop): with
+    # the live cap under a host's capacity no second host runs ahead (spread_target).
+    kwargs.setdefault("max_live", 7)
     kwargs.setdefault("idle_timeout", None)
     return namespace_factory(agent_cls, **kwargs)
 
@@ -57,6 +60,22 @@ def test_agents_share_a_host_process_with_their_own_files(namespace_factory):
     assert stats["placement"] == "hosts"
     (host,) = stats["hosts"].values()
     assert host["live"] == 4 and host["capacity"] == 8
+
+
+def test_agents_spread_over_a_host_per_core_started_ahead(namespace_factory):
+    """With room for more agents than one host holds, a second host is started with
+    the namespace, before any agent needs it (this Ray has two CPUs: two hosts, no
+    third), and new agents go to the least loaded host, so a burst of new sessions
+    runs on both cores."""
+    ns = hosts_ns(namespace_factory, max_live=16)
+    wait_until(lambda: len(ns.stats()["hosts"]) == 2, timeout=60)
+    names = [f"s{i}" for i in range(4)]
+    for name in names:
+        assert ns.get(name).chat.remote(f"hello {name}").result().status == "completed"
+    pids = [ns.where(name)["pid"] for name in names]
+    assert len(set(pids)) == 2 and pids.count(pids[0]) == 2  # two on each host
+    hosts = ns.stats()["hosts"]
+    assert len(hosts) == 2 and sorted(h["live"] for h in hosts.values()) == [2, 2]
 
 
 def test_hibernating_one_agent_leaves_its_siblings_running(namespace_factory):

@@ -255,6 +255,13 @@ class Scheduler:
         self._loop_task = None
         self._inflight.clear()
 
+    def report_to(self, told: Callable[[float | None], None], *, known: float | None) -> None:
+        """Tell ``told`` the next due time whenever it changes (:attr:`on_next_due`);
+        ``known``: what the receiver holds already, not sent again (the directory forgets
+        an agent's alarm when it binds it: a new agent's "nothing due" costs no call)."""
+        self.on_next_due = told
+        self._reported = known
+
     def _report(self, next_at: float | None) -> None:
         if self.on_next_due is None or next_at == self._reported:
             return
