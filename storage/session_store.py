@@ -1667,10 +1667,8 @@ class DuckDBSessionStore(SessionStore):
         if thread_key is not None:
             _check_thread_key(thread_key)
         sid = session_id or uuid.uuid4().hex
-        # A new row changes no other session, message or chunk: the cache stays.
-        with self._tx(keep_cache=True) as con:
-            # A new agent's first session: no row to clash with, nothing to read.
-            known_empty, self._state.no_sessions = self._state.no_sessions, False
+
+        def new_row() -> tuple[SessionInfo, list[Any]]:
             now = self._now()
             info = SessionInfo(
                 id=sid,
@@ -1683,7 +1681,23 @@ class DuckDBSessionStore(SessionStore):
                 metadata=dict(metadata or {}),
                 model=model,
             )
-            blob = _info_blob(info)
+            row = [sid, name, parent_session_id, parent_message_id, thread_key, None, now, now]
+            return info, [*row, _info_blob(info)]
+
+        with self._open().lock:
+            if self._state.no_sessions and self._can_journal():
+                # A new agent's first session: nothing to clash with, and through the
+                # journal its first turn commits nothing to DuckDB.
+                self._state.no_sessions = False
+                info, row = new_row()
+                self._journal_write({"S": [row]})
+                self._remember(row).set_path([], [], [])
+                return info
+        # A new row changes no other session, message or chunk: the cache stays.
+        with self._tx(keep_cache=True) as con:
+            # The first session of a file written straight to DuckDB: nothing to read.
+            known_empty, self._state.no_sessions = self._state.no_sessions, False
+            info, row = new_row()
             if (
                 not known_empty
                 and con.execute("SELECT 1 FROM sessions WHERE id = ?", [sid]).fetchone()
@@ -1695,13 +1709,12 @@ class DuckDBSessionStore(SessionStore):
                 and self._thread_id(con, thread_key) is not None
             ):
                 raise ThreadExistsError(f"thread {thread_key!r} already exists")
-            row = [sid, name, parent_session_id, parent_message_id, thread_key, None, now, now]
             con.execute(
                 f"INSERT INTO sessions ({_SESSION_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [*row, blob],
+                row,
             )
             # A new session's history is known (empty): its first turn reads nothing.
-            self._remember([*row, blob]).set_path([], [], [])
+            self._remember(row).set_path([], [], [])
         return info
 
     @override
@@ -2923,6 +2936,10 @@ class DuckDBSessionStore(SessionStore):
     def set_config(self, key: str, value: Any) -> None:
         _check_str(key, "config key")
         blob = _pack(value, f"config {key!r}")
+        with self._open().lock:
+            if self._can_journal():  # folded before any read of the file (see db)
+                self._journal_write({"g": [[key, blob]]})
+                return
         with self._tx(keep_cache=True) as con:  # config is not cached
             con.execute("DELETE FROM config WHERE key = ?", [key])
             con.execute("INSERT INTO config VALUES (?, ?)", [key, blob])

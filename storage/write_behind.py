@@ -56,6 +56,13 @@ _INSERT_PARTS = (
     "unnest(?::INTEGER[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
     "unnest(?::BLOB[])"
 )
+_INSERT_SESSIONS = (
+    "INSERT INTO sessions SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
+    "unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
+    "unnest(?::DOUBLE[]), unnest(?::DOUBLE[]), unnest(?::BLOB[])"
+)
+_DELETE_CONFIG = "DELETE FROM config WHERE key IN (SELECT unnest(?::VARCHAR[]))"
+_INSERT_CONFIG = "INSERT INTO config SELECT unnest(?::VARCHAR[]), unnest(?::BLOB[])"
 _DELETE_GENERATIONS = "DELETE FROM chunks WHERE generation_id IN (SELECT unnest(?::VARCHAR[]))"
 _INSERT_CHUNKS = (
     "INSERT INTO chunks SELECT unnest(?::VARCHAR[]), unnest(?::INTEGER[]), "
@@ -176,6 +183,8 @@ class Pending:
     chunks: list[list[Any]] = field(default_factory=list)
     doomed: set[str] = field(default_factory=set)
     sessions: dict[str, list[Any]] = field(default_factory=dict)
+    new_sessions: dict[str, list[Any]] = field(default_factory=dict)
+    config: dict[str, bytes] = field(default_factory=dict)
     tool_calls: dict[str, list[Any]] = field(default_factory=dict)
     replaced: set[str] = field(default_factory=set)
     records: int = 0
@@ -193,7 +202,9 @@ class Pending:
         - ``p``: part rows ``[session, message, index, type, state, tool_call_id, payload]``;
         - ``c``: chunk rows ``[generation, index, payload, is_final, seq, n]``;
         - ``x``: chunk generations to delete;
+        - ``S``: new ``sessions`` rows (its column order; a new agent's first session);
         - ``s``: ``[session, updated_at, head, sets_head, info or None]``;
+        - ``g``: ``config`` rows ``[key, value]`` (the last value of a key wins);
         - ``k``: ``tool_calls`` rows (its column order) and whether the file holds the
           call's row already (then it is deleted before the new one goes in).
         """
@@ -206,7 +217,11 @@ class Pending:
             gone = set(doomed)
             self.chunks = [row for row in self.chunks if row[0] not in gone]
             self.doomed |= gone
+        for row in record.get("S", ()):
+            self.new_sessions[row[0]] = list(row)
         self._add_sessions(record.get("s", ()))
+        for key, value in record.get("g", ()):
+            self.config[key] = value
         for *row, in_file in record.get("k", ()):
             self.tool_calls[row[0]] = row
             if in_file:
@@ -279,7 +294,12 @@ def fold(db: Database, con: duckdb.DuckDBPyConnection, pending: Pending, marked:
     if pending.doomed:
         con.execute(_DELETE_GENERATIONS, [sorted(pending.doomed)])
     insert_rows(con, "chunks", _INSERT_CHUNKS, pending.chunks)
-    _update_sessions(con, pending.sessions)
+    insert_rows(con, "sessions", _INSERT_SESSIONS, list(pending.new_sessions.values()))
+    _update_sessions(con, pending.sessions)  # the new ones' too: inserted just before
+    if pending.config:
+        keys = sorted(pending.config)
+        con.execute(_DELETE_CONFIG, [keys])
+        con.execute(_INSERT_CONFIG, [keys, [pending.config[k] for k in keys]])
     if pending.replaced:
         con.execute(_DELETE_TOOL_CALLS, [sorted(pending.replaced)])
     insert_rows(con, "tool_calls", _INSERT_TOOL_CALLS, list(pending.tool_calls.values()))

@@ -113,11 +113,11 @@ class SessionManager:
     # -- sessions ---------------------------------------------------------------------
 
     def create(self, name: str = "New Chat", **kwargs: Any) -> SessionInfo:
-        """A new session, made current (one commit: a new agent's first turn makes
-        its session this way)."""
+        """A new session, made current, durable together (one journal append or one
+        commit: a new agent's first turn makes its session this way)."""
         previous = self.current_id
         try:
-            with self.store.transaction():
+            with self.store.batch():
                 info = self.store.create_session(name, **kwargs)
                 self.set_current(info.id)
         except BaseException:
