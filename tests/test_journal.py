@@ -44,7 +44,8 @@ def _turns(store: DuckDBSessionStore, sid: str, turns: range, prune: bool = Fals
 
 def _started(path: Path) -> tuple[DuckDBSessionStore, str]:
     store = DuckDBSessionStore(path)
-    sid = store.create_session(session_id="s1").id
+    with store.transaction():  # in DuckDB (a new file's first session would be journaled)
+        sid = store.create_session(session_id="s1").id
     store.get_history(sid)  # the cache knows the history: writes go to the journal
     return store, sid
 

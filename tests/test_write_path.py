@@ -122,7 +122,7 @@ async def test_an_inline_tool_call_adds_no_commit_beyond_its_step(tmp_path, call
 
 
 async def test_the_counting_seam_sees_every_commit(tmp_path):
-    store = DuckDBSessionStore(tmp_path / "a.duckdb")
+    store = DuckDBSessionStore(tmp_path / "a.duckdb", journal=False)  # each write commits
     try:
         sid = store.create_session().id
         with store.db.counting() as count:
