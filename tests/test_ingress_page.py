@@ -340,6 +340,21 @@ def test_a_wrong_token_disables_send_and_the_page_asks_for_nothing_missing(
         assert missing == [], missing
 
 
+def _page_state(page: Any) -> dict[str, Any]:
+    """What the page shows besides the messages: its error and notice, status, session
+    list and the state of its send button (for a failure's message)."""
+    return page.evaluate(
+        """() => ({
+          error: document.getElementById("error").hidden ? null : document.getElementById("error-text").textContent,
+          notice: document.getElementById("notice-text").textContent,
+          status: document.getElementById("status-text").textContent,
+          sessions: [...document.querySelectorAll("#sessions li")].map((li) => li.textContent),
+          send_disabled: document.getElementById("send").disabled,
+          input: document.querySelector("textarea, input[aria-label='Message']")?.value,
+        })"""
+    )
+
+
 def test_a_message_sent_before_the_first_session_list_arrives_stays_on_the_page(
     ray_local, tmp_path, browser
 ):
@@ -372,7 +387,10 @@ def test_a_message_sent_before_the_first_session_list_arrives_stays_on_the_page(
             expect(page.locator("#status-text")).to_have_text("connecting\u2026")
             page.get_by_label("Message", exact=True).fill("hello early")
             page.get_by_role("button", name="Send", exact=True).click()
-            expect(page.locator("li.msg.user")).to_have_count(1)
+            try:
+                expect(page.locator("li.msg.user")).to_have_count(1)
+            except AssertionError as exc:  # say what the page showed instead
+                raise AssertionError(f"{exc}\npage: {_page_state(page)}") from None
             expect(page.locator("li.msg.assistant").first).to_have_attribute("data-state", "done")
             assert held, "the page never asked for its session list"
             route, stale = held[0]

@@ -34,7 +34,8 @@ def _call(cid: str) -> ToolCallRecord:
 def _opened(path: Path) -> tuple[DuckDBSessionStore, DuckDBToolCallStore]:
     store = DuckDBSessionStore(path)
     if not store.list_sessions():
-        store.create_session(session_id="s1")
+        with store.transaction():  # in DuckDB: the frames counted below are the calls'
+            store.create_session(session_id="s1")
     store.get_history("s1")  # the cache knows the history: writes go to the journal
     calls = store.stores().tool_calls()
     assert isinstance(calls, DuckDBToolCallStore)
