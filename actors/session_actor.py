@@ -398,9 +398,16 @@ class SessionActor:
             next_due = await _maybe_await(getattr(agent, "next_alarm_at", None))
             if not await _bounded(getattr(agent, "on_hibernate", None), self.hibernate_timeout):
                 stuck.append("on_hibernate")
-            # fleet index; under an object-store root only once the commit succeeded
-            row = fleet_index.write_index_row(
-                agent.store, getattr(spec, "path", None), put=remote is None
+            # fleet index; under an object-store root only once the commit succeeded.
+            # Off the loop: it folds the journal, summarizes the whole file and
+            # checkpoints (~10 ms for a short session, more for a long one), and an
+            # agent host's siblings share the loop. The agent is idle; a timer of its
+            # own that fires meanwhile waits for the file's lock.
+            row = await asyncio.to_thread(
+                fleet_index.write_index_row,
+                agent.store,
+                getattr(spec, "path", None),
+                put=remote is None,
             )
         finally:
             self.agent, self.name, self.spec = None, None, None
