@@ -260,8 +260,9 @@ class Database:
     def fresh(self) -> bool:
         """Whether every table in the file is known to be empty without a query: the
         opener made the file as a copy of the blank one (:mod:`~thinkray.storage.blank`)
-        and nothing was written since. Any transaction, or a statement other than a
-        ``SELECT``, ends it. Readers answer from it instead of querying, so a brand-new
+        and nothing was written since. Any transaction, a statement other than a
+        ``SELECT``, or a write that goes another way (:meth:`wrote`: the session store's
+        journal) ends it. Readers answer from it instead of querying, so a brand-new
         agent's wake (its recovery reads: interrupted fibers, jobs, tool calls, open
         generations) runs no statement."""
         return self._fresh
