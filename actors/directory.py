@@ -1192,6 +1192,19 @@ class Directory:
             return False
         return bool(isinstance(report, dict) and report.get("bound"))
 
+    def _bound(self, name: str, actor: PooledActor, info: Any, held_alarm: bool) -> tuple[Any, str]:
+        """Record ``name`` live on ``actor`` after its bind returned ``info``."""
+        entry = Entry(actor)
+        self.entries[name] = entry
+        self._note_size(name, info)
+        if held_alarm:
+            self._persist_alarm(name)  # the file follows the map: the report, or none
+        self.counters["binds"] += 1
+        self._spawn(self._watch(name, entry))
+        if self._reclaim_changed is not None and self.waiters:
+            self._reclaim_changed.set()  # one more agent to watch for idleness
+        return actor.handle, actor.actor_id
+
     async def _bind(
         self, name: str, create: bool, node_id: str | None, trace: dict[str, str] | None = None
     ) -> tuple[Any, str]:
@@ -1223,22 +1236,19 @@ class Directory:
                 actor = await self._acquire(name, node_id, retry=attempt > 0)
             error: BaseException | None = None
             info: Any = None
+            # Once bound, the agent reports its own next alarm (note_alarm), possibly
+            # before the bind's reply arrives here: the alarm held for it is dropped
+            # now, so that such a report is kept, and put back if the bind fails.
+            held_alarm = self.alarms.pop(name, None)
             try:
                 info = await actor.handle.bind.remote(spec, trace)
             except BaseException as exc:
                 error = exc
             self.binding -= 1
+            if error is not None and held_alarm is not None and name not in self.alarms:
+                self.alarms[name] = held_alarm  # not bound: the alarm still wakes it
             if error is None:
-                entry = Entry(actor)
-                self.entries[name] = entry
-                self._note_size(name, info)
-                if self.alarms.pop(name, None) is not None:  # the woken agent reports
-                    self._persist_alarm(name)  # its own (note_alarm)
-                self.counters["binds"] += 1
-                self._spawn(self._watch(name, entry))
-                if self._reclaim_changed is not None and self.waiters:
-                    self._reclaim_changed.set()  # one more agent to watch for idleness
-                return actor.handle, actor.actor_id
+                return self._bound(name, actor, info, held_alarm is not None)
             if isinstance(error, ray.exceptions.RayActorError):
                 self._note_error("bind", name, f"the pooled actor died: {error}")
                 last_error = error  # the pooled actor died: take another

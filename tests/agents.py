@@ -314,6 +314,18 @@ class AlarmAgent(ScriptAgent):
         self.store.set_config("alarms_fired", [*fired, [payload, time.time()]])
 
 
+class SlowWakeAlarmAgent(AlarmAgent):
+    """An :class:`AlarmAgent` whose wake takes half a second after its scheduler
+    started: the scheduler's report of its next alarm reaches the directory before the
+    bind's reply does."""
+
+    async def on_wake(self) -> None:
+        import asyncio
+
+        await super().on_wake()
+        await asyncio.sleep(0.5)
+
+
 class DurableToolAgent(Think):
     """Durable tool calls under crashes (issue 12): a message ``slow <path>`` calls the
     inline tool ``mark_and_wait``, which appends a line to ``path`` (one per execution)

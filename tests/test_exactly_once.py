@@ -144,6 +144,26 @@ def test_results_of_finished_runs_are_kept_and_unknown_runs_are_an_error(namespa
         agent.wait_run.remote("run-nope").result()
 
 
+def test_an_alarm_reported_before_the_bind_returns_is_kept(namespace_factory):
+    """A woken agent reports its next alarm to the directory as its scheduler starts,
+    which can be before the bind's reply: the directory used to drop the alarm it held
+    once the reply came, and with it that report, so a crash of the live agent's
+    process lost the alarm."""
+    import time
+
+    from tests.agents import SlowWakeAlarmAgent
+
+    ns = namespace_factory(SlowWakeAlarmAgent, idle_timeout=None)
+    agent = ns.get("alarmed")
+    agent.schedule.remote(600.0, "note_alarm", "later").result()
+    due = wait_until(lambda: ns.stats()["alarms"].get("alarmed"), timeout=10)
+    assert ns.hibernate("alarmed")
+    assert ns.stats()["alarms"]["alarmed"] == due  # held for the hibernated agent
+    agent.whoami.remote().result()  # wakes it: its report comes during the bind
+    time.sleep(1.0)
+    assert ns.stats()["alarms"].get("alarmed") == due
+
+
 def test_an_alarm_fires_on_time_after_its_live_actor_crashed(namespace_factory):
     import time
 
