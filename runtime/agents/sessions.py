@@ -121,7 +121,7 @@ class SessionManager:
                 info = self.store.create_session(name, **kwargs)
                 self.set_current(info.id)
         except BaseException:
-            self.current_id = previous  # the transaction took the new current id back
+            self.current_id = previous  # the batch dropped the new current id with the rest
             raise
         return info
 
