@@ -614,7 +614,7 @@ class Directory:
 
     def _own_handle(self) -> Any:
         """This directory's actor handle, made once (``current_actor`` builds a new
-        handle on every call, ~0.3 ms of CPU, and every bind sends one)."""
+        handle on every call, ~0.3 ms of CPU, and every bind names it)."""
         if self._me is None:
             self._me = ray.get_runtime_context().current_actor
         return self._me

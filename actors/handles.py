@@ -1,7 +1,7 @@
 """A named actor's handle sent by name, resolved once per receiving process.
 
 Ray rebuilds the metadata of every method of an actor's class each time it
-deserializes a handle (``ActorHandle.__init__``): for the namespace directory (~90
+deserializes a handle (``ActorHandle.__init__``): for the namespace directory (84
 methods) that is about a millisecond of the receiver's CPU, and every bind sent one
 to the agent host, on the event loop all its agents share (issue 22: a burst of new
 sessions on a host spent more time deserializing the directory's handle than binding
