@@ -254,6 +254,7 @@ class NamespaceConfig:
     pool_ttl: float = 60.0
     max_starting: int | None = None  # actor starts in flight (None: the cluster's CPUs)
     start_patience: float = 0.5
+    grow_pool: bool = True  # spares started for demand (False: pool_size only)
     shard: int = 0  # this directory's shard (see the module)
     shards: int = 1  # how many directory shards the namespace has
     detached: bool = True  # session actors outlive the directory's process (named)
@@ -724,6 +725,7 @@ class Directory:
             pool_ttl=cfg.pool_ttl,
             max_starting=self._max_starting,
             start_patience=cfg.start_patience,
+            grow=cfg.grow_pool,
         )
 
     def _max_pool(self) -> int:

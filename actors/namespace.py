@@ -202,7 +202,10 @@ class AgentNamespace(Generic[A]):
     The warm pool (:mod:`thinkray.actors.directory` has the policy) keeps ``pool_size``
     spare actors at least and grows with demand up to ``max_pool`` (default
     ``max_live``); spares above what demand calls for retire after ``pool_ttl``
-    seconds unused. At most ``max_starting`` actors start at once (default: the
+    seconds unused (``grow_pool=False``: no spare is started for demand, the pool
+    keeps ``pool_size`` and the actors hibernations give back; a bind that finds none
+    starts its own: for tests and rarely called namespaces, where an idle process
+    costs more than a wait). At most ``max_starting`` actors start at once (default: the
     cluster's CPUs); a bind that finds no spare queues (FIFO) and takes the first actor
     freed for it: given back, newly started, or taken from the least recently used
     idle agent, which hibernates. Binds at the ``max_live`` cap wait up to ``cap_wait``
@@ -246,6 +249,7 @@ class AgentNamespace(Generic[A]):
         pool_ttl: float = 60.0,
         max_starting: int | None = None,
         start_patience: float = 0.5,
+        grow_pool: bool = True,
         directories: int = 1,
         warm_up: bool = True,
         placement: Placement = "dedicated",
@@ -284,6 +288,7 @@ class AgentNamespace(Generic[A]):
             pool_ttl=pool_ttl,
             max_starting=_share(max_starting, directories),
             start_patience=start_patience,
+            grow_pool=grow_pool,
             shards=directories,
             detached=detached,
             warm_up=warm_up,

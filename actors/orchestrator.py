@@ -276,6 +276,8 @@ class Orchestrator(Agent):
     # tools may be CPU-heavy (its sub-agents may still share hosts)
     dedicated_actor = True
     subagent_pool_size: int = 2
+    subagent_grow_pool: bool = True  # AgentNamespace's grow_pool for the sub-agents
+    subagent_warm_up: bool = True  # AgentNamespace's warm_up for the sub-agents
     subagent_idle_timeout: float | None = 300.0
 
     def on_start(self) -> None:
@@ -309,6 +311,8 @@ class Orchestrator(Agent):
                 self.subagent_cls,
                 storage_root=root,
                 pool_size=self.subagent_pool_size,
+                grow_pool=self.subagent_grow_pool,
+                warm_up=self.subagent_warm_up,
                 idle_timeout=self.subagent_idle_timeout,
                 start=False,
             )

@@ -50,6 +50,9 @@ class PoolConfig:
     pool_ttl: float
     max_starting: int
     start_patience: float
+    # False: no spare is started for demand (the bind rate, misses); the pool keeps
+    # ``pool_size`` and the actors that hibernations give back
+    grow: bool = True
 
     def most_spares(self) -> int:
         """The most spares kept: ``max_pool`` (``max_live`` if None), at least
@@ -133,7 +136,10 @@ def target(config: PoolConfig, recent_binds: int, start_secs: float, boost: floa
     """How many spares the pool keeps: ``pool_size`` at least, raised by the decayed
     ``boost`` of recent misses and by the bind rate (``recent_binds`` in the last
     ``RATE_WINDOW`` seconds, times ``start_secs`` an actor takes to start: the spares
-    the binds consume while one starts), at most :meth:`PoolConfig.most_spares`."""
+    the binds consume while one starts), at most :meth:`PoolConfig.most_spares`;
+    ``pool_size`` alone when the config does not ``grow``."""
+    if not config.grow:
+        return min(config.most_spares(), config.pool_size)
     by_rate = math.ceil(recent_binds / RATE_WINDOW * start_secs - 1e-9)
     by_misses = math.ceil(boost - 1e-9)
     return min(config.most_spares(), max(config.pool_size, by_rate, by_misses))

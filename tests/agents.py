@@ -548,9 +548,12 @@ class DedicatedScriptAgent(ScriptAgent):
 
 
 class LeanOrchestrator(Orchestrator):
-    """The product's Orchestrator whose sub-agents' namespace keeps no warm spare (a
-    test's handful of sub-agents start on demand): each spare is a process that imports
-    Ray, DuckDB and thinkray and runs a warm-up turn, and a test rarely used the two a
-    sub-agent namespace keeps by default. Everything else is the Orchestrator's."""
+    """The product's Orchestrator whose sub-agents' namespace keeps no warm spare and
+    starts none for demand (a test's handful of sub-agents start on demand, cold): each
+    spare is a process that imports Ray, DuckDB and thinkray and runs a warm-up turn,
+    and a test rarely used the two a sub-agent namespace keeps by default, or the one
+    its first bind's miss asked for. Everything else is the Orchestrator's."""
 
     subagent_pool_size = 0
+    subagent_grow_pool = False
+    subagent_warm_up = False

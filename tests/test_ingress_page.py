@@ -97,9 +97,11 @@ def test_the_chat_page_in_a_browser(ray_local, tmp_path, browser):
             ),
         )
         page.on("dialog", lambda d: d.accept())  # the delete confirmation
+        net = NetLog(page)
         try:
             run_the_page(page, expect, base, agent)
         except BaseException:
+            _explain(page, net)
             with contextlib.suppress(Exception):
                 page.screenshot(path=str(ARTIFACTS / "ingress_page_failure.png"), full_page=True)
             raise
@@ -249,6 +251,7 @@ def test_approving_and_denying_a_tool_call_on_the_page(ray_local, tmp_path, brow
                 else None
             ),
         )
+        net = NetLog(page)
         try:
             page.goto(f"{base}/?token=token-alice&agent={agent}")
             box = page.get_by_label("Message", exact=True)
@@ -301,6 +304,7 @@ def test_approving_and_denying_a_tool_call_on_the_page(ray_local, tmp_path, brow
             pending = httpx.get(f"{base}/agents/chat/{agent}/approvals", headers=ALICE).json()
             assert pending == {"approvals": []}
         except BaseException:
+            _explain(page, net)
             with contextlib.suppress(Exception):
                 page.screenshot(
                     path=str(ARTIFACTS / "ingress_page_approval_failure.png"), full_page=True
@@ -355,6 +359,50 @@ def _page_state(page: Any) -> dict[str, Any]:
     )
 
 
+class NetLog:
+    """The page's requests in order: when each was sent (seconds since the log began),
+    its method and path, and how it ended (a status, "failed: ...", or pending): a
+    failure's message says which request the page was still waiting for."""
+
+    def __init__(self, page: Any) -> None:
+        import time
+
+        self._clock = time.monotonic
+        self._began = self._clock()
+        self.entries: list[dict[str, Any]] = []
+        self._open: dict[int, dict[str, Any]] = {}
+        page.on("request", self._sent)
+        page.on("requestfinished", lambda r: self._ended(r, None))
+        page.on("requestfailed", lambda r: self._ended(r, f"failed: {r.failure}"))
+
+    def _sent(self, request: Any) -> None:
+        from urllib.parse import urlsplit
+
+        entry = {"at": round(self._clock() - self._began, 2), "request": request.method}
+        entry["request"] += " " + urlsplit(request.url).path
+        entry["ended"] = "pending"
+        self._open[id(request)] = entry
+        self.entries.append(entry)
+
+    def _ended(self, request: Any, failure: str | None) -> None:
+        entry = self._open.pop(id(request), None)
+        if entry is None:
+            return
+        if failure is None:
+            response = request.response()
+            failure = str(response.status) if response is not None else "no response"
+        entry["ended"] = f"{failure} after {self._clock() - self._began - entry['at']:.2f} s"
+
+
+def _explain(page: Any, net: NetLog) -> None:
+    """Print what the page showed and its requests (pytest shows a failed test's
+    output): the page's own state, not only the locator that timed out."""
+    with contextlib.suppress(Exception):
+        print(f"page: {_page_state(page)}")
+    for entry in net.entries:
+        print(f"  {entry['at']:7.2f} s  {entry['request']}  -> {entry['ended']}")
+
+
 def test_a_message_sent_before_the_first_session_list_arrives_stays_on_the_page(
     ray_local, tmp_path, browser
 ):
@@ -381,6 +429,7 @@ def test_a_message_sent_before_the_first_session_list_arrives_stays_on_the_page(
             else:
                 route.continue_()
 
+        net = NetLog(page)
         page.route(f"**/agents/*/{agent}/sessions", hold_first_list)
         try:
             page.goto(f"{base}/?token=token-alice&agent={agent}")
@@ -389,8 +438,9 @@ def test_a_message_sent_before_the_first_session_list_arrives_stays_on_the_page(
             page.get_by_role("button", name="Send", exact=True).click()
             try:
                 expect(page.locator("li.msg.user")).to_have_count(1)
-            except AssertionError as exc:  # say what the page showed instead
-                raise AssertionError(f"{exc}\npage: {_page_state(page)}") from None
+            except AssertionError:  # say what the page showed instead
+                _explain(page, net)
+                raise
             expect(page.locator("li.msg.assistant").first).to_have_attribute("data-state", "done")
             assert held, "the page never asked for its session list"
             route, stale = held[0]

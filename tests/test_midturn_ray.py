@@ -89,6 +89,12 @@ def _reply_to(agent: Any, session: str, user_id: str) -> dict[str, Any] | None:
     return after[0] if after and after[0]["role"] == "assistant" else None
 
 
+def _reply_text(agent: Any, session: str, user_id: str) -> list[str]:
+    """The text parts of the stored reply to ``user_id`` (none: no reply yet)."""
+    reply = _reply_to(agent, session, user_id) or {"parts": []}
+    return [p.get("text") for p in reply["parts"] if p["type"] == "text"]
+
+
 def _setup(namespace_factory: Any, tmp_path: Path, cls: str) -> tuple[Any, Any, str, Path, Path]:
     from tests import midturn_agents
 
@@ -385,8 +391,9 @@ def test_a_queued_message_cut_off_mid_turn_is_run_again_and_answered_once(
     holder.join(60)
     wait_until(lambda: "hold two" in _model_log(log), timeout=60)
     assert agent.queued_message.remote("m-hold").result()["status"] == "running"
-    # Kill once the reply's first words are durable, so that the crash cuts a partial.
-    wait_until(lambda: _reply_to(agent, session, "m-hold") is not None, timeout=60)
+    # Kill once the reply's first words are durable, so that the crash cuts a partial
+    # (the reply's row can be durable before its words: its text part starts empty).
+    wait_until(lambda: _reply_text(agent, session, "m-hold") == ["partial "], timeout=60)
     old_pid = kill_agent_process(ns, "busy")
     # Nobody calls: the namespace wakes the agent by itself because messages were
     # queued, and the wake runs what the crash left: "hold two" again (it waits on
@@ -418,7 +425,7 @@ def test_a_queued_message_cut_off_mid_turn_is_run_again_and_answered_once(
     assert statuses == ["aborted", "interrupted", "completed", "completed"]
     cut = _reply_to(agent, session, "m-hold")
     assert cut is not None and cut["metadata"]["status"] == "interrupted"
-    assert [p.get("text") for p in cut["parts"] if p["type"] == "text"] == ["partial "]
+    assert _reply_text(agent, session, "m-hold") == ["partial "]
     assert _model_log(log).count("later") == 1
     assert agent.queued_message.remote("m-hold").result()["status"] == "answered"
 

@@ -86,6 +86,15 @@ def test_the_target_never_exceeds_max_pool_nor_the_live_cap():
     assert replace(CFG, max_pool=1).most_spares() == CFG.pool_size  # pool_size wins
 
 
+def test_a_pool_that_does_not_grow_keeps_pool_size_whatever_the_demand():
+    fixed = replace(CFG, grow=False)
+    assert target(fixed, recent_binds=1000, start_secs=1.5, boost=50.0) == 2
+    assert target(replace(fixed, pool_size=0), 1, 1.0, boost_after_miss(0.0, 0.0, 0.0, 60.0)) == 0
+    # the same demand grows a pool that does
+    assert target(replace(CFG, pool_size=0), 1, 1.0, 0.0) == 1
+    assert target(replace(CFG, pool_size=0), 0, 1.0, boost_after_miss(0.0, 0.0, 0.0, 60.0)) == 1
+
+
 def test_start_fills_to_pool_size_within_the_live_cap():
     assert fill_for_start(CFG, live=0) == 2
     assert fill_for_start(CFG, live=10) == 1
