@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from typing import Any
 
 import httpx
 import pytest
@@ -22,10 +23,27 @@ __import__("os").environ.setdefault("RAY_AUTH_MODE", "token")
 HTTP_TIMEOUT = 60.0
 
 
+# Each of those calls makes a client, and each client an SSL context with the CA bundle
+# loaded (~20 ms of CPU, for loopback http that never uses it: the schema fuzzer alone
+# made ~800, 16 CPU-s of the run). They all verify with one default context instead.
+_SSL_CONTEXT: list[Any] = []
+
+
+def _default_ssl_context() -> Any:
+    if not _SSL_CONTEXT:
+        import ssl
+
+        import certifi
+
+        _SSL_CONTEXT.append(ssl.create_default_context(cafile=certifi.where()))
+    return _SSL_CONTEXT[0]
+
+
 def _patient(call):
     @functools.wraps(call)
     def patient(*args, **kwargs):
         kwargs.setdefault("timeout", HTTP_TIMEOUT)
+        kwargs.setdefault("verify", _default_ssl_context())
         return call(*args, **kwargs)
 
     return patient
@@ -33,6 +51,19 @@ def _patient(call):
 
 for _verb in ("request", "stream", "get", "post", "put", "patch", "delete", "head", "options"):
     setattr(httpx, _verb, _patient(getattr(httpx, _verb)))
+
+
+def _verified(init):
+    @functools.wraps(init)
+    def verified(self, *args, **kwargs):
+        kwargs.setdefault("verify", _default_ssl_context())
+        init(self, *args, **kwargs)
+
+    return verified
+
+
+for _client in (httpx.Client, httpx.AsyncClient):
+    _client.__init__ = _verified(_client.__init__)  # type: ignore[method-assign]
 
 
 def pytest_configure(config):
