@@ -62,7 +62,14 @@ class DemoAgent(Agent):
         if os.environ.get("ANTHROPIC_API_KEY"):
             from thinkray.runtime.models.anthropic import AnthropicModel
 
-            return AnthropicModel(os.environ.get("THINKRAY_MODEL", "claude-sonnet-4-6"))
+            # One adapter per agent, not per call (every turn asks): each adapter makes
+            # its own HTTP client, with an SSL context (~20 ms of CPU) and a new TLS
+            # connection to the API for its first request.
+            model_id = os.environ.get("THINKRAY_MODEL", "claude-sonnet-4-6")
+            claude = getattr(self, "_claude", None)
+            if claude is None or claude.model_id != model_id:
+                claude = self._claude = AnthropicModel(model_id)
+            return claude
         return FunctionModel(_offline_step, model_id="offline-demo", delay=0.01)
 
     def get_tools(self) -> dict[str, Tool]:

@@ -31,3 +31,21 @@ def test_thinkray_demo_runs_to_the_end_offline(tmp_path):
     assert "notes/findings.md (read back through the bridge)" in out
     assert out.rstrip().endswith("Demo complete.")
     assert (tmp_path / "root" / "demo").is_dir()
+
+
+def test_the_demo_agent_keeps_one_claude_adapter_across_turns(monkeypatch):
+    """Each turn asks get_model(): a new adapter per turn was a new HTTP client, SSL
+    context and TLS connection per turn. A changed THINKRAY_MODEL gets its own."""
+    from thinkray.actors.demo import DemoAgent
+    from thinkray.runtime.models.anthropic import AnthropicModel
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test-not-used")
+    monkeypatch.delenv("THINKRAY_MODEL", raising=False)
+    agent = DemoAgent()
+    first = agent.get_model()
+    assert isinstance(first, AnthropicModel) and first.model_id == "claude-sonnet-4-6"
+    assert agent.get_model() is first
+    monkeypatch.setenv("THINKRAY_MODEL", "claude-haiku-4-5")
+    other = agent.get_model()
+    assert other is not first and other.model_id == "claude-haiku-4-5"
+    assert DemoAgent().get_model() is not other  # per agent, not per process
