@@ -452,3 +452,54 @@ def test_a_message_sent_before_the_first_session_list_arrives_stays_on_the_page(
             expect(page.locator("#sessions li.empty")).to_have_count(0)
         finally:
             context.close()
+
+
+def test_a_message_typed_before_the_page_knows_its_agent_waits_in_the_box(
+    ray_local, tmp_path, browser
+):
+    """Found in a loaded suite run: Send was enabled before ``/page-config`` arrived, and
+    a message sent then went to no agent (``/agents/undefined/...``); connecting cleared
+    the error, and the text was gone, with no session. Until the page knows its agent
+    and token, Send is disabled, Enter keeps the text in the box and nothing is asked
+    of the agent; then the same text sends. Here ``/page-config`` is held back."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=TIMEOUT)
+    namespace = f"pagecfg-{tmp_path.name[-10:]}".replace("_", "-")
+    config = make_config(str(tmp_path / "root"), namespace, agent_kwargs={"chunks": 3})
+    agent = "alice-cfg"
+    with serve_app(config) as base:
+        context = browser.new_context()
+        page = context.new_page()
+        held: list[Any] = []
+        net = NetLog(page)
+        page.route("**/page-config", lambda route: held.append(route))
+        try:
+            page.goto(f"{base}/?token=token-alice&agent={agent}")
+            for _ in range(600):  # the page's script asks for its config
+                if held:
+                    break
+                page.wait_for_timeout(50)
+            assert held, "the page never asked for /page-config"
+            box = page.get_by_label("Message", exact=True)
+            send = page.get_by_role("button", name="Send", exact=True)
+            box.fill("hello early")
+            expect(send).to_be_disabled()
+            box.press("Enter")
+            page.wait_for_timeout(300)
+            expect(box).to_have_value("hello early")
+            asked = [e["request"] for e in net.entries if "/agents/" in e["request"]]
+            assert asked == [], asked
+            held[0].continue_()
+            expect(send).to_be_enabled()
+            send.click()
+            try:
+                expect(page.locator("li.msg.user")).to_have_count(1)
+            except AssertionError:
+                _explain(page, net)
+                raise
+            expect(page.locator("li.msg.user").first).to_contain_text("hello early")
+            expect(page.locator("li.msg.assistant").first).to_have_attribute("data-state", "done")
+            assert not any("undefined" in e["request"] for e in net.entries), net.entries
+        finally:
+            context.close()
