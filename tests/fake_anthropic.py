@@ -427,6 +427,8 @@ class RecordedRequest:
     body: Any
     # The usage the streamed answer reported (message_start, then message_delta's).
     usage: dict[str, Any] | None = None
+    # The client's (host, port): requests over one kept-alive connection share it.
+    peer: tuple[str, int] | None = None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -451,6 +453,7 @@ class _Handler(BaseHTTPRequestHandler):
             body = raw.decode("utf-8", "replace")
         headers = {k.lower(): v for k, v in self.headers.items()}
         recorded = RecordedRequest("POST", self.path, headers, body)
+        recorded.peer = tuple(self.client_address[:2])  # type: ignore[assignment]
         fake._record(recorded)
         if self.path.split("?")[0] != "/v1/messages":
             self._send_json(404, error_body("not_found_error", f"Not found: {self.path}"), {})

@@ -76,6 +76,32 @@ def types(events: list[Any]) -> list[str]:
     return [e.type for e in events]
 
 
+# -- the client ----------------------------------------------------------------------------
+
+
+async def test_adapters_built_per_turn_share_one_client_and_its_connection(fake) -> None:
+    """An agent whose get_model() builds an adapter per turn made a client, an SSL
+    context and a TLS connection per turn: adapters with the same settings now share
+    the loop's client and its kept-alive connection; other settings get their own."""
+    first = AnthropicModel(api_key="test-key", base_url=fake.base_url)
+    second = AnthropicModel("claude-haiku-4-5", api_key="test-key", base_url=fake.base_url)
+    other_key = AnthropicModel(api_key="another-key", base_url=fake.base_url)
+    for _ in range(3):
+        fake.enqueue(message(text("hi")))
+    await collect(first)
+    await first.aclose()  # lets go of the client, which the others share: it stays open
+    await collect(second)
+    await collect(other_key)
+    peers = [r.peer for r in fake.requests]
+    assert peers[0] == peers[1] and peers[2] != peers[0], peers
+    assert second._client is not None and second._client is not other_key._client
+    assert AnthropicModel(api_key="test-key", base_url=fake.base_url)._client is None  # lazy
+    third = AnthropicModel(api_key="test-key", base_url=fake.base_url)
+    fake.enqueue(message(text("again")))
+    await collect(third)
+    assert third._client is second._client and fake.requests[-1].peer == peers[0]
+
+
 # -- streaming ------------------------------------------------------------------------------
 
 

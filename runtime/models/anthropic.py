@@ -27,9 +27,11 @@ import email.utils
 import importlib
 import inspect
 import json
+import os
 import sys
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -135,12 +137,35 @@ def finish_reason(stop_reason: str | None) -> FinishReason:
     return _FINISH_REASONS.get(stop_reason or "", "other")
 
 
+# Each event loop's clients, by the settings they were made with. An agent whose
+# get_model() builds a new adapter for every turn (a common way to write it) would
+# otherwise make a new HTTP client per turn: an SSL context (~20 ms of CPU) and a new
+# TLS connection to the API each time. Adapters with the same settings share one client
+# and its pooled connections instead; per loop, because a client's connections belong
+# to the loop that opened them.
+_SHARED_CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[Any, ...], Any]]
+_SHARED_CLIENTS = weakref.WeakKeyDictionary()
+
+
+def _shared_client(anthropic: Any, kwargs: dict[str, Any]) -> Any:
+    """The running loop's client for ``kwargs`` (made on first use, again if closed).
+    The key includes the environment the SDK reads for what ``kwargs`` leaves out."""
+    env = tuple(os.environ.get(k) for k in ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"))
+    key = (tuple(sorted(kwargs.items())), env)
+    clients = _SHARED_CLIENTS.setdefault(asyncio.get_running_loop(), {})
+    client = clients.get(key)
+    if client is None or client.is_closed():
+        client = clients[key] = anthropic.AsyncAnthropic(**kwargs)
+    return client
+
+
 class AnthropicModel:
     """:class:`thinkray.runtime.models.base.Model` over Anthropic's streaming Messages API.
 
     ``client`` may be a ready ``anthropic.AsyncAnthropic`` (then ``api_key``,
-    ``base_url``, ``max_retries`` and ``timeout`` are ignored and :meth:`aclose` leaves
-    it open). ``thinking_budget`` turns on extended thinking for every request; a
+    ``base_url``, ``max_retries`` and ``timeout`` are ignored); without one, adapters
+    with the same settings on one event loop share a client (and its connections), so
+    building an adapter per turn costs no new client or TLS connection. ``thinking_budget`` turns on extended thinking for every request; a
     request's ``provider_options`` (merged last into the create call) can override it.
     ``prompt_caching`` marks cache breakpoints on every request (see the module
     docstring); ``cache_ttl`` picks the cache lifetime (the API's default is ``"5m"``).
@@ -174,7 +199,6 @@ class AnthropicModel:
         self._api_key = api_key
         self._base_url = base_url
         self._client: Any = client
-        self._owns_client = client is None
         self._anthropic: Any = None
         self._create_params: frozenset[str] | None = None
 
@@ -196,7 +220,7 @@ class AnthropicModel:
                 kwargs["api_key"] = self._api_key
             if self._base_url is not None:
                 kwargs["base_url"] = self._base_url
-            self._client = self._anthropic.AsyncAnthropic(**kwargs)
+            self._client = _shared_client(self._anthropic, kwargs)
         if self._create_params is None:
             params = inspect.signature(self._client.messages.create).parameters.values()
             if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
@@ -206,10 +230,10 @@ class AnthropicModel:
         return self._client
 
     async def aclose(self) -> None:
-        """Close the HTTP client if this adapter created it."""
-        if self._client is not None and self._owns_client:
-            client, self._client = self._client, None
-            await client.close()
+        """Let go of the HTTP client. A client given to the adapter stays open, and so
+        does the loop's shared one (other adapters with the same settings use it; its
+        connections close with the loop)."""
+        self._client = None
 
     # -- request --------------------------------------------------------------------
 
