@@ -165,7 +165,8 @@ class AnthropicModel:
     ``client`` may be a ready ``anthropic.AsyncAnthropic`` (then ``api_key``,
     ``base_url``, ``max_retries`` and ``timeout`` are ignored); without one, adapters
     with the same settings on one event loop share a client (and its connections), so
-    building an adapter per turn costs no new client or TLS connection. ``thinking_budget`` turns on extended thinking for every request; a
+    building an adapter per turn costs no new client or TLS connection.
+    ``thinking_budget`` turns on extended thinking for every request; a
     request's ``provider_options`` (merged last into the create call) can override it.
     ``prompt_caching`` marks cache breakpoints on every request (see the module
     docstring); ``cache_ttl`` picks the cache lifetime (the API's default is ``"5m"``).
