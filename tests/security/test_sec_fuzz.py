@@ -14,9 +14,6 @@ from typing import Any
 
 import httpx
 import pytest
-import schemathesis
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from websockets.sync.client import connect
 
 from tests.ingress_support import ALICE, BOB, chat_body, make_config, post_chat, serve_app
@@ -25,13 +22,22 @@ pytestmark = pytest.mark.ray
 
 EXAMPLES = int(os.environ.get("THINKRAY_FUZZ_EXAMPLES", "12"))
 NAMES = ("fz-a", "fz-b")  # agents the fuzzer may bind: a few actors, not one per example
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=list(HealthCheck),
-)
+
+# Schemathesis and Hypothesis are imported by the tests that use them, not at collection:
+# every xdist worker collects every module, and both packages are rewritten by pytest's
+# assertion hook on import (their distributions are pytest plugins), ~2 s per worker.
+
+
+def fuzz_settings(examples: int = EXAMPLES) -> Any:
+    from hypothesis import HealthCheck, settings
+
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +68,9 @@ def test_every_route_is_in_the_schema(served):
 
 
 def test_the_http_api_fuzzed_from_its_schema_never_fails_or_writes_when_refusing(served):
+    import schemathesis
+    from hypothesis import given
+
     schema = schemathesis.openapi.from_url(f"{served}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 15
@@ -69,7 +78,7 @@ def test_the_http_api_fuzzed_from_its_schema_never_fails_or_writes_when_refusing
 
     for operation in operations:
 
-        @FUZZ
+        @fuzz_settings()
         @given(case=operation.as_strategy())
         def attack(case: Any) -> None:
             params = case.path_parameters or {}
@@ -136,46 +145,52 @@ def test_a_name_ending_in_a_newline_is_refused_over_http(served):
     assert owned(served, ALICE) == before
 
 
-FRAMES = st.one_of(
-    st.text(max_size=200),
-    st.binary(max_size=200),
-    st.recursive(
-        st.none() | st.booleans() | st.integers() | st.text(max_size=20),
-        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
-        max_leaves=20,
-    ).map(json.dumps),
-    st.fixed_dictionaries(
-        {
-            "type": st.sampled_from(
-                [
-                    "cf_agent_use_chat_request",
-                    "cf_agent_chat_clear",
-                    "cf_agent_chat_request_cancel",
-                    "cf_agent_stream_resume_request",
-                    "cf_agent_stream_resume_ack",
-                    "cf_agent_chat_messages",
-                ]
-            ),
-            "id": st.text(max_size=10),
-            "init": st.one_of(
-                st.none(),
-                st.fixed_dictionaries(
-                    {"method": st.sampled_from(["POST", "GET"]), "body": st.text(max_size=60)}
+def frames() -> Any:
+    """Text, bytes, random JSON, protocol-shaped frames and a parser bomb."""
+    from hypothesis import strategies as st
+
+    return st.one_of(
+        st.text(max_size=200),
+        st.binary(max_size=200),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+            lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+            max_leaves=20,
+        ).map(json.dumps),
+        st.fixed_dictionaries(
+            {
+                "type": st.sampled_from(
+                    [
+                        "cf_agent_use_chat_request",
+                        "cf_agent_chat_clear",
+                        "cf_agent_chat_request_cancel",
+                        "cf_agent_stream_resume_request",
+                        "cf_agent_stream_resume_ack",
+                        "cf_agent_chat_messages",
+                    ]
                 ),
-            ),
-        }
-    ).map(json.dumps),
-    st.just("[" * 100_000),
-)
+                "id": st.text(max_size=10),
+                "init": st.one_of(
+                    st.none(),
+                    st.fixed_dictionaries(
+                        {"method": st.sampled_from(["POST", "GET"]), "body": st.text(max_size=60)}
+                    ),
+                ),
+            }
+        ).map(json.dumps),
+        st.just("[" * 100_000),
+    )
 
 
 def test_random_and_malformed_frames_never_end_the_socket(served):
     url = "ws" + served[len("http") :] + f"/agents/chat/{NAMES[1]}"
     still_serves(served, NAMES[1])  # owned by alice, so the socket joins its fan-out
+    from hypothesis import given
+
     with connect(url, additional_headers=ALICE, open_timeout=30, max_size=None) as ws:
 
-        @settings(FUZZ, max_examples=EXAMPLES * 5)
-        @given(frame=FRAMES)
+        @fuzz_settings(EXAMPLES * 5)
+        @given(frame=frames())
         def attack(frame: Any) -> None:
             ws.send(frame)
 
