@@ -169,6 +169,43 @@ def new_s3_root(server: dict) -> str:
     return f"s3://{bucket}/pre?endpoint_override={server['endpoint']}"
 
 
+# -- two nodes: one cluster for every check that needs one ---------------------------------
+
+# The checks of tests/two_node_check.py each test file's tests read (its xdist group,
+# "two-nodes", keeps them in one worker, so the session fixture below runs once).
+_TWO_NODE_CHECKS = {
+    "test_multinode.py": ("multinode",),
+    "test_objectstore.py": ("objectstore-file", "objectstore-s3"),
+    "test_bridge_objectstore.py": ("bridge-file", "bridge-s3"),
+    "test_durability.py": ("fence", "crash"),
+}
+
+
+@pytest.fixture(scope="session")
+def two_node_report(request, tmp_path_factory):
+    """``(report, cwd)``: tests/two_node_check.py's reports (one cluster of two raylets
+    for every check the run's tests read; a check file of its own started a cluster or
+    a Ray each, ~7 CPU-s apiece) and the working directory it ran in."""
+    from tests.helpers import run_check
+
+    for module in ("pyarrow", "boto3", "moto.server"):
+        pytest.importorskip(module)
+    files = {item.path.name for item in request.session.items}
+    checks = [c for name, cs in _TWO_NODE_CHECKS.items() if name in files for c in cs]
+    where = tmp_path_factory.mktemp("two-nodes")
+    cwd = where / "cwd"
+    cwd.mkdir()
+    report = run_check(
+        "two_node_check.py",
+        str(where),
+        ",".join(checks),
+        timeout=900,
+        cwd=str(cwd),
+        marker="REPORT ",
+    )
+    return report, cwd
+
+
 @pytest.fixture(params=["local", "file", "s3"])
 def any_root(request, tmp_path):
     """A storage root of each kind: a local path, a ``file://`` URI and an ``s3://``
@@ -492,18 +529,17 @@ TEST_GROW_POOL = __import__("os").environ.get("THINKRAY_TEST_GROW_POOL", "0") ==
 TEST_PLACEMENT = __import__("os").environ.get("THINKRAY_TEST_PLACEMENT", "dedicated")
 
 
-@pytest.fixture
-def namespace_factory(ray_local, tmp_path):
-    """Build AgentNamespaces that are shut down (actors stopped) after the test."""
+def _namespace_maker(folder, made: list):
+    """``make(agent_cls=None, **kwargs)``: an AgentNamespace with the tests' defaults, its
+    storage under ``folder``, appended to ``made`` (for the fixture to shut down)."""
     from thinkray.actors.namespace import AgentNamespace
 
-    made = []
     counter = iter(range(10_000))
 
     def make(agent_cls=None, **kwargs):
         from tests.agents import ScriptAgent
 
-        kwargs.setdefault("storage_root", str(tmp_path / "root"))
+        kwargs.setdefault("storage_root", str(folder / "root"))
         if not {"pool_size", "max_pool", "grow_pool"} & kwargs.keys():
             kwargs["grow_pool"] = TEST_GROW_POOL  # a test of the pool sets its own
         kwargs.setdefault("pool_size", TEST_POOL_SIZE)
@@ -511,7 +547,7 @@ def namespace_factory(ray_local, tmp_path):
         kwargs.setdefault("placement", TEST_PLACEMENT)
         # The xdist worker in the name: every worker's tests share one Ray.
         worker = __import__("os").environ.get("PYTEST_XDIST_WORKER", "")
-        tail = tmp_path.name[-12:]
+        tail = folder.name[-12:]
         name = kwargs.pop("name", f"t{next(counter)}{worker}-{tail}".replace("_", "-"))
         ns = AgentNamespace(name, agent_cls or ScriptAgent, **kwargs)
         _STARTS["namespaces"] += 1
@@ -519,7 +555,31 @@ def namespace_factory(ray_local, tmp_path):
         made.append(ns)
         return ns
 
-    yield make
+    return make
+
+
+def _shut_down(made: list) -> None:
     for ns in made:
         with contextlib.suppress(Exception):
             ns.shutdown()
+
+
+@pytest.fixture
+def namespace_factory(ray_local, tmp_path):
+    """Build AgentNamespaces that are shut down (actors stopped) after the test."""
+    made: list = []
+    yield _namespace_maker(tmp_path, made)
+    _shut_down(made)
+
+
+@pytest.fixture(scope="module")
+def module_namespace_factory(ray_local, tmp_path_factory, request):
+    """Build AgentNamespaces that the module's tests share, shut down after its last
+    test. A namespace's directory is a process (~0.7 CPU-s to start here), and so is
+    each agent's actor; tests that each use an agent of their own name in one shared
+    namespace start one directory, and an agent hibernated at its test's end gives its
+    actor back to the pool for the next test's agent to bind."""
+    made: list = []
+    folder = tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1][-12:])
+    yield _namespace_maker(folder, made)
+    _shut_down(made)

@@ -1,8 +1,7 @@
-"""Run by tests/test_durability.py in its own process: two raylets on one machine
-(ray.cluster_utils.Cluster) over an ``s3://`` storage root (a moto server this process
-starts on loopback). Runs the scenarios named on its command line (``fence,crash``) one
-after another in that cluster and prints what each observed (or the error that ended
-it) as one line, ``REPORT <json>``.
+"""Scenarios run by tests/two_node_check.py in a cluster of two raylets on one machine
+(``ray.cluster_utils.Cluster``) over an ``s3://`` storage root (a moto server on
+loopback); tests/test_durability.py checks what each observed. The crash removes the
+worker node, so it runs last.
 
 ``crash`` (issue 21 item 9): an agent on the worker node answers N turns (each calls a
 tool that logs its execution to a file), then, while turn N + 1 runs, its actor
@@ -18,20 +17,16 @@ hibernates; a third owner sees A's and B's acknowledged turns and nothing else.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
-import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 import ray
 from ray.cluster_utils import Cluster
 
-LEASE_TTL = 2.0
 CITIES = ("Lima", "Oslo", "Quito")  # one acknowledged turn each (letters only: the
 # script agent's tool call takes the word after "weather in")
 SAFETY = 120.0  # seconds any single wait may take before the check gives up
@@ -52,19 +47,12 @@ def status_of(result: Any) -> str:
 
 
 class Rig:
-    """The cluster, the store and helpers to place session actors on nodes."""
+    """The two-node cluster (tests/two_node_check.py started it), a moto server with
+    the store's bucket, and helpers to place session actors on the nodes."""
 
-    def __init__(self, where: str) -> None:
-        from moto.server import ThreadedMotoServer
-
-        os.environ.update(
-            AWS_ACCESS_KEY_ID="testing",
-            AWS_SECRET_ACCESS_KEY="testing",
-            AWS_DEFAULT_REGION="us-east-1",
-            THINKRAY_LEASE_TTL=str(LEASE_TTL),
-            THINKRAY_CACHE_DIR=os.path.join(where, "cache"),
-        )
+    def __init__(self, where: str, cluster: Cluster, worker: Any) -> None:
         import boto3
+        from moto.server import ThreadedMotoServer
 
         port = free_port()
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
@@ -73,14 +61,10 @@ class Rig:
         boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="thinkray")
         self.root = f"s3://thinkray/fleet?endpoint_override={endpoint}"
         self.where = where
-        self.cluster = Cluster(
-            initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False}
-        )
-        self.worker = self.cluster.add_node(num_cpus=2)
-        self.cluster.wait_for_nodes()
-        ray.init(address=self.cluster.address, log_to_driver=False)
-        self.head_id = self.cluster.head_node.node_id
-        self.worker_id = self.worker.node_id
+        self.cluster = cluster
+        self.worker = worker
+        self.head_id = cluster.head_node.node_id
+        self.worker_id = worker.node_id
 
     def actor_on(self, node: str) -> Any:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -119,8 +103,6 @@ class Rig:
         return ray.get(actor.invoke.remote(name, method, args), timeout=SAFETY)
 
     def close(self) -> None:
-        ray.shutdown()
-        self.cluster.shutdown()
         self.server.stop()
 
 
@@ -213,24 +195,3 @@ def fence(rig: Rig) -> dict[str, Any]:
         "users": user_texts(history),
         "messages": len(history),
     }
-
-
-def main(scenarios: str, where: str) -> int:
-    """Run the scenarios named (``fence,crash``: the crash removes the worker node, so
-    it comes last) one after another in one cluster; each catches its own failure."""
-    rig = Rig(where)
-    try:
-        report: dict[str, Any] = {}
-        for scenario in scenarios.split(","):
-            try:
-                report[scenario] = {"crash": crash, "fence": fence}[scenario](rig)
-            except Exception:
-                report[scenario] = {"error": traceback.format_exc()[-3000:]}
-        print("REPORT " + json.dumps(report), flush=True)
-        return 0
-    finally:
-        rig.close()
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2]))

@@ -1,8 +1,7 @@
-"""Run by tests/test_objectstore.py in its own process: two raylets on one machine
-(ray.cluster_utils.Cluster) over object-store storage roots (``s3``: a moto server this
-process starts on loopback; ``file``: a ``file://`` URI), one round per kind named on
-the command line (``file,s3``) in one cluster, each in a namespace of its own. Prints
-one JSON line: each kind's report, or the error that ended its round.
+"""Rounds run by tests/two_node_check.py in a cluster of two raylets on one machine
+(``ray.cluster_utils.Cluster``) over object-store storage roots (``s3``: a moto server
+the round starts on loopback; ``file``: a ``file://`` URI), each kind in a namespace of
+its own; tests/test_objectstore.py checks their reports.
 
 1. An agent hibernates on one node and wakes on the other with its history.
 2. (s3) The store goes down: hibernate fails after retries, the agent stays live; the
@@ -15,17 +14,12 @@ one JSON line: each kind's report, or the error that ended its round.
 
 from __future__ import annotations
 
-import json
-import os
 import socket
-import sys
 import time
-import traceback
 
 import ray
-from ray.cluster_utils import Cluster
 
-LEASE_TTL = 3.0
+from tests.two_node_check import LEASE_TTL
 
 
 def free_port() -> int:
@@ -40,36 +34,6 @@ def start_moto(port: int):  # type: ignore[no-untyped-def]
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     return server
-
-
-def main(kinds: str, where: str) -> int:
-    os.environ.update(
-        AWS_ACCESS_KEY_ID="testing",
-        AWS_SECRET_ACCESS_KEY="testing",
-        AWS_DEFAULT_REGION="us-east-1",
-        THINKRAY_LEASE_TTL=str(LEASE_TTL),
-        THINKRAY_CACHE_DIR=os.path.join(where, "cache"),
-    )
-    # One cluster for every round: its two raylets, their pools and workers are most of
-    # a round's cost (the cluster's processes inherit the environment set above).
-    cluster = Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False}
-    )
-    cluster.add_node(num_cpus=2)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False)
-    report: dict = {}
-    try:
-        for kind in kinds.split(","):
-            try:
-                report[kind] = one_round(kind, where)
-            except Exception:
-                report[kind] = {"error": traceback.format_exc()[-3000:]}
-        print(json.dumps(report))
-        return 0
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def one_round(kind: str, where: str) -> dict:
@@ -183,7 +147,3 @@ def one_round(kind: str, where: str) -> dict:
     finally:
         if server is not None:
             server.stop()
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2]))

@@ -1,9 +1,8 @@
 """The orchestrator's shared workspace on an object-store root (issue 13, item 1): the
 bridge's file follows the sessions' mechanism (lease, node-local cache, generations in
-the store). Run in its own process (``python tests/test_bridge_objectstore.py file,s3 DIR``,
-like tests/objectstore_check.py) so that its Ray workers see the moto credentials and
-a short lease TTL: one Ray, one round per kind in a namespace of its own; prints one
-JSON line, each kind's report or the error that ended its round.
+the store). The rounds run in tests/two_node_check.py's process and cluster (its Ray
+workers see the moto credentials and a short lease TTL), one per kind in a namespace
+of its own; the test checks their reports.
 
 1. A sub-agent writes a file into the shared workspace; the orchestrator hibernates and
    the bridge uploads its file as a generation.
@@ -17,18 +16,13 @@ JSON line, each kind's report or the error that ended its round.
 from __future__ import annotations
 
 import json
-import os
-import sys
-import traceback
-from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import round_of, run_check
+from tests.helpers import round_of
 
 REPO = Path(__file__).resolve().parent.parent
-LEASE_TTL = 4.0
 
 
 def script(*steps):
@@ -47,31 +41,6 @@ READ_PLAN = script(
 
 def _uri_folders(*dirs: Path) -> list[str]:
     return [str(d / n) for d in dirs for n in ("s3:", "file:") if (d / n).exists()]
-
-
-def main(kinds: str, where: str) -> int:  # pragma: no cover - run in a subprocess
-    os.environ.update(
-        AWS_ACCESS_KEY_ID="testing",
-        AWS_SECRET_ACCESS_KEY="testing",
-        AWS_DEFAULT_REGION="us-east-1",
-        THINKRAY_LEASE_TTL=str(LEASE_TTL),
-        THINKRAY_CACHE_DIR=os.path.join(where, "cache"),
-    )
-    import ray
-
-    # One Ray for both rounds: its start and its workers are most of a round's cost.
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    report: dict = {}
-    try:
-        for kind in kinds.split(","):
-            try:
-                report[kind] = one_round(kind, where, f"orch-{kind}")
-            except Exception:
-                report[kind] = {"error": traceback.format_exc()[-3000:]}
-    finally:
-        ray.shutdown()
-    print(json.dumps(report))
-    return 0
 
 
 def one_round(kind: str, where: str, ns_name: str) -> dict:  # pragma: no cover
@@ -165,28 +134,12 @@ def one_round(kind: str, where: str, ns_name: str) -> dict:  # pragma: no cover
     return report
 
 
-@pytest.fixture(scope="module")
-def rounds(tmp_path_factory):
-    """Both kinds' rounds, run once in one Ray (working directory: ``cwd``)."""
-    where = tmp_path_factory.mktemp("bridge")
-    cwd = where / "cwd"
-    cwd.mkdir()
-    pytest.importorskip("pyarrow")
-    kinds = ["file"] + (["s3"] if find_spec("boto3") and find_spec("moto") else [])
-    report = run_check(Path(__file__).name, ",".join(kinds), str(where), timeout=400, cwd=str(cwd))
-    return report, cwd
-
-
 @pytest.mark.ray
-@pytest.mark.xdist_group("bridge-objectstore")  # one worker runs both: one Ray for both
+@pytest.mark.xdist_group("two-nodes")  # one worker: one cluster (tests/two_node_check.py)
 @pytest.mark.parametrize("kind", ["file", "s3"])
-def test_shared_workspace_survives_hibernation_on_an_object_store_root(kind, rounds):
-    pytest.importorskip("pyarrow")
-    if kind == "s3":
-        pytest.importorskip("boto3")
-        pytest.importorskip("moto.server")
-    all_rounds, cwd = rounds
-    report = round_of(all_rounds, kind)
+def test_shared_workspace_survives_hibernation_on_an_object_store_root(kind, two_node_report):
+    all_rounds, cwd = two_node_report
+    report = round_of(all_rounds, f"bridge-{kind}")
     assert report["written"] == "completed"
     assert report["generation_after_hibernate"] == 1  # uploaded at hibernation
     assert report["read"] == "completed" and report["reader_saw"]
@@ -197,7 +150,3 @@ def test_shared_workspace_survives_hibernation_on_an_object_store_root(kind, rou
     assert report["in_store"] == "one\ntwo\n"
     assert report["uri_folders"] == []
     assert _uri_folders(cwd, REPO) == []
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2]))

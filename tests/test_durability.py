@@ -1,13 +1,13 @@
 """Durability on an object-store root (issue 21, items 9, 10 and 15), by doing it:
-tests/durability_check.py runs a two-node ``ray.cluster_utils.Cluster`` over a moto
-S3 server on loopback, SIGKILLs a node's processes mid-conversation, and SIGSTOPs an
-owner until another node takes its session over."""
+tests/durability_check.py's scenarios run in tests/two_node_check.py's cluster of two
+raylets over a moto S3 server on loopback: one SIGKILLs a node's processes
+mid-conversation, the other SIGSTOPs an owner until another node takes its session over."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.helpers import round_of, run_check
+from tests.helpers import round_of
 
 pytest.importorskip("pyarrow")
 pytest.importorskip("boto3")
@@ -61,20 +61,10 @@ async def test_a_turn_that_cannot_be_made_durable_is_an_error(store, collector):
 # -- two nodes, real processes -----------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def scenarios(tmp_path_factory) -> dict:
-    """Both scenarios, run once in one cluster (the fence first: the crash removes the
-    worker node)."""
-    where = tmp_path_factory.mktemp("durability")
-    return run_check(
-        "durability_check.py", "fence,crash", str(where), timeout=500, marker="REPORT "
-    )
-
-
 @pytest.mark.ray
-@pytest.mark.xdist_group("durability-two-nodes")  # one worker runs both: one cluster
-def test_acknowledged_turns_survive_a_node_crash_and_run_once(scenarios):
-    report = round_of(scenarios, "crash")
+@pytest.mark.xdist_group("two-nodes")  # one worker: one cluster (tests/two_node_check.py)
+def test_acknowledged_turns_survive_a_node_crash_and_run_once(two_node_report):
+    report = round_of(two_node_report[0], "crash")
     assert report["statuses"] == ["completed"] * N_TURNS
     assert report["owner_node"] != report["taker_node"]
     cities = CITIES
@@ -88,9 +78,9 @@ def test_acknowledged_turns_survive_a_node_crash_and_run_once(scenarios):
 
 
 @pytest.mark.ray
-@pytest.mark.xdist_group("durability-two-nodes")
-def test_a_paused_owner_is_fenced_out_by_the_takeover(scenarios):
-    report = round_of(scenarios, "fence")
+@pytest.mark.xdist_group("two-nodes")
+def test_a_paused_owner_is_fenced_out_by_the_takeover(two_node_report):
+    report = round_of(two_node_report[0], "fence")
     assert report["a_statuses"] == ["completed"] * 2
     assert report["b_statuses"] == ["completed"] * 2
     assert report["nodes"][0] != report["nodes"][1]

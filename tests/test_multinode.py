@@ -1,33 +1,21 @@
-"""Multi-node: hibernate on one raylet, wake on the other (ray.cluster_utils.Cluster)."""
+"""Multi-node: hibernate on one raylet, wake on the other (tests/multinode_check.py, in
+tests/two_node_check.py's cluster), and the cluster launcher's config."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import json_report
+from tests.helpers import round_of
 
 pytestmark = pytest.mark.ray
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_hibernate_on_one_node_wake_on_the_other(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "multinode_check.py"), str(tmp_path / "shared")],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=env,
-        cwd=str(REPO),
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json_report(proc.stdout)
+@pytest.mark.xdist_group("two-nodes")  # one worker: one cluster (tests/two_node_check.py)
+def test_hibernate_on_one_node_wake_on_the_other(two_node_report):
+    report = round_of(two_node_report[0], "multinode")
     assert len(report["nodes"]) == 2
     assert report["first_node"] != report["second_node"]
     assert report["serving_node"] == report["second_node"]

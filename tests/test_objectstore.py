@@ -1,6 +1,7 @@
 """Storage roots on object storage, fenced (issue 13, items 1-3): the same behavioural
 tests against a real S3 API (moto's server on loopback, started here) and a file://
-root; the actor-level and two-node checks run tests/objectstore_check.py."""
+root; the two-node rounds are tests/objectstore_check.py's, run in tests/two_node_check.py's
+cluster."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from thinkray.storage.errors import StorageRootError  # noqa: E402
 from thinkray.storage.layout import ensure_root, list_names, session_path  # noqa: E402
 from thinkray.storage.session_store import DuckDBSessionStore  # noqa: E402
 
-from tests.helpers import round_of, run_check  # noqa: E402
+from tests.helpers import round_of  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -267,21 +268,14 @@ def test_bad_roots_fail_at_start_with_a_clear_message(moto_server):
         ensure_root("file://relative/path", "ns")
 
 
-@pytest.fixture(scope="module")
-def two_node_rounds(tmp_path_factory):
-    """tests/objectstore_check.py's rounds for both kinds, run once in one cluster."""
-    where = tmp_path_factory.mktemp("two-nodes")
-    return run_check("objectstore_check.py", "file,s3", str(where), timeout=400)
-
-
 @pytest.mark.ray
-@pytest.mark.xdist_group("two-node-objectstore")  # one worker runs both: one cluster
+@pytest.mark.xdist_group("two-nodes")  # one worker: one cluster (tests/two_node_check.py)
 @pytest.mark.parametrize("kind", ["s3", "file"])
-def test_two_nodes_round_trip_race_and_takeover(kind, two_node_rounds):
+def test_two_nodes_round_trip_race_and_takeover(kind, two_node_report):
     """tests/objectstore_check.py: hibernate on one node, wake on the other; (s3) the
     store goes down during hibernate; two nodes race to bind; a killed owner's lease
     expires and the other node takes over with nothing committed lost."""
-    report = round_of(two_node_rounds, kind)
+    report = round_of(two_node_report[0], f"objectstore-{kind}")
     assert report["first_node"] != report["second_node"]
     assert report["same_history"] and report["messages"] == 4
     assert report["names"] == ["traveller"]

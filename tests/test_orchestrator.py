@@ -5,6 +5,7 @@ code execution and extensions inside sub-agents."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from pathlib import Path
 
@@ -23,20 +24,37 @@ def tool_parts(message):
     return [p for p in message["parts"] if p["type"] == "dynamic-tool"]
 
 
-@pytest.fixture
-def orchestrator(namespace_factory):
+_BOSSES = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def orchestrators(module_namespace_factory):
+    """The module's namespace of orchestrators: each test has one of its own name."""
     from tests.agents import LeanOrchestrator
 
-    ns = namespace_factory(LeanOrchestrator, idle_timeout=None)
-    handle = ns.get("boss")
-    yield ns, handle
-    # sub-agent namespaces belong to the orchestrator: stop them too
-    try:
-        from thinkray.actors.namespace import AgentNamespace
+    return module_namespace_factory(LeanOrchestrator, idle_timeout=None)
 
-        AgentNamespace.connect(f"{ns.name}.boss.subs").shutdown()
-    except Exception:
-        pass
+
+@pytest.fixture
+def orchestrator(orchestrators, ray_local):
+    """``(namespace, handle)`` of an orchestrator of this test's own (its registry,
+    sub-agents, workspace and bridge start empty). At the test's end its sub-agents'
+    namespace and bridge stop and it hibernates, which gives its actor to the next
+    test's orchestrator."""
+    from thinkray.actors.bridge import bridge_name
+    from thinkray.actors.namespace import AgentNamespace
+
+    ns = orchestrators
+    name = f"boss{next(_BOSSES)}"
+    yield ns, ns.get(name)
+    with contextlib.suppress(Exception):
+        AgentNamespace.connect(f"{ns.name}.{name}.subs").shutdown()
+    with contextlib.suppress(Exception):
+        ns.hibernate(name, force=True)
+    with contextlib.suppress(Exception):
+        bridge = ray_local.get_actor(bridge_name(ns.name, name), namespace="thinkray")
+        ray_local.get(bridge.close.remote(), timeout=30)
+        ray_local.kill(bridge, no_restart=True)
 
 
 WRITE_PLAN = script(
@@ -56,7 +74,7 @@ def test_registry_persists_and_configures(orchestrator):
     assert created.status == "idle" and created.access == "read-write"
     assert "token" not in str(created.config)  # grants are never handed out
     boss.configure_subagent.remote("writer", {"instructions": "be terse"}).result()
-    assert ns.hibernate("boss")  # the registry lives in the orchestrator's file
+    assert ns.hibernate(boss.name)  # the registry lives in the orchestrator's file
     listed = boss.list_subagents.remote().result()
     assert [r.name for r in listed] == ["writer"]
     assert listed[0].config["instructions"] == "be terse"
@@ -134,7 +152,7 @@ def test_forged_and_revoked_grants_are_refused(orchestrator, ray_local):
     ns, boss = orchestrator
     boss.create_subagent.remote("w", {"model": WRITE_PLAN}).result()
     boss.delegate.remote("w", "write", wait=True).result()
-    name = bridge_name(ns.name, "boss")
+    name = bridge_name(ns.name, boss.name)
     forged = BridgeClient(name, "not-a-token", "read-write")
     with pytest.raises(BridgeAccessError):
         ray_local.get(forged.read_file("notes/plan.md"))
@@ -156,7 +174,7 @@ def test_abort_task_reaches_the_sub_agent_tool_call(orchestrator):
     assert status.status == "aborted"
     from thinkray.actors.namespace import AgentNamespace
 
-    sub = AgentNamespace.connect(f"{boss.namespace}.boss.subs").existing("waiter")
+    sub = AgentNamespace.connect(f"{boss.namespace}.{boss.name}.subs").existing("waiter")
     part = tool_parts(sub.get_history.remote().result()[-1])[0]
     assert part["state"] == "output-error" and "aborted by parent" in part["errorText"]
 
@@ -234,7 +252,7 @@ def test_extension_written_on_one_turn_is_a_tool_on_the_next_and_survives_hibern
     boss.create_subagent.remote("ext", {"model": steps, "extensions": True}).result()
     first = boss.delegate.remote("ext", "load it", wait=True).result()
     assert tool_parts(first.message)[0]["state"] == "output-available"
-    subs = AgentNamespace.connect(f"{boss.namespace}.boss.subs")
+    subs = AgentNamespace.connect(f"{boss.namespace}.{boss.name}.subs")
     assert subs.hibernate("ext")
     use = script([{"tool": "calc__mul", "input": {"a": 6, "b": 7}}], [{"text": "42"}])
     boss.configure_subagent.remote("ext", {"model": use}).result()
