@@ -50,11 +50,31 @@ def collector_cls(ray_local):
     return Collector
 
 
+@pytest.fixture(scope="module")
+def _shared(module_namespace_factory):
+    return module_namespace_factory()
+
+
+@pytest.fixture
+def shared_ns(_shared):
+    """The module's namespace of default agents, for tests that each use agents of their
+    own names and look at nothing namespace-wide but them. Its agents hibernate after
+    each test, so the next test's agents bind their actors instead of starting more."""
+    yield _shared
+    _shared.hibernate_all(force=True)
+
+
+@pytest.fixture(scope="module")
+def names_ns(module_namespace_factory):
+    """A namespace no agent ever binds in, for the name checks."""
+    return module_namespace_factory()
+
+
 # -- addressing ------------------------------------------------------------------------
 
 
-def test_get_creates_and_chat_persists(namespace_factory):
-    ns = namespace_factory()
+def test_get_creates_and_chat_persists(shared_ns):
+    ns = shared_ns
     agent = ns.get("alice")
     result = agent.chat.remote("hello").result()
     assert result.status == "completed"
@@ -119,14 +139,14 @@ def test_streaming_generator_matches_chunk_log(namespace_factory):
     assert text_of(stored) == "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
 
 
-def test_a_local_callback_object_is_refused_with_the_alternative(namespace_factory):
+def test_a_local_callback_object_is_refused_with_the_alternative(shared_ns):
     from thinkray.actors.errors import RemoteCallError
 
     class Local:
         def on_event(self, chunk):
             raise AssertionError("never called in another process")
 
-    ns = namespace_factory()
+    ns = shared_ns
     agent = ns.get("local-cb")
     with pytest.raises(RemoteCallError, match="stream_chat"):
         agent.chat.remote("hi", callback=Local())
@@ -175,8 +195,8 @@ def test_abort_receiver_works_from_another_process(namespace_factory, ray_local)
     assert text_of(agent.get_history.remote().result()[-1]) == text_of(last)
 
 
-def test_abort_unknown_run_returns_false(namespace_factory):
-    ns = namespace_factory()
+def test_abort_unknown_run_returns_false(shared_ns):
+    ns = shared_ns
     agent = ns.get("nobody")
     run = agent.stream_chat.remote("x")
     agent.wait_run.remote(run.run_id).result()
@@ -276,8 +296,8 @@ def test_hibernate_refused_while_running(namespace_factory):
     assert ns.hibernate("busy") is True
 
 
-def test_crashed_actor_is_replaced(namespace_factory, ray_local):
-    ns = namespace_factory()
+def test_crashed_actor_is_replaced(shared_ns, ray_local):
+    ns = shared_ns
     agent = ns.get("crashy")
     agent.chat.remote("before crash").result()
     pid = ns.where(agent.name)["pid"]
@@ -314,10 +334,10 @@ def test_recycle_after_n_bindings(namespace_factory):
     assert ns.stats()["counters"]["actors_recycled"] == 1
 
 
-def test_orphaned_tool_call_finalized_after_restart(namespace_factory):
+def test_orphaned_tool_call_finalized_after_restart(shared_ns):
     from thinkray.storage.session_store import DuckDBSessionStore
 
-    ns = namespace_factory()
+    ns = shared_ns
     path = Path(ns.storage_root) / ns.name / "orphan.duckdb"
     store = DuckDBSessionStore(path)
     sid = store.create_session("s").id
@@ -349,8 +369,8 @@ def test_orphaned_tool_call_finalized_after_restart(namespace_factory):
 # -- fibers and alarms -------------------------------------------------------------------
 
 
-def test_fiber_recovers_after_crash(namespace_factory, ray_local):
-    ns = namespace_factory()
+def test_fiber_recovers_after_crash(shared_ns, ray_local):
+    ns = shared_ns
     agent = ns.get("fiber")
     fid = agent.spawn_fiber.remote("count_to", {"n": 40, "sleep": 0.05}).result()
     wait_until(lambda: (agent.get_fiber.remote(fid).result().checkpoint or {}).get("i", 0) >= 5)
@@ -364,8 +384,8 @@ def test_fiber_recovers_after_crash(namespace_factory, ray_local):
     assert record.attempts == 2
 
 
-def test_alarm_wakes_hibernated_agent(namespace_factory):
-    ns = namespace_factory()
+def test_alarm_wakes_hibernated_agent(shared_ns):
+    ns = shared_ns
     agent = ns.get("alarmed")
     # due after the hibernation below (3 s: room for a loaded machine's slow calls)
     agent.schedule.remote(3.0, "note_alarm", "ding").result()
@@ -384,20 +404,20 @@ def test_alarm_wakes_hibernated_agent(namespace_factory):
 
 
 @pytest.mark.parametrize("bad", ["../escape", "a/b", "", ".hidden", "x" * 200, "a\x00b", "sp ace"])
-def test_unsafe_names_rejected_before_filesystem(namespace_factory, bad):
+def test_unsafe_names_rejected_before_filesystem(names_ns, bad):
     from thinkray.storage.types import InvalidInputError
 
-    ns = namespace_factory()
+    ns = names_ns
     before = set(os.listdir(Path(ns.storage_root) / ns.name))
     with pytest.raises(InvalidInputError):
         ns.get(bad)
     assert set(os.listdir(Path(ns.storage_root) / ns.name)) == before
 
 
-def test_never_created_name_is_not_found(namespace_factory):
+def test_never_created_name_is_not_found(shared_ns):
     from thinkray.storage.types import SessionNotFoundError
 
-    ns = namespace_factory()
+    ns = shared_ns
     with pytest.raises(SessionNotFoundError):
         ns.existing("ghost").get_history.remote().result()
     assert "ghost" not in ns.names()
@@ -413,10 +433,10 @@ def test_unwritable_storage_root_fails_at_start(ray_local, tmp_path):
         AgentNamespace("badroot", storage_root=str(blocker / "root"))
 
 
-def test_session_operations_over_the_actor(namespace_factory):
+def test_session_operations_over_the_actor(shared_ns):
     from thinkray.storage.types import SessionNotFoundError
 
-    ns = namespace_factory()
+    ns = shared_ns
     agent = ns.get("multi")
     first = agent.create_session.remote("research").result()
     agent.chat.remote("about research").result()
