@@ -15,7 +15,11 @@ from tests.helpers import wait_until
 pytest.importorskip("mcp")
 
 from tests.test_mcp import SERVER, free_port, start_http_server  # noqa: E402
-from tests.test_orchestrator import orchestrator, tool_parts  # noqa: E402, F401  (a fixture)
+from tests.test_orchestrator import (  # noqa: E402, F401  (fixtures)
+    orchestrator,
+    orchestrators,
+    tool_parts,
+)
 
 pytestmark = pytest.mark.ray
 
@@ -32,19 +36,9 @@ def call(tool, **input):
 
 @pytest.fixture
 def mcp_orchestrator(orchestrator):  # noqa: F811  (the imported fixture)
-    """The orchestrator of tests/test_orchestrator.py, whose bridge (holding the MCP
+    """The orchestrator of tests/test_orchestrator.py: its bridge (holding the MCP
     connections) is closed after the test, so the stdio servers stop."""
-    ns, _ = orchestrator
-    yield orchestrator
-    try:
-        import ray
-        from thinkray.actors.bridge import bridge_name
-
-        bridge = ray.get_actor(bridge_name(ns.name, "boss"), namespace="thinkray")
-        ray.get(bridge.close.remote(), timeout=30)
-        ray.kill(bridge)
-    except Exception:
-        pass
+    return orchestrator
 
 
 def test_granted_sub_agent_calls_mcp_tools_over_stdio_and_http(mcp_orchestrator):
@@ -94,7 +88,7 @@ def test_server_config_survives_hibernation_and_a_killed_server_is_reconnected(m
     boss.create_subagent.remote("pidder", {"model": asks_pid}, mcp=["calc"]).result()
     first = tool_parts(boss.delegate.remote("pidder", "pid", wait=True).result().message)[0]
     pid = int(first["output"])
-    assert ns.hibernate("boss")  # the configs live in the orchestrator's database
+    assert ns.hibernate(boss.name)  # the configs live in the orchestrator's database
     servers = boss.list_mcp_servers.remote().result()
     assert [s["name"] for s in servers] == ["calc"]
     assert servers[0]["config"]["args"] == [SERVER]
