@@ -77,6 +77,19 @@ def test_another_tenant_gets_404_and_never_the_hits(base, tmp_path):
     start(base, "nobody-yet", ALICE)  # the name was still free to claim
 
 
+@pytest.fixture(scope="module")
+def one_message(ray_local, tmp_path_factory):
+    """An ingress whose agent ``alice-b`` holds one message, for every bad query (each
+    then checks that the message is still the one hit: a bad query changed nothing,
+    after all the queries before it too)."""
+    root = tmp_path_factory.mktemp("bad-queries")
+    namespace = f"secsearch{next(_ids)}-{root.name[-10:]}".replace("_", "-")
+    with serve_app(make_config(str(root / "root"), namespace)) as url:
+        start(url, "alice-b", ALICE)
+        post_chat(url, "/agents/chat/alice-b/chat", chat_body("c1", "ok then", "u1"), ALICE)
+        yield url
+
+
 @pytest.mark.parametrize(
     ("params", "status"),
     [
@@ -90,9 +103,8 @@ def test_another_tenant_gets_404_and_never_the_hits(base, tmp_path):
         ({"q": "ok", "session": "no-such-session"}, 404),
     ],
 )
-def test_bad_queries_are_clear_errors_and_change_nothing(base, params, status):
-    start(base, "alice-b", ALICE)
-    post_chat(base, "/agents/chat/alice-b/chat", chat_body("c1", "ok then", "u1"), ALICE)
+def test_bad_queries_are_clear_errors_and_change_nothing(one_message, params, status):
+    base = one_message
     r = search(base, "alice-b", ALICE, **params)
     assert r.status_code == status, r.text
     assert r.json()["error"]["message"]
