@@ -136,7 +136,13 @@ from thinkray.actors.pool_policy import (
     PoolConfig,
     Waiting,
 )
-from thinkray.actors.session_actor import DEFAULT_PRELOAD, BindSpec, RemoteSessionActor
+from thinkray.actors.session_actor import (
+    DEFAULT_PRELOAD,
+    AgentClassRef,
+    BindSpec,
+    RemoteSessionActor,
+    agent_module,
+)
 from thinkray.runtime.observability.metrics import metrics
 from thinkray.storage.alarms import read_alarms, write_alarm
 from thinkray.storage.errors import DatabaseLockedError, InvalidInputError
@@ -241,7 +247,7 @@ class NamespaceConfig:
 
     namespace: str
     storage_root: str
-    agent_cls: type
+    agent_cls: type | AgentClassRef  # AgentNamespace passes a reference (see there)
     agent_kwargs: dict[str, Any] = field(default_factory=dict)
     pool_size: int = 2
     max_live: int = 64
@@ -648,7 +654,7 @@ class Directory:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
             options.pop("resources", None)
         # The agent class's module too: deserializing the first BindSpec imports it.
-        module = self.cfg.agent_cls.__module__
+        module = agent_module(self.cfg.agent_cls)
         if hosted:
             from thinkray.actors.host import RemoteAgentHost
 

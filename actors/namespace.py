@@ -66,7 +66,7 @@ from thinkray.actors.response import (
     TurnKeys,
     _own_errors,
 )
-from thinkray.actors.session_actor import DEFAULT_PRELOAD
+from thinkray.actors.session_actor import DEFAULT_PRELOAD, AgentClassRef
 from thinkray.runtime.agents.think import Think
 from thinkray.runtime.messages import new_id, parse_message
 from thinkray.runtime.observability import tracing
@@ -275,7 +275,7 @@ class AgentNamespace(Generic[A]):
         config = NamespaceConfig(
             namespace=name,
             storage_root=storage_root,
-            agent_cls=agent_cls,
+            agent_cls=AgentClassRef.of(agent_cls),  # the directory never imports it
             agent_kwargs=dict(agent_kwargs or {}),
             pool_size=_share(pool_size, directories) or 0,
             max_live=_share(max_live, directories) or 0,

@@ -102,6 +102,29 @@ def test_concurrent_get_or_create_yields_one_actor(namespace_factory, ray_local)
     assert ns.stats()["counters"]["binds"] == 1
 
 
+def test_the_directory_never_imports_the_agent_class(namespace_factory, ray_local):
+    """The directory routes binds to the class but never runs it: it carries the class
+    as a reference, so its process imports neither the agent's module nor the runtime
+    and DuckDB that the module pulls in (that import was ~0.12 s of CPU at every
+    directory's start)."""
+    from tests.lazy_agent import LazyAgent
+
+    ns = namespace_factory(LazyAgent)
+    agent = ns.get("lazy")
+    assert agent.chat.remote("hi").result().status == "completed"
+    heavy = ("tests.lazy_agent", "thinkray.runtime.agents.think", "duckdb")
+
+    def imported(_actor: Any) -> list[str]:
+        import sys
+
+        return [module for module in heavy if module in sys.modules]
+
+    directory = ns._router.handles[0]
+    assert ray_local.get(directory.__ray_call__.remote(imported)) == []
+    # the agent's own process did import it: the check can tell
+    assert "tests.lazy_agent" in ray_local.get(agent._actor_sync().__ray_call__.remote(imported))
+
+
 # -- relay ----------------------------------------------------------------------------
 
 
