@@ -333,7 +333,13 @@ class _Backend:
     def children(self, key: str) -> list[tuple[str, bool]]:
         """``(base name, is a directory)`` of what is directly under ``key``."""
         selector = self.pafs.FileSelector(self._path(key), allow_not_found=True)
-        infos = self.fs.get_file_info(selector)
+        try:
+            infos = self.fs.get_file_info(selector)
+        except FileNotFoundError:
+            # pyarrow's local listing checks whether a missing directory exists only
+            # after listing it failed: created in between (another owner's first write
+            # into a new session's folder), it raises. Listed again, it is there.
+            infos = self.fs.get_file_info(selector)
         return [(i.base_name, i.type == self.pafs.FileType.Directory) for i in infos]
 
     def delete(self, key: str) -> None:

@@ -255,6 +255,33 @@ def test_only_one_of_many_racers_takes_the_lease(root, tmp_path):
     assert len(won) == 1
 
 
+def test_a_folder_created_while_it_is_listed_is_listed_again(tmp_path):
+    """pyarrow's local listing (``allow_not_found``) checks whether a missing folder
+    exists only after listing it failed, and raises if it appeared in between: one of
+    the racers above once failed its ``acquire`` with that FileNotFoundError when
+    another created the session's folder. Injected here at the file system's seam."""
+    folder = tmp_path / "store" / "ns" / "ada"
+    folder.mkdir(parents=True)
+    (folder / "lease-1.json").write_text("{}")
+    backend = osx._Backend(osx.RootURI.parse(f"file://{tmp_path}/store"))
+    real = backend.fs
+    listings: list[str] = []
+
+    class CreatedMeanwhile:
+        def __getattr__(self, name: str):
+            return getattr(real, name)
+
+        def get_file_info(self, selector):
+            listings.append(selector.base_dir)
+            if len(listings) == 1:
+                raise FileNotFoundError(f"Cannot list directory '{selector.base_dir}'")
+            return real.get_file_info(selector)
+
+    backend.fs = CreatedMeanwhile()
+    assert backend.children("ns/ada") == [("lease-1.json", False)]
+    assert len(listings) == 2
+
+
 @pytest.mark.timeout(120)  # an unreachable endpoint fails, it does not retry for ever
 def test_bad_roots_fail_at_start_with_a_clear_message(moto_server):
     port = _free_port()  # nothing listens there
