@@ -583,3 +583,18 @@ def module_namespace_factory(ray_local, tmp_path_factory, request):
     folder = tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1][-12:])
     yield _namespace_maker(folder, made)
     _shut_down(made)
+
+
+@pytest.fixture(scope="module")
+def _module_namespace(module_namespace_factory):
+    return module_namespace_factory()
+
+
+@pytest.fixture
+def shared_namespace(_module_namespace):
+    """The module's namespace of default agents, for tests that each use agents of their
+    own names and look at nothing namespace-wide but them. Its agents hibernate after
+    each test, so the next test's agents bind their actors instead of starting more."""
+    yield _module_namespace
+    with contextlib.suppress(Exception):
+        _module_namespace.hibernate_all(force=True)

@@ -51,20 +51,6 @@ def collector_cls(ray_local):
 
 
 @pytest.fixture(scope="module")
-def _shared(module_namespace_factory):
-    return module_namespace_factory()
-
-
-@pytest.fixture
-def shared_ns(_shared):
-    """The module's namespace of default agents, for tests that each use agents of their
-    own names and look at nothing namespace-wide but them. Its agents hibernate after
-    each test, so the next test's agents bind their actors instead of starting more."""
-    yield _shared
-    _shared.hibernate_all(force=True)
-
-
-@pytest.fixture(scope="module")
 def names_ns(module_namespace_factory):
     """A namespace no agent ever binds in, for the name checks."""
     return module_namespace_factory()
@@ -73,8 +59,8 @@ def names_ns(module_namespace_factory):
 # -- addressing ------------------------------------------------------------------------
 
 
-def test_get_creates_and_chat_persists(shared_ns):
-    ns = shared_ns
+def test_get_creates_and_chat_persists(shared_namespace):
+    ns = shared_namespace
     agent = ns.get("alice")
     result = agent.chat.remote("hello").result()
     assert result.status == "completed"
@@ -162,14 +148,14 @@ def test_streaming_generator_matches_chunk_log(namespace_factory):
     assert text_of(stored) == "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
 
 
-def test_a_local_callback_object_is_refused_with_the_alternative(shared_ns):
+def test_a_local_callback_object_is_refused_with_the_alternative(shared_namespace):
     from thinkray.actors.errors import RemoteCallError
 
     class Local:
         def on_event(self, chunk):
             raise AssertionError("never called in another process")
 
-    ns = shared_ns
+    ns = shared_namespace
     agent = ns.get("local-cb")
     with pytest.raises(RemoteCallError, match="stream_chat"):
         agent.chat.remote("hi", callback=Local())
@@ -218,8 +204,8 @@ def test_abort_receiver_works_from_another_process(namespace_factory, ray_local)
     assert text_of(agent.get_history.remote().result()[-1]) == text_of(last)
 
 
-def test_abort_unknown_run_returns_false(shared_ns):
-    ns = shared_ns
+def test_abort_unknown_run_returns_false(shared_namespace):
+    ns = shared_namespace
     agent = ns.get("nobody")
     run = agent.stream_chat.remote("x")
     agent.wait_run.remote(run.run_id).result()
@@ -319,8 +305,8 @@ def test_hibernate_refused_while_running(namespace_factory):
     assert ns.hibernate("busy") is True
 
 
-def test_crashed_actor_is_replaced(shared_ns, ray_local):
-    ns = shared_ns
+def test_crashed_actor_is_replaced(shared_namespace, ray_local):
+    ns = shared_namespace
     agent = ns.get("crashy")
     agent.chat.remote("before crash").result()
     pid = ns.where(agent.name)["pid"]
@@ -357,10 +343,10 @@ def test_recycle_after_n_bindings(namespace_factory):
     assert ns.stats()["counters"]["actors_recycled"] == 1
 
 
-def test_orphaned_tool_call_finalized_after_restart(shared_ns):
+def test_orphaned_tool_call_finalized_after_restart(shared_namespace):
     from thinkray.storage.session_store import DuckDBSessionStore
 
-    ns = shared_ns
+    ns = shared_namespace
     path = Path(ns.storage_root) / ns.name / "orphan.duckdb"
     store = DuckDBSessionStore(path)
     sid = store.create_session("s").id
@@ -392,8 +378,8 @@ def test_orphaned_tool_call_finalized_after_restart(shared_ns):
 # -- fibers and alarms -------------------------------------------------------------------
 
 
-def test_fiber_recovers_after_crash(shared_ns, ray_local):
-    ns = shared_ns
+def test_fiber_recovers_after_crash(shared_namespace, ray_local):
+    ns = shared_namespace
     agent = ns.get("fiber")
     fid = agent.spawn_fiber.remote("count_to", {"n": 40, "sleep": 0.05}).result()
     wait_until(lambda: (agent.get_fiber.remote(fid).result().checkpoint or {}).get("i", 0) >= 5)
@@ -407,8 +393,8 @@ def test_fiber_recovers_after_crash(shared_ns, ray_local):
     assert record.attempts == 2
 
 
-def test_alarm_wakes_hibernated_agent(shared_ns):
-    ns = shared_ns
+def test_alarm_wakes_hibernated_agent(shared_namespace):
+    ns = shared_namespace
     agent = ns.get("alarmed")
     # due after the hibernation below (3 s: room for a loaded machine's slow calls)
     agent.schedule.remote(3.0, "note_alarm", "ding").result()
@@ -437,10 +423,10 @@ def test_unsafe_names_rejected_before_filesystem(names_ns, bad):
     assert set(os.listdir(Path(ns.storage_root) / ns.name)) == before
 
 
-def test_never_created_name_is_not_found(shared_ns):
+def test_never_created_name_is_not_found(shared_namespace):
     from thinkray.storage.types import SessionNotFoundError
 
-    ns = shared_ns
+    ns = shared_namespace
     with pytest.raises(SessionNotFoundError):
         ns.existing("ghost").get_history.remote().result()
     assert "ghost" not in ns.names()
@@ -456,10 +442,10 @@ def test_unwritable_storage_root_fails_at_start(ray_local, tmp_path):
         AgentNamespace("badroot", storage_root=str(blocker / "root"))
 
 
-def test_session_operations_over_the_actor(shared_ns):
+def test_session_operations_over_the_actor(shared_namespace):
     from thinkray.storage.types import SessionNotFoundError
 
-    ns = shared_ns
+    ns = shared_namespace
     agent = ns.get("multi")
     first = agent.create_session.remote("research").result()
     agent.chat.remote("about research").result()

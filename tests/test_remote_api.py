@@ -96,8 +96,8 @@ def test_handle_typing_is_checked_by_mypy(tmp_path):
 # -- through the actor --------------------------------------------------------------------
 
 
-def test_a_method_that_is_not_remote_is_refused_naming_what_is_allowed(namespace_factory):
-    ns = namespace_factory()
+def test_a_method_that_is_not_remote_is_refused_naming_what_is_allowed(shared_namespace):
+    ns = shared_namespace
     agent = ns.get("guarded")
     agent.chat.remote("hello").result()
     for name in ("close", "persist_message", "store", "finalize_orphaned_tool_calls"):
@@ -118,8 +118,8 @@ def test_a_method_that_is_not_remote_is_refused_naming_what_is_allowed(namespace
     assert agent.chat.remote("again").result().status == "completed"
 
 
-def test_arguments_that_do_not_fit_are_refused_before_anything_runs(namespace_factory):
-    ns = namespace_factory()
+def test_arguments_that_do_not_fit_are_refused_before_anything_runs(shared_namespace):
+    ns = shared_namespace
     agent = ns.get("strict")
     with pytest.raises(RemoteCallError, match=r"rename_session\(session_id: str, name: str\)"):
         agent.rename_session.remote("only-one-argument")
@@ -130,8 +130,8 @@ def test_arguments_that_do_not_fit_are_refused_before_anything_runs(namespace_fa
     assert ns.where("strict") is None  # nothing was sent: the agent never woke
 
 
-def test_result_and_await_both_work_and_result_refuses_inside_a_loop(namespace_factory):
-    ns = namespace_factory()
+def test_result_and_await_both_work_and_result_refuses_inside_a_loop(shared_namespace):
+    ns = shared_namespace
     agent = ns.get("both")
     info = agent.create_session.remote("one").result(timeout_s=30)
     assert info.name == "one"
@@ -150,10 +150,10 @@ def test_result_and_await_both_work_and_result_refuses_inside_a_loop(namespace_f
     assert status.state == "idle"  # a typed SessionStatus, not a dict
 
 
-def test_a_remote_error_keeps_its_type(namespace_factory):
+def test_a_remote_error_keeps_its_type(shared_namespace):
     from thinkray.storage.types import SessionNotFoundError
 
-    agent = namespace_factory().get("errs")
+    agent = shared_namespace.get("errs")
     with pytest.raises(SessionNotFoundError):
         agent.get_history.remote("no-such-session").result()
 

@@ -15,6 +15,31 @@ from tests.helpers import wait_until
 pytestmark = pytest.mark.ray
 
 
+@pytest.fixture(scope="module")
+def _durable_tools(module_namespace_factory):
+    return module_namespace_factory(DurableToolAgent)
+
+
+@pytest.fixture(scope="module")
+def _resuming(module_namespace_factory):
+    return module_namespace_factory(ResumingAgent)
+
+
+@pytest.fixture
+def durable_tools(_durable_tools):
+    """The module's namespace of DurableToolAgents (each test names its own agent);
+    its agents hibernate after each test and leave their actors to the next."""
+    yield _durable_tools
+    _durable_tools.hibernate_all(force=True)
+
+
+@pytest.fixture
+def resuming(_resuming):
+    """Likewise for ResumingAgents."""
+    yield _resuming
+    _resuming.hibernate_all(force=True)
+
+
 def _kill(ns, name: str) -> int:
     pid = ns.where(name)["pid"]
     os.kill(pid, signal.SIGKILL)
@@ -27,8 +52,8 @@ def _kill(ns, name: str) -> int:
     return pid
 
 
-def test_an_inline_call_cut_off_by_a_crash_fails_and_never_runs_again(namespace_factory, tmp_path):
-    ns = namespace_factory(DurableToolAgent)
+def test_an_inline_call_cut_off_by_a_crash_fails_and_never_runs_again(durable_tools, tmp_path):
+    ns = durable_tools
     agent = ns.get("crashy-tools")
     marks = tmp_path / "marks.txt"
     pending = agent.chat.remote(f"slow {marks}")
@@ -44,8 +69,8 @@ def test_an_inline_call_cut_off_by_a_crash_fails_and_never_runs_again(namespace_
     assert marks.read_text().count("ran") == 1
 
 
-def test_an_external_executor_keeps_its_claim_across_the_agents_crash(namespace_factory):
-    ns = namespace_factory(DurableToolAgent)
+def test_an_external_executor_keeps_its_claim_across_the_agents_crash(durable_tools):
+    ns = durable_tools
     agent = ns.get("crashy-render")
     pending = agent.chat.remote("render sunset")
     claimed = agent.claim_tool_calls.remote(["render"], "gpu-1", 1, 10.0).result()
@@ -83,10 +108,8 @@ def _tool_part(agent, call_id: str) -> dict:
     raise AssertionError(f"no part for {call_id}")
 
 
-def test_an_approval_given_after_a_crash_runs_the_tool_once_and_resumes(
-    namespace_factory, tmp_path
-):
-    ns = namespace_factory(ResumingAgent)
+def test_an_approval_given_after_a_crash_runs_the_tool_once_and_resumes(resuming, tmp_path):
+    ns = resuming
     agent = ns.get("resume-approval")
     marks = tmp_path / "deploys.txt"
     pending = agent.chat.remote(f"deploy {marks}")
@@ -107,8 +130,8 @@ def test_an_approval_given_after_a_crash_runs_the_tool_once_and_resumes(
     assert call["status"] == "completed" and call["approval"]["answered_by"] == "alice"
 
 
-def test_an_external_result_after_a_crash_resumes_the_generation(namespace_factory):
-    ns = namespace_factory(ResumingAgent)
+def test_an_external_result_after_a_crash_resumes_the_generation(resuming):
+    ns = resuming
     agent = ns.get("resume-render")
     pending = agent.chat.remote("render dusk")
     [claimed] = agent.claim_tool_calls.remote(["render"], "gpu-1", 1, 10.0).result()
@@ -123,8 +146,8 @@ def test_an_external_result_after_a_crash_resumes_the_generation(namespace_facto
     assert claimed["tool_call_id"] == "render-call"
 
 
-def test_a_generation_whose_calls_are_settled_resumes_at_wake(namespace_factory, tmp_path):
-    ns = namespace_factory(ResumingAgent)
+def test_a_generation_whose_calls_are_settled_resumes_at_wake(resuming, tmp_path):
+    ns = resuming
     agent = ns.get("resume-wake")
     marks = tmp_path / "marks.txt"
     pending = agent.chat.remote(f"slow {marks}")
