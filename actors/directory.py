@@ -653,7 +653,7 @@ class Directory:
         if node_id is not None:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
             options.pop("resources", None)
-        # The agent class's module too: deserializing the first BindSpec imports it.
+        # The agent class's module too, for the first bind to find it loaded.
         module = agent_module(self.cfg.agent_cls)
         if hosted:
             from thinkray.actors.host import RemoteAgentHost
