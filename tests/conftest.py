@@ -307,8 +307,7 @@ def pytest_collection_finish(session):
     ones at the run's end, do not walk it each time (~0.2 s per walk here)."""
     import gc
 
-    if __import__("os").environ.get("THINKRAY_TEST_GC_FREEZE", "1") == "1":
-        gc.freeze()
+    gc.freeze()
 
 
 def pytest_sessionfinish(session):
@@ -595,6 +594,6 @@ def shared_namespace(_module_namespace):
     """The module's namespace of default agents, for tests that each use agents of their
     own names and look at nothing namespace-wide but them. Its agents hibernate after
     each test, so the next test's agents bind their actors instead of starting more."""
-    yield _module_namespace
-    with contextlib.suppress(Exception):
-        _module_namespace.hibernate_all(force=True)
+    from tests.helpers import hibernated_after
+
+    yield from hibernated_after(_module_namespace)

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,17 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 15.0, interval: fl
             return value
         time.sleep(interval)
     raise AssertionError(f"condition not met within {timeout} s")
+
+
+def hibernated_after(ns: Any) -> Iterator[Any]:
+    """A fixture's body for a namespace shared by a module's tests: yields ``ns``, then
+    hibernates its agents, whose actors go back to its pool for the next test's agents
+    to bind instead of starting more."""
+    yield ns
+    try:
+        ns.hibernate_all(force=True)
+    except Exception:  # a test that broke the namespace reports that itself
+        pass
 
 
 def text_of(message: dict[str, Any]) -> str:

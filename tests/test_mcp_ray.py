@@ -34,15 +34,8 @@ def call(tool, **input):
     return [{"tool": tool, "input": input}]
 
 
-@pytest.fixture
-def mcp_orchestrator(orchestrator):  # noqa: F811  (the imported fixture)
-    """The orchestrator of tests/test_orchestrator.py: its bridge (holding the MCP
-    connections) is closed after the test, so the stdio servers stop."""
-    return orchestrator
-
-
-def test_granted_sub_agent_calls_mcp_tools_over_stdio_and_http(mcp_orchestrator):
-    _, boss = mcp_orchestrator
+def test_granted_sub_agent_calls_mcp_tools_over_stdio_and_http(orchestrator):
+    _, boss = orchestrator
     port = free_port()
     web = start_http_server(port)
     try:
@@ -81,8 +74,8 @@ def test_granted_sub_agent_calls_mcp_tools_over_stdio_and_http(mcp_orchestrator)
         web.wait()
 
 
-def test_server_config_survives_hibernation_and_a_killed_server_is_reconnected(mcp_orchestrator):
-    ns, boss = mcp_orchestrator
+def test_server_config_survives_hibernation_and_a_killed_server_is_reconnected(orchestrator):
+    ns, boss = orchestrator
     boss.add_mcp_server.remote("calc", STDIO).result()
     asks_pid = script(call("mcp__calc__pid"), [{"text": "ok"}])
     boss.create_subagent.remote("pidder", {"model": asks_pid}, mcp=["calc"]).result()
@@ -114,8 +107,8 @@ def test_server_config_survives_hibernation_and_a_killed_server_is_reconnected(m
     assert status["connects"] >= 2 and status["connected"]
 
 
-def test_mcp_failures_are_output_errors_and_the_turn_goes_on(mcp_orchestrator):
-    _, boss = mcp_orchestrator
+def test_mcp_failures_are_output_errors_and_the_turn_goes_on(orchestrator):
+    _, boss = orchestrator
     boss.add_mcp_server.remote("calc", {**STDIO, "timeout": 1.0}).result()
     broken = script(
         call("mcp__calc__fail", reason="server says no"),
@@ -137,10 +130,10 @@ def test_mcp_failures_are_output_errors_and_the_turn_goes_on(mcp_orchestrator):
     assert done.status == "completed" and done.text == "survived"
 
 
-def test_bad_configs_and_grants_are_refused(mcp_orchestrator):
+def test_bad_configs_and_grants_are_refused(orchestrator):
     from thinkray.runtime.tools.mcp import McpConfigError
 
-    _, boss = mcp_orchestrator
+    _, boss = orchestrator
     with pytest.raises(McpConfigError, match="needs a 'command'"):
         boss.add_mcp_server.remote("x", {"transport": "stdio"}).result()
     with pytest.raises(McpConfigError, match="unknown MCP server"):

@@ -10,7 +10,7 @@ import pytest
 from thinkray.runtime.errors import RunInterruptedError
 
 from tests.agents import DurableToolAgent, ResumingAgent
-from tests.helpers import wait_until
+from tests.helpers import hibernated_after, wait_until
 
 pytestmark = pytest.mark.ray
 
@@ -29,15 +29,13 @@ def _resuming(module_namespace_factory):
 def durable_tools(_durable_tools):
     """The module's namespace of DurableToolAgents (each test names its own agent);
     its agents hibernate after each test and leave their actors to the next."""
-    yield _durable_tools
-    _durable_tools.hibernate_all(force=True)
+    yield from hibernated_after(_durable_tools)
 
 
 @pytest.fixture
 def resuming(_resuming):
     """Likewise for ResumingAgents."""
-    yield _resuming
-    _resuming.hibernate_all(force=True)
+    yield from hibernated_after(_resuming)
 
 
 def _kill(ns, name: str) -> int:
