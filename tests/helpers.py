@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -28,10 +29,8 @@ def hibernated_after(ns: Any) -> Iterator[Any]:
     hibernates its agents, whose actors go back to its pool for the next test's agents
     to bind instead of starting more."""
     yield ns
-    try:
+    with contextlib.suppress(Exception):  # a test that broke it reports that itself
         ns.hibernate_all(force=True)
-    except Exception:  # a test that broke the namespace reports that itself
-        pass
 
 
 def text_of(message: dict[str, Any]) -> str:

@@ -34,8 +34,16 @@ def call(tool, **input):
     return [{"tool": tool, "input": input}]
 
 
-def test_granted_sub_agent_calls_mcp_tools_over_stdio_and_http(orchestrator):
-    _, boss = orchestrator
+@pytest.fixture
+def mcp_orchestrator(orchestrator):  # noqa: F811  (the imported fixture)
+    """The orchestrator of tests/test_orchestrator.py (whose teardown closes its bridge,
+    holding the MCP connections, so the stdio servers stop), under a name the tests'
+    parameters can take without shadowing the imported fixture."""
+    return orchestrator
+
+
+def test_granted_sub_agent_calls_mcp_tools_over_stdio_and_http(mcp_orchestrator):
+    _, boss = mcp_orchestrator
     port = free_port()
     web = start_http_server(port)
     try:
@@ -74,8 +82,8 @@ def test_granted_sub_agent_calls_mcp_tools_over_stdio_and_http(orchestrator):
         web.wait()
 
 
-def test_server_config_survives_hibernation_and_a_killed_server_is_reconnected(orchestrator):
-    ns, boss = orchestrator
+def test_server_config_survives_hibernation_and_a_killed_server_is_reconnected(mcp_orchestrator):
+    ns, boss = mcp_orchestrator
     boss.add_mcp_server.remote("calc", STDIO).result()
     asks_pid = script(call("mcp__calc__pid"), [{"text": "ok"}])
     boss.create_subagent.remote("pidder", {"model": asks_pid}, mcp=["calc"]).result()
@@ -107,8 +115,8 @@ def test_server_config_survives_hibernation_and_a_killed_server_is_reconnected(o
     assert status["connects"] >= 2 and status["connected"]
 
 
-def test_mcp_failures_are_output_errors_and_the_turn_goes_on(orchestrator):
-    _, boss = orchestrator
+def test_mcp_failures_are_output_errors_and_the_turn_goes_on(mcp_orchestrator):
+    _, boss = mcp_orchestrator
     boss.add_mcp_server.remote("calc", {**STDIO, "timeout": 1.0}).result()
     broken = script(
         call("mcp__calc__fail", reason="server says no"),
@@ -130,10 +138,10 @@ def test_mcp_failures_are_output_errors_and_the_turn_goes_on(orchestrator):
     assert done.status == "completed" and done.text == "survived"
 
 
-def test_bad_configs_and_grants_are_refused(orchestrator):
+def test_bad_configs_and_grants_are_refused(mcp_orchestrator):
     from thinkray.runtime.tools.mcp import McpConfigError
 
-    _, boss = orchestrator
+    _, boss = mcp_orchestrator
     with pytest.raises(McpConfigError, match="needs a 'command'"):
         boss.add_mcp_server.remote("x", {"transport": "stdio"}).result()
     with pytest.raises(McpConfigError, match="unknown MCP server"):
