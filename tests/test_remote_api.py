@@ -4,18 +4,18 @@ response type that async code awaits and sync code ``.result()``s."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 from thinkray.actors.errors import RemoteCallError, SyncInEventLoopError
 from thinkray.runtime.agents.think import Think
 from thinkray.runtime.remote import remote, remote_methods
+
+from tests.typing.mypy_farm import mypy_farm
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -61,25 +61,16 @@ def test_remote_refuses_what_is_not_a_function():
         remote(42)  # type: ignore[call-overload]
 
 
-def test_handle_typing_is_checked_by_mypy(tmp_path):
-    # mypy follows handles.py into thinkray, Ray, pydantic...: most of its time. Its
-    # incremental cache (beside the one .ci/typecheck keeps, whose options differ) makes
-    # a second run cheap; the link farm sits at one path per checkout so that the
-    # cache's entries for thinkray stay valid.
-    tag = __import__("hashlib").sha1(str(REPO).encode()).hexdigest()[:12]
-    farm_root = Path(tempfile.gettempdir()) / f"thinkray-mypy-farm-{tag}"
-    farm = farm_root / "thinkray"
-    farm.mkdir(parents=True, exist_ok=True)
-    for package in ("runtime", "actors", "storage"):
-        with contextlib.suppress(FileExistsError):
-            (farm / package).symlink_to(REPO / package)
-    env = dict(os.environ, MYPYPATH=str(farm_root))
+def test_handle_typing_is_checked_by_mypy():
+    # mypy follows handles.py into thinkray, Ray, pydantic...: most of its time. It
+    # runs with .ci/typecheck's options, link tree and cache, so after CI's type check
+    # (or a second run) only the sample is checked.
+    farm = mypy_farm(REPO)
     sample = REPO / "tests" / "typing" / "handles.py"
-    cache = Path(tempfile.gettempdir()) / "thinkray-mypy-handles-cache"
     run = subprocess.run(
-        [sys.executable, "-m", "mypy", "--cache-dir", str(cache), "--follow-imports=silent",
-         "--ignore-missing-imports", str(sample)],
-        capture_output=True, text=True, env=env, cwd=tmp_path,
+        [sys.executable, "-m", "mypy", "--config-file", str(REPO / "pyproject.toml"),
+         str(sample)],
+        capture_output=True, text=True, env=dict(os.environ, MYPYPATH=str(farm)), cwd=farm,
     )  # fmt: skip
     reported = {
         (int(m.group(1)), m.group(2))
