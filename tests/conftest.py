@@ -597,3 +597,21 @@ def shared_namespace(_module_namespace):
     from tests.helpers import hibernated_after
 
     yield from hibernated_after(_module_namespace)
+
+
+@pytest.fixture(scope="module")
+def _module_ingress_apps(ray_local, tmp_path_factory, request):
+    from tests.ingress_support import IngressApps
+
+    apps = IngressApps(tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1][-12:]))
+    yield apps
+    apps.close()
+
+
+@pytest.fixture
+def ingress_apps(_module_ingress_apps):
+    """The module's ingress apps, one per configuration (tests/ingress_support.py's
+    IngressApps), for tests that each use agents of their own names; their agents
+    hibernate after each test."""
+    yield _module_ingress_apps
+    _module_ingress_apps.hibernate_all()

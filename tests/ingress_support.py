@@ -4,10 +4,13 @@ sockets, real streaming, real disconnects), and read its SSE streams."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,7 +36,14 @@ def make_config(root: str, namespace: str, **overrides: Any) -> IngressConfig:
                 # no spare, as tests/conftest.py's namespace_factory keeps: each spare is a
                 # process start (the one started after the first bind was rarely used),
                 # and a warm-up turn only saves a first turn's CPU
-                namespace_options={"detached": False, "pool_size": 0, "warm_up": False},
+                # and no spare started for demand either: an actor a hibernation gives
+                # back stays for the next agent to bind (see IngressApps)
+                namespace_options={
+                    "detached": False,
+                    "pool_size": 0,
+                    "warm_up": False,
+                    "grow_pool": False,
+                },
             )
         },
         "tokens": TOKENS,
@@ -72,6 +82,71 @@ def serve_built(app: Any) -> Iterator[str]:
         for ns in app.state.agents._namespaces.values():
             with contextlib.suppress(Exception):
                 ns.shutdown()
+
+
+class IngressApps:
+    """Ingress apps the tests of a module share, one per configuration (the overrides
+    of :func:`make_config`): an app's directory and each agent's actor are processes,
+    and tests that each use agents of their own names need no app of their own. The
+    fixture that hands this out calls :meth:`hibernate_all` after each test, so the
+    next test's agents bind the actors given back instead of starting more.
+
+    ``apps(**overrides)`` is a context manager yielding the shared app's base URL (the
+    app stays up for the module); ``apps.fresh(**overrides)`` serves an app of the
+    test's own, stopped at the ``with``'s end, whose root no other test wrote to (for
+    "writes nothing" checks). ``apps.root_of(base)`` is an app's storage root."""
+
+    def __init__(self, folder: Path) -> None:
+        self._folder = folder
+        self._prefix = shared_prefix(folder)
+        self._count = itertools.count()
+        self._shared: dict[str, str] = {}
+        self._live: dict[str, Any] = {}  # base URL -> app, while it serves
+        self._roots: dict[str, Path] = {}
+        self._stack = contextlib.ExitStack()
+
+    def __call__(self, **overrides: Any) -> contextlib.AbstractContextManager[str]:
+        key = repr(sorted(overrides.items()))
+        if key not in self._shared:
+            self._shared[key] = self._stack.enter_context(self.fresh(**overrides))
+        return contextlib.nullcontext(self._shared[key])
+
+    @contextlib.contextmanager
+    def fresh(self, **overrides: Any) -> Iterator[str]:
+        n = next(self._count)
+        root = self._folder / f"root{n}"
+        app = build_app(make_config(str(root), f"{self._prefix}{n}", **overrides))
+        with serve_built(app) as base:
+            self._live[base], self._roots[base] = app, root
+            try:
+                yield base
+            finally:
+                del self._live[base]
+
+    def root_of(self, base: str) -> Path:
+        return self._roots[base]
+
+    def hibernate_all(self) -> None:
+        for app in self._live.values():
+            hibernate_agents(app)
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+def hibernate_agents(app: Any) -> None:
+    """Hibernate every agent of the namespaces an app opened (their actors go back to
+    the namespaces' pools for the next test's agents)."""
+    for ns in app.state.agents._namespaces.values():
+        with contextlib.suppress(Exception):  # a test that broke it says so
+            ns.hibernate_all(force=True)
+
+
+def shared_prefix(folder: Path) -> str:
+    """A namespace prefix for a module's shared apps: Ray-wide names, and every xdist
+    worker drives one Ray."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return f"i{folder.name[-12:]}{worker}-".replace("_", "-")
 
 
 def sse_events(lines: Iterator[str]) -> Iterator[Any]:

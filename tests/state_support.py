@@ -14,7 +14,7 @@ from thinkray.actors.ingress.app import build_app
 from thinkray.actors.ingress.config import AgentRoute, IngressConfig
 from websockets.sync.client import ClientConnection, connect
 
-from tests.ingress_support import TOKENS, serve_built, ws_url
+from tests.ingress_support import TOKENS, hibernate_agents, serve_built, shared_prefix, ws_url
 
 STATE = "cf_agent_state"
 STATE_ERROR = "cf_agent_state_error"
@@ -26,7 +26,12 @@ CLASSES = {
 
 
 def state_config(root: str, prefix: str) -> IngressConfig:
-    options = {"detached": False, "pool_size": 0, "warm_up": False}  # as make_config's
+    options = {
+        "detached": False,
+        "pool_size": 0,
+        "warm_up": False,
+        "grow_pool": False,
+    }  # as make_config's
     agents = {
         slug: AgentRoute(
             agent_cls=cls,
@@ -45,6 +50,21 @@ def state_server(root: str, prefix: str) -> Iterator[tuple[str, Any]]:
     app = build_app(state_config(root, prefix))
     with serve_built(app) as base:
         yield base, app
+
+
+def shared_state_server(ray_local: Any, tmp_path_factory: Any) -> Iterator[tuple[str, Any]]:
+    """A module fixture's body: one state app for the module's tests, which each use
+    agents of their own names (see :func:`hibernated_state_server`)."""
+    folder = tmp_path_factory.mktemp("state")
+    with state_server(str(folder / "root"), shared_prefix(folder)) as started:
+        yield started
+
+
+def hibernated_state_server(started: tuple[str, Any]) -> Iterator[tuple[str, Any]]:
+    """A test fixture's body: the module's state app, its agents hibernated after the
+    test (their actors go back to the pools for the next test's agents)."""
+    yield started
+    hibernate_agents(started[1])
 
 
 def handle_of(app: Any, name: str, slug: str = "chat") -> Any:

@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from tests.ingress_support import make_config, serve_app
 from tests.npm_support import npm_project
 
 pytestmark = [pytest.mark.node, pytest.mark.ray]
@@ -36,25 +35,16 @@ def agents_client() -> Path:
 
 
 @pytest.fixture
-def base(ray_local, tmp_path):
-    config = make_config(
-        str(tmp_path / "root"),
-        f"npm-{tmp_path.name[-10:]}".replace("_", "-"),
-        agent_kwargs={"chunks": 60, "delay": 0.03},
-    )
-    with serve_app(config) as url:
+def base(ingress_apps):
+    """The module's app (its tests use agents of their own names)."""
+    with ingress_apps(agent_kwargs={"chunks": 60, "delay": 0.03}) as url:
         yield url
 
 
 @pytest.fixture
-def state_base(ray_local, tmp_path):
+def state_base(ingress_apps):
     """An agent class with synced state that clients may set (``StateAgent``)."""
-    config = make_config(
-        str(tmp_path / "root"),
-        f"npmst-{tmp_path.name[-10:]}".replace("_", "-"),
-        agent_cls="tests.agents:StateAgent",
-    )
-    with serve_app(config) as url:
+    with ingress_apps(agent_cls="tests.agents:StateAgent") as url:
         yield url
 
 

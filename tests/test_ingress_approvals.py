@@ -18,22 +18,23 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from tests.ingress_support import ALICE, BOB, chat_body, make_config, serve_app, sse_events
+from tests.ingress_support import ALICE, BOB, chat_body, sse_events
 
 pytestmark = pytest.mark.ray
 
-_ids = iter(range(100_000))
 AGENT = "tests.agents:GuardedApprovalAgent"
 RESPONSE = "cf_agent_use_chat_response"
 
 
 @pytest.fixture
-def server(ray_local, tmp_path):
+def server(ingress_apps):
+    """The module's app for a configuration (GuardedApprovalAgent unless the test says
+    otherwise); the tests use agents of their own names."""
+
     def start(**overrides: Any):
-        namespace = f"apr{next(_ids)}-{tmp_path.name[-10:]}".replace("_", "-")
         overrides.setdefault("agent_cls", AGENT)
         overrides.setdefault("agent_kwargs", {})
-        return serve_app(make_config(str(tmp_path / "root"), namespace, **overrides))
+        return ingress_apps(**overrides)
 
     return start
 

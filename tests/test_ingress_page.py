@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.ingress_support import ALICE, make_config, serve_app
+from tests.ingress_support import ALICE
 
 pytestmark = pytest.mark.ray
 
@@ -34,6 +34,7 @@ CHROMIUM_ARGS = [
 ]
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 CHUNKS = 60  # at 0.1 s apiece: a 6 s answer, long enough to reload or stop mid-way
+SHORT = {"chunks": 3}  # the tests of what the page does before and around a short answer
 LAST = f"chunk{CHUNKS - 1}"
 TIMEOUT = 30_000  # ms; the first turn also starts the agent's actor
 
@@ -73,17 +74,13 @@ def sessions(base: str, agent: str) -> dict[str, str]:
     return {s["name"]: s["id"] for s in r.json()["sessions"]}
 
 
-def test_the_chat_page_in_a_browser(ray_local, tmp_path, browser):
+def test_the_chat_page_in_a_browser(ingress_apps, browser):
     from playwright.sync_api import expect
 
     expect.set_options(timeout=TIMEOUT)
-    namespace = f"page-{tmp_path.name[-10:]}".replace("_", "-")
-    config = make_config(
-        str(tmp_path / "root"), namespace, agent_kwargs={"chunks": CHUNKS, "delay": 0.1}
-    )
     agent = "alice-web"
     ARTIFACTS.mkdir(exist_ok=True)
-    with serve_app(config) as base:
+    with ingress_apps(agent_kwargs={"chunks": CHUNKS, "delay": 0.1}) as base:
         context = browser.new_context(viewport={"width": 1200, "height": 860})
         page = context.new_page()
         problems: list[str] = []
@@ -221,24 +218,17 @@ def run_the_page(page: Any, expect: Any, base: str, agent: str) -> None:
     assert list(sessions(base, agent)) == ["hello"]
 
 
-def test_approving_and_denying_a_tool_call_on_the_page(ray_local, tmp_path, browser):
+def test_approving_and_denying_a_tool_call_on_the_page(ingress_apps, tmp_path, browser):
     """Issue 11 item 6 / issue 12 item 2: an ask shows Approve / Approve for session /
     Deny on its tool call; Approve runs the tool and the answer streams on; after a
     reload the ask still has its buttons, and Deny renders the call as denied."""
     from playwright.sync_api import expect
 
     expect.set_options(timeout=TIMEOUT)
-    namespace = f"page-apr-{tmp_path.name[-10:]}".replace("_", "-")
-    config = make_config(
-        str(tmp_path / "root"),
-        namespace,
-        agent_cls="tests.agents:GuardedApprovalAgent",
-        agent_kwargs={},
-    )
     agent = "alice-approve"
     marks, refused = tmp_path / "deployed", tmp_path / "refused"
     ARTIFACTS.mkdir(exist_ok=True)
-    with serve_app(config) as base:
+    with ingress_apps(agent_cls="tests.agents:GuardedApprovalAgent", agent_kwargs={}) as base:
         context = browser.new_context(viewport={"width": 1200, "height": 860})
         page = context.new_page()
         problems: list[str] = []
@@ -315,16 +305,13 @@ def test_approving_and_denying_a_tool_call_on_the_page(ray_local, tmp_path, brow
         assert problems == []
 
 
-def test_a_wrong_token_disables_send_and_the_page_asks_for_nothing_missing(
-    ray_local, tmp_path, browser
-):
+def test_a_wrong_token_disables_send_and_the_page_asks_for_nothing_missing(ingress_apps, browser):
     # Issue 26, item 16: after a refused token the page kept Send enabled, and it asked
     # for a favicon the ingress does not have (a 404 on every load).
     from playwright.sync_api import expect
 
     expect.set_options(timeout=TIMEOUT)
-    namespace = f"pagetok-{tmp_path.name[-10:]}".replace("_", "-")
-    with serve_app(make_config(str(tmp_path / "root"), namespace)) as base:
+    with ingress_apps(agent_kwargs=SHORT) as base:
         context = browser.new_context()
         page = context.new_page()
         missing: list[str] = []
@@ -404,7 +391,7 @@ def _explain(page: Any, net: NetLog) -> None:
 
 
 def test_a_message_sent_before_the_first_session_list_arrives_stays_on_the_page(
-    ray_local, tmp_path, browser
+    ingress_apps, browser
 ):
     """The page's first session list waits for the agent's wake; a message typed and
     sent meanwhile creates and opens its session. Found in a loaded suite run: when the
@@ -414,10 +401,8 @@ def test_a_message_sent_before_the_first_session_list_arrives_stays_on_the_page(
     from playwright.sync_api import expect
 
     expect.set_options(timeout=TIMEOUT)
-    namespace = f"pagerace-{tmp_path.name[-10:]}".replace("_", "-")
-    config = make_config(str(tmp_path / "root"), namespace, agent_kwargs={"chunks": 3})
     agent = "alice-race"
-    with serve_app(config) as base:
+    with ingress_apps(agent_kwargs=SHORT) as base:
         context = browser.new_context()
         page = context.new_page()
         held: list[Any] = []
@@ -454,9 +439,7 @@ def test_a_message_sent_before_the_first_session_list_arrives_stays_on_the_page(
             context.close()
 
 
-def test_a_message_typed_before_the_page_knows_its_agent_waits_in_the_box(
-    ray_local, tmp_path, browser
-):
+def test_a_message_typed_before_the_page_knows_its_agent_waits_in_the_box(ingress_apps, browser):
     """Found in a loaded suite run: Send was enabled before ``/page-config`` arrived, and
     a message sent then went to no agent (``/agents/undefined/...``); connecting cleared
     the error, and the text was gone, with no session. Until the page knows its agent
@@ -465,10 +448,8 @@ def test_a_message_typed_before_the_page_knows_its_agent_waits_in_the_box(
     from playwright.sync_api import expect
 
     expect.set_options(timeout=TIMEOUT)
-    namespace = f"pagecfg-{tmp_path.name[-10:]}".replace("_", "-")
-    config = make_config(str(tmp_path / "root"), namespace, agent_kwargs={"chunks": 3})
     agent = "alice-cfg"
-    with serve_app(config) as base:
+    with ingress_apps(agent_kwargs=SHORT) as base:
         context = browser.new_context()
         page = context.new_page()
         held: list[Any] = []

@@ -18,6 +18,7 @@ from tests.state_support import (
     get_state,
     greet,
     handle_of,
+    hibernated_state_server,
     namespace_of,
     next_state,
     open_ws,
@@ -25,19 +26,20 @@ from tests.state_support import (
     put_state,
     recv_types,
     send_state,
-    state_server,
+    shared_state_server,
 )
 
 pytestmark = pytest.mark.ray
 
-_ids = iter(range(100_000))
+
+@pytest.fixture(scope="module")
+def _state_app(ray_local, tmp_path_factory):
+    yield from shared_state_server(ray_local, tmp_path_factory)
 
 
 @pytest.fixture
-def server(ray_local, tmp_path):
-    prefix = f"st{next(_ids)}-{tmp_path.name[-10:]}".replace("_", "-")
-    with state_server(str(tmp_path / "root"), prefix) as started:
-        yield started
+def server(_state_app):
+    yield from hibernated_state_server(_state_app)
 
 
 def test_a_client_gets_the_state_first(server):

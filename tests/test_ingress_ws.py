@@ -15,21 +15,20 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from tests.ingress_support import ALICE, BOB, make_config, serve_app, user_message
+from tests.ingress_support import ALICE, BOB, user_message
 
 pytestmark = pytest.mark.ray
 
-_ids = iter(range(100_000))
 RESPONSE = "cf_agent_use_chat_response"
+# One slow answer for the tests that act while a run streams (one app serves them all).
+SLOW = {"chunks": 100, "delay": 0.02}
 
 
 @pytest.fixture
-def server(ray_local, tmp_path):
-    def start(**overrides: Any):
-        namespace = f"ws{next(_ids)}-{tmp_path.name[-10:]}".replace("_", "-")
-        return serve_app(make_config(str(tmp_path / "root"), namespace, **overrides))
-
-    return start
+def server(ingress_apps):
+    """``server(**overrides)``: the module's app for that configuration (agents of each
+    test's own names); ``server.fresh(...)``: an app of the test's own."""
+    return ingress_apps
 
 
 def open_ws(
@@ -141,7 +140,7 @@ def test_a_chat_streams_one_chunk_per_frame_then_done_then_the_messages(server):
 
 
 def test_cancel_aborts_the_run_and_keeps_the_partial_answer(server):
-    with server(agent_kwargs={"chunks": 300, "delay": 0.02}) as base:
+    with server(agent_kwargs=SLOW) as base:
         with open_ws(base, "alice-3") as ws:
             greeting(ws)
             ws.send(chat_request("req1", "go", "u1"))
@@ -156,7 +155,7 @@ def test_cancel_aborts_the_run_and_keeps_the_partial_answer(server):
 
 
 def test_a_reconnect_mid_stream_resumes_with_replay_then_the_live_tail(server):
-    with server(agent_kwargs={"chunks": 40, "delay": 0.05}) as base:
+    with server(agent_kwargs=SLOW) as base:
         with open_ws(base, "alice-4") as ws:
             greeting(ws)
             ws.send(chat_request("req1", "go", "u1"))
@@ -188,7 +187,7 @@ def test_a_reconnect_mid_stream_resumes_with_replay_then_the_live_tail(server):
         chunks = chunks_of(frames, "req1")
         assert chunks[: len(seen_chunks)] == seen_chunks  # from chunk 0
         assert chunks[-1]["type"] == "finish"  # the disconnect did not abort it
-        assert text_of(chunks) == "".join(f"chunk{i} " for i in range(40))
+        assert text_of(chunks) == "".join(f"chunk{i} " for i in range(SLOW["chunks"]))
         assert after["type"] == "cf_agent_chat_messages"
         assert [m["role"] for m in after["messages"]] == ["user", "assistant"]
 
@@ -234,7 +233,7 @@ def test_a_second_connection_sees_the_run_and_the_clear(server):
         assert get_messages(base, "alice-6") == []
 
 
-def test_tokens_on_the_upgrade(server, tmp_path):
+def test_tokens_on_the_upgrade(server):
     with server() as base:
         for headers in (None, {"authorization": "Bearer wrong"}):
             with pytest.raises(InvalidStatus) as refused:
@@ -243,7 +242,7 @@ def test_tokens_on_the_upgrade(server, tmp_path):
         with pytest.raises(InvalidStatus) as refused:
             open_ws(base, "alice-7", headers=None, query="?token=wrong")
         assert refused.value.response.status_code == 401
-        assert not list((tmp_path / "root").rglob("alice-7*"))
+        assert not list(server.root_of(base).rglob("alice-7*"))
         # A browser cannot set headers on a WebSocket: a short-lived ticket for this
         # agent, from an authenticated call, rides in the query string.
         ticket = httpx.post(f"{base}/agents/chat/alice-7/ws-ticket", headers=ALICE).json()
@@ -269,11 +268,14 @@ def test_another_principals_agent_is_refused_like_a_missing_one(server):
             connect(url, additional_headers=ALICE, open_timeout=20)
         assert refused.value.response.status_code == 404
         assert get_messages(base, "alice-8") == before
-        assert httpx.get(f"{base}/agents/chat", headers=BOB).json() == {"agents": []}
+        # Bob's list names none of Alice's agents (the app's other tests made more).
+        assert "alice-8" in httpx.get(f"{base}/agents/chat", headers=ALICE).json()["agents"]
+        bobs = httpx.get(f"{base}/agents/chat", headers=BOB).json()["agents"]
+        assert not [name for name in bobs if name.startswith("alice")]
 
 
-def test_bad_frames_are_ignored_or_refused_and_write_nothing(server, tmp_path):
-    with server(max_body_bytes=4000) as base, open_ws(base, "alice-9") as ws:
+def test_bad_frames_are_ignored_or_refused_and_write_nothing(server):
+    with server.fresh(max_body_bytes=4000) as base, open_ws(base, "alice-9") as ws:
         greeting(ws)
         for junk in (
             "not json",
@@ -335,7 +337,7 @@ def test_bad_frames_are_ignored_or_refused_and_write_nothing(server, tmp_path):
             answer = recv(ws)
             assert answer["type"] == RESPONSE and answer["id"] == frame["toolCallId"]
             assert answer["error"] is True and answer["done"] is True
-        assert not list((tmp_path / "root").rglob("*.duckdb"))  # nothing written
+        assert not list(server.root_of(base).rglob("*.duckdb"))  # nothing written
 
         # The connection is still usable.
         ws.send(chat_request("req1", "hi", "u1"))
@@ -345,7 +347,7 @@ def test_bad_frames_are_ignored_or_refused_and_write_nothing(server, tmp_path):
 
 def test_a_second_request_while_one_runs_is_refused(server):
     with (
-        server(agent_kwargs={"chunks": 200, "delay": 0.02}) as base,
+        server(agent_kwargs=SLOW) as base,
         open_ws(base, "alice-10") as ws,
     ):
         greeting(ws)

@@ -15,18 +15,16 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from tests.ingress_support import ALICE, BOB, make_config, serve_app, ws_ticket, ws_url
+from tests.ingress_support import ALICE, BOB, ws_ticket, ws_url
 
 pytestmark = pytest.mark.ray
 
 
 @pytest.fixture
-def start(ray_local, tmp_path):
-    def run(**overrides):
-        namespace = f"secticket-{tmp_path.name[-10:]}".replace("_", "-")
-        return serve_app(make_config(str(tmp_path / "root"), namespace, **overrides))
-
-    return run
+def start(ingress_apps):
+    """``start(**overrides)``: the module's app for that configuration (the tests use
+    agents of their own names)."""
+    return ingress_apps
 
 
 def status_of(url: str) -> int:

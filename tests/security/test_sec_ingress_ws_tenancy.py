@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from websockets.sync.client import connect
 
-from tests.ingress_support import ALICE, BOB, make_config, serve_app, ws_url
+from tests.ingress_support import ALICE, BOB, ws_url
 from tests.test_ingress_ws import (
     chat_request,
     chunks_of,
@@ -27,14 +27,11 @@ from tests.test_ingress_ws import (
 
 pytestmark = pytest.mark.ray
 
-_ids = iter(range(100_000))
-
 
 @pytest.fixture
-def base(ray_local, tmp_path):
-    namespace = f"secws{next(_ids)}-{tmp_path.name[-10:]}".replace("_", "-")
-    config = make_config(str(tmp_path / "root"), namespace, agent_kwargs={"chunks": 20})
-    with serve_app(config) as url:
+def base(ingress_apps):
+    """The module's app (the tests use agents of their own names)."""
+    with ingress_apps(agent_kwargs={"chunks": 20}) as url:
         yield url
 
 

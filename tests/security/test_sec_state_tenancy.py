@@ -17,24 +17,26 @@ from tests.state_support import (
     board,
     get_state,
     greet,
+    hibernated_state_server,
     next_state,
     open_ws,
     ping,
     put_state,
     send_state,
-    state_server,
+    shared_state_server,
 )
 
 pytestmark = pytest.mark.ray
 
-_ids = iter(range(100_000))
+
+@pytest.fixture(scope="module")
+def _state_app(ray_local, tmp_path_factory):
+    yield from shared_state_server(ray_local, tmp_path_factory)
 
 
 @pytest.fixture
-def server(ray_local, tmp_path):
-    prefix = f"secst{next(_ids)}-{tmp_path.name[-10:]}".replace("_", "-")
-    with state_server(str(tmp_path / "root"), prefix) as started:
-        yield started
+def server(_state_app):
+    yield from hibernated_state_server(_state_app)
 
 
 def test_bob_can_neither_read_nor_write_nor_stream_alices_state(server):
