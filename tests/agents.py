@@ -1,5 +1,8 @@
 """Agents that exist only for the tests. Ray workers import them by module name
-(``tests.agents``): the repository root is on the workers' path (tests/conftest.py)."""
+(``tests.agents``): the repository root is on the workers' path (tests/conftest.py).
+The orchestrator classes live in :mod:`tests.orchestrator_agents`: the orchestrator's
+modules cost each session actor that imports them ~40 ms of CPU, and most of the
+suite's ~340 session actors host no orchestrator."""
 
 from __future__ import annotations
 
@@ -12,7 +15,6 @@ from typing import Any
 
 from pydantic import BaseModel
 from thinkray.actors.demo import get_weather
-from thinkray.actors.orchestrator import Orchestrator
 from thinkray.runtime.agents.agent import Agent
 from thinkray.runtime.agents.persistent import (
     HandleTarget,
@@ -545,15 +547,3 @@ class DedicatedScriptAgent(ScriptAgent):
     """A ScriptAgent that asks for a Ray actor of its own even under placement hosts."""
 
     dedicated_actor = True
-
-
-class LeanOrchestrator(Orchestrator):
-    """The product's Orchestrator whose sub-agents' namespace keeps no warm spare and
-    starts none for demand (a test's handful of sub-agents start on demand, cold): each
-    spare is a process that imports Ray, DuckDB and thinkray and runs a warm-up turn,
-    and a test rarely used the two a sub-agent namespace keeps by default, or the one
-    its first bind's miss asked for. Everything else is the Orchestrator's."""
-
-    subagent_pool_size = 0
-    subagent_grow_pool = False
-    subagent_warm_up = False

@@ -30,7 +30,7 @@ _BOSSES = itertools.count()
 @pytest.fixture(scope="module")
 def orchestrators(module_namespace_factory):
     """The module's namespace of orchestrators: each test has one of its own name."""
-    from tests.agents import LeanOrchestrator
+    from tests.orchestrator_agents import LeanOrchestrator
 
     return module_namespace_factory(LeanOrchestrator, idle_timeout=None)
 
@@ -327,7 +327,7 @@ def test_orchestrators_whose_names_used_to_collide_keep_their_workspaces_apart(
 
     from thinkray.actors.namespace import AgentNamespace
 
-    from tests.agents import LeanOrchestrator
+    from tests.orchestrator_agents import LeanOrchestrator
 
     x = f"x{uuid.uuid4().hex[:8]}"
     first = namespace_factory(LeanOrchestrator, name=f"{x}-b", idle_timeout=None)

@@ -412,8 +412,8 @@ def test_rm_of_a_real_orchestrator_leaves_nothing_to_the_next_claimant(
     from thinkray.actors.bridge import bridge_name
     from thinkray.actors.namespace import AgentNamespace
 
-    from tests.agents import LeanOrchestrator
     from tests.helpers import wait_until
+    from tests.orchestrator_agents import LeanOrchestrator
 
     writes = {
         "provider": "script",
