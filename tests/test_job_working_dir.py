@@ -7,8 +7,11 @@ driver and in the Ray workers (``runtime_env={"working_dir": ...}`` puts them fi
 the workers' path). Here the job's packages define names that clash with thinkray's and
 lack its sub-packages, so thinkray resolving any import through them would fail.
 
-The driver runs in a subprocess with its own Ray (one CPU, no dashboard), as a job
-would; the test only reads what it printed.
+The driver runs in a subprocess that joins the suite's running Ray as a job of its own
+(as ``ray job submit`` runs one on a cluster: a driver with the job's runtime_env),
+whose workers also find the repository's own ``runtime/``, ``storage/`` and
+``actors/`` source folders on their path (the suite's Ray puts the repository there):
+the job's must still come first. The test only reads what the driver printed.
 """
 
 from __future__ import annotations
@@ -85,15 +88,9 @@ from thinkray.actors import AgentNamespace
 
 assert (runtime.OWNER, storage.OWNER, actors.OWNER) == ("job",) * 3
 
-ray.init(
-    address="local",  # its own Ray, whatever else runs on the machine
-    num_cpus=1,
-    include_dashboard=False,
-    log_to_driver=False,
-    runtime_env={"working_dir": os.getcwd()},
-)
+ray.init(address=sys.argv[2], log_to_driver=False, runtime_env={"working_dir": os.getcwd()})
 try:
-    ns = AgentNamespace("job", JobAgent, storage_root=sys.argv[1], pool_size=1)
+    ns = AgentNamespace(f"job{os.getpid()}", JobAgent, storage_root=sys.argv[1], pool_size=1)
     try:
         agent = ns.get("session-1")
         result = agent.chat.remote("go").result(timeout_s=120)
@@ -118,7 +115,7 @@ print(json.dumps(report))
 """
 
 
-def test_a_job_with_its_own_runtime_storage_actors_folders_runs_a_session(tmp_path):
+def test_a_job_with_its_own_runtime_storage_actors_folders_runs_a_session(ray_local, tmp_path):
     import thinkray.runtime
 
     job = tmp_path / "job"
@@ -129,8 +126,9 @@ def test_a_job_with_its_own_runtime_storage_actors_folders_runs_a_session(tmp_pa
     (job / "driver.py").write_text(DRIVER)
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONPATH")}
     env["PYTHONPATH"] = str(job)  # the job's folders first, as for `python driver.py`
+    address = ray_local.get_runtime_context().gcs_address
     proc = subprocess.run(
-        [sys.executable, "driver.py", str(tmp_path / "root")],
+        [sys.executable, "driver.py", str(tmp_path / "root"), address],
         cwd=job,
         env=env,
         capture_output=True,
