@@ -528,6 +528,32 @@ TEST_GROW_POOL = __import__("os").environ.get("THINKRAY_TEST_GROW_POOL", "0") ==
 TEST_PLACEMENT = __import__("os").environ.get("THINKRAY_TEST_PLACEMENT", "dedicated")
 
 
+def _test_defaults(kwargs: dict) -> None:
+    """Fill in a test namespace's pool and placement options (see above) where the
+    test names none of its own."""
+    if not {"pool_size", "max_pool", "grow_pool"} & kwargs.keys():
+        kwargs["grow_pool"] = TEST_GROW_POOL  # a test of the pool sets its own
+    kwargs.setdefault("pool_size", TEST_POOL_SIZE)
+    kwargs.setdefault("warm_up", TEST_WARM_UP)
+    kwargs.setdefault("placement", TEST_PLACEMENT)
+
+
+@pytest.fixture
+def namespace_test_defaults(monkeypatch):
+    """Every AgentNamespace this process makes during the test gets the tests' pool
+    and placement defaults (as namespace_factory's do), for code that builds its own
+    namespaces, such as the README's examples."""
+    from thinkray.actors.namespace import AgentNamespace
+
+    original = AgentNamespace.__init__
+
+    def init(self, *args, **kwargs):
+        _test_defaults(kwargs)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(AgentNamespace, "__init__", init)
+
+
 def _namespace_maker(folder, made: list):
     """``make(agent_cls=None, **kwargs)``: an AgentNamespace with the tests' defaults, its
     storage under ``folder``, appended to ``made`` (for the fixture to shut down)."""
@@ -539,11 +565,7 @@ def _namespace_maker(folder, made: list):
         from tests.agents import ScriptAgent
 
         kwargs.setdefault("storage_root", str(folder / "root"))
-        if not {"pool_size", "max_pool", "grow_pool"} & kwargs.keys():
-            kwargs["grow_pool"] = TEST_GROW_POOL  # a test of the pool sets its own
-        kwargs.setdefault("pool_size", TEST_POOL_SIZE)
-        kwargs.setdefault("warm_up", TEST_WARM_UP)
-        kwargs.setdefault("placement", TEST_PLACEMENT)
+        _test_defaults(kwargs)
         # The xdist worker in the name: every worker's tests share one Ray.
         worker = __import__("os").environ.get("PYTEST_XDIST_WORKER", "")
         tail = folder.name[-12:]

@@ -182,7 +182,10 @@ def test_every_python_block_is_run_or_says_why_not():
         compile(block.source, f"README.md:{block.line}", "exec")  # at least it parses
 
 
-def test_the_readme_python_blocks_run(ray_local, model_server, tmp_path):
+def test_the_readme_python_blocks_run(ray_local, model_server, tmp_path, namespace_test_defaults):
+    # The blocks' namespaces keep no spare and skip the warm-up turn, as every test's
+    # do (tests/conftest.py): the pool's defaults have tests of their own
+    # (test_directory_pool.py), and here each spare was a process started for nothing.
     from thinkray.actors import AgentNamespace, Orchestrator
 
     python = [b for b in readme_blocks() if b.language in ("python", "py") and not b.skip_reason]
