@@ -272,7 +272,7 @@ _FILE_STARTS: dict[str, int] = {}
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Under ``-n 3 --dist loadgroup`` (pyproject.toml's addopts) the xdist workers all
+    """Under ``-n 4 --dist loadgroup`` (pyproject.toml's addopts) the xdist workers all
     drive one shared session Ray (see ``ray_local``): the Ray tests of a file run in
     one worker, one after another (module fixtures stay shared), and the files spread
     over the workers beside the storage and unit tests. Ray Serve is one per cluster,

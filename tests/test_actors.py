@@ -50,6 +50,24 @@ def collector_cls(ray_local):
     return Collector
 
 
+# One slow answer (3 s) for the tests that act while a run streams: they share a
+# namespace of such agents, each with an agent of its own name.
+SLOW = {"chunks": 300, "delay": 0.01}
+
+
+@pytest.fixture(scope="module")
+def _slow_namespace(module_namespace_factory):
+    return module_namespace_factory(agent_kwargs=SLOW)
+
+
+@pytest.fixture
+def slow_namespace(_slow_namespace):
+    """The module's namespace of slow agents (``SLOW``); hibernated after each test."""
+    from tests.helpers import hibernated_after
+
+    yield from hibernated_after(_slow_namespace)
+
+
 @pytest.fixture(scope="module")
 def names_ns(module_namespace_factory):
     """A namespace no agent ever binds in, for the name checks."""
@@ -164,8 +182,8 @@ def test_a_local_callback_object_is_refused_with_the_alternative(shared_namespac
     assert chunks[-1]["type"] == "finish"
 
 
-def test_configure_and_status(namespace_factory):
-    ns = namespace_factory(agent_kwargs={"chunks": 40, "delay": 0.01})
+def test_configure_and_status(slow_namespace):
+    ns = slow_namespace
     agent = ns.get("cfg")
     agent.configure.remote({"modelTier": "capable"}).result()
     run = agent.stream_chat.remote("slow")
@@ -179,8 +197,8 @@ def test_configure_and_status(namespace_factory):
 # -- abort ------------------------------------------------------------------------------
 
 
-def test_abort_receiver_works_from_another_process(namespace_factory, ray_local):
-    ns = namespace_factory(agent_kwargs={"chunks": 400, "delay": 0.01})
+def test_abort_receiver_works_from_another_process(slow_namespace, ray_local):
+    ns = slow_namespace
     agent = ns.get("abortme")
     run = agent.stream_chat.remote("long")
     receiver = run.receiver
@@ -197,7 +215,7 @@ def test_abort_receiver_works_from_another_process(namespace_factory, ray_local)
     assert receiver.abort() is False  # finished: nothing to abort
     last = agent.get_history.remote().result()[-1]
     n = len(text_of(last).split())
-    assert 0 < n < 400
+    assert 0 < n < SLOW["chunks"]
     assert last["metadata"]["status"] == "aborted"
     # truthful after a wake too
     assert ns.hibernate("abortme")
@@ -216,8 +234,8 @@ def test_abort_unknown_run_returns_false(shared_namespace):
     assert run.receiver.abort() is False
 
 
-def test_detach_does_not_cancel(namespace_factory):
-    ns = namespace_factory(agent_kwargs={"chunks": 100, "delay": 0.005})
+def test_detach_does_not_cancel(slow_namespace):
+    ns = slow_namespace
     agent = ns.get("detach")
     stream = agent.stream_chat.remote("go")
     first = [next(stream) for _ in range(5)]
@@ -225,15 +243,15 @@ def test_detach_does_not_cancel(namespace_factory):
     del stream  # the consumer goes away mid-stream
     wait_until(lambda: agent.get_status.remote().result().state == "idle")
     last = agent.get_history.remote().result()[-1]
-    assert text_of(last).split()[-1] == "chunk99"
+    assert text_of(last).split()[-1] == f"chunk{SLOW['chunks'] - 1}"
     assert last["metadata"]["status"] == "completed"
 
 
 # -- resume -----------------------------------------------------------------------------
 
 
-def test_resume_replays_from_zero_then_tails(namespace_factory):
-    ns = namespace_factory(agent_kwargs={"chunks": 150, "delay": 0.01})
+def test_resume_replays_from_zero_then_tails(slow_namespace):
+    ns = slow_namespace
     agent = ns.get("resumer")
     first = agent.stream_chat.remote("go")
     seen = [next(first) for _ in range(20)]
@@ -243,7 +261,7 @@ def test_resume_replays_from_zero_then_tails(namespace_factory):
     assert resumed.run_id and replay[0]["type"] == "start"
     assert replay[: len(seen)] == seen  # replay starts at index 0
     deltas = [c["delta"] for c in replay if c["type"] == "text-delta"]
-    assert deltas == [f"chunk{i} " for i in range(150)]  # exactly once, contiguous
+    assert deltas == [f"chunk{i} " for i in range(SLOW["chunks"])]  # exactly once, contiguous
     assert replay[-1]["type"] == "finish"
     # after a wake the last run is replayed from the chunk log in the database
     assert ns.hibernate("resumer")
@@ -296,8 +314,8 @@ def test_live_cap_hibernates_least_recently_used(namespace_factory):
     assert len(a.get_history.remote().result()) == 2
 
 
-def test_hibernate_refused_while_running(namespace_factory):
-    ns = namespace_factory(agent_kwargs={"chunks": 60, "delay": 0.01})
+def test_hibernate_refused_while_running(slow_namespace):
+    ns = slow_namespace
     agent = ns.get("busy")
     run = agent.stream_chat.remote("go")
     assert ns.hibernate("busy") is False
