@@ -23,6 +23,13 @@ ALICE = {"authorization": "Bearer token-alice"}
 BOB = {"authorization": "Bearer token-bob"}
 
 
+# The test apps' namespaces keep no spare and start none for demand, as
+# tests/conftest.py's namespace_factory: each spare is a process start (the one started
+# after the first bind was rarely used), a warm-up turn only saves a first turn's CPU,
+# and an actor a hibernation gives back stays for the next agent to bind (IngressApps).
+NAMESPACE_OPTIONS = {"detached": False, "pool_size": 0, "warm_up": False, "grow_pool": False}
+
+
 def make_config(root: str, namespace: str, **overrides: Any) -> IngressConfig:
     agent_kwargs = overrides.pop("agent_kwargs", {"chunks": 5})
     agent_cls = overrides.pop("agent_cls", "tests.agents:ScriptAgent")
@@ -33,17 +40,7 @@ def make_config(root: str, namespace: str, **overrides: Any) -> IngressConfig:
                 agent_cls=agent_cls,
                 namespace=namespace,
                 agent_kwargs=agent_kwargs,
-                # no spare, as tests/conftest.py's namespace_factory keeps: each spare is a
-                # process start (the one started after the first bind was rarely used),
-                # and a warm-up turn only saves a first turn's CPU
-                # and no spare started for demand either: an actor a hibernation gives
-                # back stays for the next agent to bind (see IngressApps)
-                namespace_options={
-                    "detached": False,
-                    "pool_size": 0,
-                    "warm_up": False,
-                    "grow_pool": False,
-                },
+                namespace_options=NAMESPACE_OPTIONS,
             )
         },
         "tokens": TOKENS,

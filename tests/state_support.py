@@ -14,7 +14,14 @@ from thinkray.actors.ingress.app import build_app
 from thinkray.actors.ingress.config import AgentRoute, IngressConfig
 from websockets.sync.client import ClientConnection, connect
 
-from tests.ingress_support import TOKENS, hibernate_agents, serve_built, shared_prefix, ws_url
+from tests.ingress_support import (
+    NAMESPACE_OPTIONS,
+    TOKENS,
+    hibernate_agents,
+    serve_built,
+    shared_prefix,
+    ws_url,
+)
 
 STATE = "cf_agent_state"
 STATE_ERROR = "cf_agent_state_error"
@@ -26,18 +33,12 @@ CLASSES = {
 
 
 def state_config(root: str, prefix: str) -> IngressConfig:
-    options = {
-        "detached": False,
-        "pool_size": 0,
-        "warm_up": False,
-        "grow_pool": False,
-    }  # as make_config's
     agents = {
         slug: AgentRoute(
             agent_cls=cls,
             namespace=f"{prefix}-{slug}",
             agent_kwargs={"chunks": 3},
-            namespace_options=options,
+            namespace_options=NAMESPACE_OPTIONS,
         )
         for slug, cls in CLASSES.items()
     }
@@ -52,7 +53,7 @@ def state_server(root: str, prefix: str) -> Iterator[tuple[str, Any]]:
         yield base, app
 
 
-def shared_state_server(ray_local: Any, tmp_path_factory: Any) -> Iterator[tuple[str, Any]]:
+def shared_state_server(tmp_path_factory: Any) -> Iterator[tuple[str, Any]]:
     """A module fixture's body: one state app for the module's tests, which each use
     agents of their own names (see :func:`hibernated_state_server`)."""
     folder = tmp_path_factory.mktemp("state")

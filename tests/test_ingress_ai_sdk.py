@@ -26,7 +26,15 @@ import pytest
 from thinkray.actors.ingress.config import AgentRoute
 
 from tests.helpers import wait_until
-from tests.ingress_support import ALICE, TOKENS, chat_body, make_config, serve_app, sse_events
+from tests.ingress_support import (
+    ALICE,
+    NAMESPACE_OPTIONS,
+    TOKENS,
+    chat_body,
+    make_config,
+    serve_app,
+    sse_events,
+)
 from tests.test_ai_sdk_clients import AI_SDK_MAJORS, NODE_TIMEOUT, _install, clean
 
 pytestmark = [pytest.mark.node, pytest.mark.ray]
@@ -59,7 +67,7 @@ def base(ray_local, tmp_path_factory) -> Iterator[str]:
         agent_cls="tests.agents:ScriptAgent",
         namespace=f"{namespace}-slow",
         agent_kwargs={"chunks": SLOW_CHUNKS, "delay": 0.05},
-        namespace_options={"detached": False, "pool_size": 0, "warm_up": False},
+        namespace_options=NAMESPACE_OPTIONS,
     )
     with serve_app(config) as url:
         yield url

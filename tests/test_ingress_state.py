@@ -34,7 +34,7 @@ pytestmark = pytest.mark.ray
 
 @pytest.fixture(scope="module")
 def _state_app(ray_local, tmp_path_factory):
-    yield from shared_state_server(ray_local, tmp_path_factory)
+    yield from shared_state_server(tmp_path_factory)
 
 
 @pytest.fixture
