@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
+from thinkray.actors.ingress.app import build_app
 from thinkray.actors.ingress.config import AgentRoute
 
 from tests.helpers import wait_until
@@ -31,8 +32,9 @@ from tests.ingress_support import (
     NAMESPACE_OPTIONS,
     TOKENS,
     chat_body,
+    hibernate_agents,
     make_config,
-    serve_app,
+    serve_built,
     sse_events,
 )
 from tests.test_ai_sdk_clients import AI_SDK_MAJORS, NODE_TIMEOUT, _install, clean
@@ -58,7 +60,7 @@ def http_clients() -> dict[int, Path]:
 
 
 @pytest.fixture(scope="module")
-def base(ray_local, tmp_path_factory) -> Iterator[str]:
+def _app(ray_local, tmp_path_factory) -> Iterator[tuple[str, Any]]:
     """A live ingress: ``chat`` (a tool call, then 5 chunks) and ``slow`` (60 chunks)."""
     root = tmp_path_factory.mktemp("ingress-ai-sdk")
     namespace = f"aisdk-{root.name[-8:]}".replace("_", "-")
@@ -69,8 +71,18 @@ def base(ray_local, tmp_path_factory) -> Iterator[str]:
         agent_kwargs={"chunks": SLOW_CHUNKS, "delay": 0.05},
         namespace_options=NAMESPACE_OPTIONS,
     )
-    with serve_app(config) as url:
-        yield url
+    app = build_app(config)
+    with serve_built(app) as url:
+        yield url, app
+
+
+@pytest.fixture
+def base(_app) -> Iterator[str]:
+    """The module's ingress; each test's agents (names of its own) hibernate after it,
+    so the next test's agents bind their actors instead of starting more."""
+    url, app = _app
+    yield url
+    hibernate_agents(app)
 
 
 def run_client(project: Path, **request: Any) -> dict[str, Any]:
