@@ -30,6 +30,10 @@ BOB = {"authorization": "Bearer token-bob"}
 NAMESPACE_OPTIONS = {"detached": False, "pool_size": 0, "warm_up": False, "grow_pool": False}
 
 
+# One slow answer for the tests that act while a run streams (one app serves them all).
+SLOW = {"chunks": 100, "delay": 0.02}
+
+
 def make_config(root: str, namespace: str, **overrides: Any) -> IngressConfig:
     agent_kwargs = overrides.pop("agent_kwargs", {"chunks": 5})
     agent_cls = overrides.pop("agent_cls", "tests.agents:ScriptAgent")
@@ -144,6 +148,12 @@ def shared_prefix(folder: Path) -> str:
     worker drives one Ray."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     return f"i{folder.name[-12:]}{worker}-".replace("_", "-")
+
+
+def agent_names(base: str, headers: dict[str, str]) -> list[str]:
+    """The agents of the ``chat`` route the caller of ``headers`` owns."""
+    names: list[str] = httpx.get(f"{base}/agents/chat", headers=headers).json()["agents"]
+    return names
 
 
 def sse_events(lines: Iterator[str]) -> Iterator[Any]:

@@ -17,6 +17,8 @@ from tests.helpers import wait_until
 from tests.ingress_support import (
     ALICE,
     BOB,
+    SLOW,
+    agent_names,
     chat_body,
     post_chat,
     sse_events,
@@ -24,9 +26,6 @@ from tests.ingress_support import (
 )
 
 pytestmark = pytest.mark.ray
-
-# One slow answer for the tests that act while a run streams (one app serves them all).
-SLOW = {"chunks": 100, "delay": 0.02}
 
 
 @pytest.fixture
@@ -167,7 +166,7 @@ def test_session_operations(server):
         assert httpx.delete(f"{agent}/sessions/{sid}", headers=ALICE).status_code == 204
         assert httpx.get(f"{agent}/chat/{sid}/messages", headers=ALICE).status_code == 404
         assert httpx.delete(f"{agent}/sessions/{sid}", headers=ALICE).status_code == 404
-        assert "alice-5" in httpx.get(f"{base}/agents/chat", headers=ALICE).json()["agents"]
+        assert "alice-5" in agent_names(base, ALICE)
 
 
 def test_status_is_an_event_stream(server):
@@ -236,9 +235,8 @@ def test_another_principals_agent_is_not_found_and_untouched(server):
         stored = httpx.get(f"{path}/chat/c1/messages", headers=ALICE).json()
         assert [m["id"] for m in stored if m["role"] == "user"] == ["u1"]
         # Bob's list names none of Alice's agents (the app's other tests made more).
-        assert "alice-8" in httpx.get(f"{base}/agents/chat", headers=ALICE).json()["agents"]
-        bobs = httpx.get(f"{base}/agents/chat", headers=BOB).json()["agents"]
-        assert not [name for name in bobs if name.startswith("alice")]
+        assert "alice-8" in agent_names(base, ALICE)
+        assert not [name for name in agent_names(base, BOB) if name.startswith("alice")]
 
 
 def test_cors_is_closed_by_default_and_open_to_configured_origins(server):

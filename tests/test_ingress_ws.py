@@ -15,13 +15,11 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from tests.ingress_support import ALICE, BOB, user_message
+from tests.ingress_support import ALICE, BOB, SLOW, agent_names, user_message
 
 pytestmark = pytest.mark.ray
 
 RESPONSE = "cf_agent_use_chat_response"
-# One slow answer for the tests that act while a run streams (one app serves them all).
-SLOW = {"chunks": 100, "delay": 0.02}
 
 
 @pytest.fixture
@@ -269,9 +267,8 @@ def test_another_principals_agent_is_refused_like_a_missing_one(server):
         assert refused.value.response.status_code == 404
         assert get_messages(base, "alice-8") == before
         # Bob's list names none of Alice's agents (the app's other tests made more).
-        assert "alice-8" in httpx.get(f"{base}/agents/chat", headers=ALICE).json()["agents"]
-        bobs = httpx.get(f"{base}/agents/chat", headers=BOB).json()["agents"]
-        assert not [name for name in bobs if name.startswith("alice")]
+        assert "alice-8" in agent_names(base, ALICE)
+        assert not [name for name in agent_names(base, BOB) if name.startswith("alice")]
 
 
 def test_bad_frames_are_ignored_or_refused_and_write_nothing(server):
