@@ -25,8 +25,9 @@ extra ``INSERT`` in the write's own transaction::
   it returns anyway (for the snippet), so a hit that matched only by a hash collision
   is dropped there.
 - A posting is never updated or deleted on the write path. A document is live while
-  its part is stored unchanged: the search joins its best candidates to ``parts`` and
-  keeps those whose payload still has the digest and whose message still exists and
+  its part is stored unchanged: the search joins its best candidates to their
+  messages and keeps those whose part (at ``tf`` in the message's ``parts`` blob, see
+  :mod:`~thinkray.storage.part_blobs`) still has the digest and whose message still exists and
   is not hidden by a rewind. So a part rewritten in place, a rewound message or a
   deleted one is never found, whatever path changed it. Deleting sessions or messages
   also deletes their documents (deleted text should leave the file), and the one-off
@@ -54,6 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
+from thinkray.storage import part_blobs
 from thinkray.storage.codec import pack, unpack
 from thinkray.storage.db import Database, Migration
 from thinkray.storage.types import InvalidInputError, SearchHit
@@ -169,16 +171,19 @@ def _term_id(term: str) -> int:
     return zlib.crc32(term.encode())
 
 
-# The first 64 bits of the payload's md5, in SQL (from the standard hex form, whose
-# meaning no DuckDB version can change) and in Python.
-_SQL_DIGEST = "('0x' || left(md5({}), 16))::UBIGINT"
-
-
 def _digest(payload: bytes) -> int:
     return int.from_bytes(hashlib.md5(payload, usedforsecurity=False).digest()[:8], "big")
 
 
 # -- indexing (the write path) --------------------------------------------------------
+
+
+def _finished_text(payload: bytes) -> bool:
+    """Whether a packed part is a ``text`` part that is not streaming (a document)."""
+    part = unpack(payload)
+    return (
+        isinstance(part, dict) and part.get("type") == "text" and part.get("state") != "streaming"
+    )
 
 
 def _text_of(payload: bytes) -> str | None:
@@ -382,11 +387,6 @@ def copy_session(db: Database, con: duckdb.DuckDBPyConnection, session_id: str, 
 
 # -- backfill ---------------------------------------------------------------------------
 
-_LIVE_DOC = (
-    "SELECT 1 FROM parts x WHERE x.message_id = i.message_id AND x.idx = i.tf "
-    "AND " + _SQL_DIGEST.format("x.payload") + " = i.digest"
-)
-
 
 def backfill(db: Database, state: _State) -> int:
     """Index every finished text part that has no live document (messages stored before
@@ -397,17 +397,33 @@ def backfill(db: Database, state: _State) -> int:
         _flush(con, state)
         if _complete(con, state):
             return 0
-        con.execute(
-            "DELETE FROM search_index WHERE doc IN (SELECT i.doc FROM search_index i "
-            f"WHERE i.term IS NULL AND NOT EXISTS ({_LIVE_DOC}))"
-        )
-        missing = con.execute(
-            "SELECT x.message_id, x.idx, x.payload FROM parts x "
-            "WHERE x.type = 'text' AND (x.state IS NULL OR x.state <> 'streaming') "
-            "AND NOT EXISTS (SELECT 1 FROM search_index i WHERE i.term IS NULL "
-            "AND i.message_id = x.message_id AND i.tf = x.idx "
-            "AND i.digest = " + _SQL_DIGEST.format("x.payload") + ")"
+        # Parts are msgpack inside their message's row (part_blobs): which are live,
+        # and which finished text parts have no document, is worked out here.
+        stored = {
+            (mid, idx): payload
+            for mid, blob in con.execute("SELECT id, parts FROM messages").fetchall()
+            for idx, payload in part_blobs.slots(blob).items()
+        }
+        docs = con.execute(
+            "SELECT doc, message_id, tf, digest FROM search_index WHERE term IS NULL"
         ).fetchall()
+        live: set[tuple[str, int]] = set()
+        stale: list[int] = []
+        for doc, mid, idx, digest in docs:
+            payload = stored.get((mid, idx))
+            if payload is not None and _digest(payload) == digest:
+                live.add((mid, idx))
+            else:
+                stale.append(doc)
+        if stale:
+            con.execute(
+                "DELETE FROM search_index WHERE doc IN (SELECT unnest(?::BIGINT[]))", [stale]
+            )
+        missing = [
+            (mid, idx, payload)
+            for (mid, idx), payload in stored.items()
+            if (mid, idx) not in live and _finished_text(payload)
+        ]
         state.pending = [d for d in (_tokenized(*row) for row in missing) if d is not None]
         _flush(con, state)  # incomplete yet: writes the rows, not the flag
         _set_complete(con, True)
@@ -477,9 +493,8 @@ top AS (
 d AS (SELECT doc, message_id, tf AS idx, digest FROM search_index
       WHERE term IS NULL AND doc IN (SELECT doc FROM top))
 SELECT d.message_id, m.session_id, m.role, m.hidden_at, m.created_at, d.idx, t.score,
-       x.payload, d.digest
+       m.parts, d.digest
 FROM top t JOIN d USING (doc)
-LEFT JOIN parts x ON x.message_id = d.message_id AND x.idx = d.idx
 LEFT JOIN messages m ON m.id = d.message_id
 ORDER BY t.score DESC, t.doc DESC
 """
@@ -502,13 +517,11 @@ def _compaction_stamps(con: duckdb.DuckDBPyConnection) -> set[tuple[str, float]]
     """``(session, hidden_at)`` of every visible compaction: the messages hidden with
     that stamp were summarized, not rewound."""
     rows = con.execute(
-        "SELECT x.session_id, x.payload FROM parts x JOIN messages m ON m.id = x.message_id "
-        "WHERE x.type = 'data-compaction' AND m.hidden_at IS NULL"
+        "SELECT session_id, parts FROM messages WHERE compaction AND hidden_at IS NULL"
     ).fetchall()
     stamps = set()
-    for sid, payload in rows:
-        part = unpack(payload)
-        data = part.get("data") if isinstance(part, dict) else None
+    for sid, part in part_blobs.compaction_parts(rows):
+        data = part.get("data")
         stamp = data.get("hidden_at") if isinstance(data, dict) else None
         if isinstance(stamp, int | float) and not isinstance(stamp, bool):
             stamps.add((sid, float(stamp)))
@@ -546,7 +559,8 @@ def _hits(
     rows: list[tuple[Any, ...]], query: Query, stamps: Any, seen: set[str], out: list[SearchHit]
 ) -> None:
     wanted = set(query.terms)
-    for mid, sid, role, hidden_at, created_at, idx, score, payload, digest in rows:
+    for mid, sid, role, hidden_at, created_at, idx, score, blob, digest in rows:
+        payload = part_blobs.slots(blob).get(idx) if blob is not None else None
         if payload is None or sid is None or mid in seen or len(out) >= query.limit:
             continue  # stale: its part or message was deleted
         if _digest(payload) != digest:

@@ -1,15 +1,18 @@
 """The DuckDB :class:`~thinkray.storage.protocols.SessionStore`: one file per agent actor.
 
-Layout (``sessions`` component, version 1)::
+Layout (``sessions`` component, version 3)::
 
     sessions(id, name, parent_session_id, parent_message_id, thread_key, head_id,
              created_at DOUBLE, updated_at DOUBLE, info BLOB)
     messages(id, session_id, parent_id, role, seq BIGINT, created_at DOUBLE,
-             hidden_at DOUBLE, envelope BLOB)
-    parts(session_id, message_id, idx INTEGER, type, state, tool_call_id, payload BLOB)
+             hidden_at DOUBLE, envelope BLOB, parts BLOB,
+             compaction BOOLEAN)                         (parts, compaction: version 3)
     chunks(generation_id, idx INTEGER, payload BLOB, is_final BOOLEAN, seq BIGINT,
            n INTEGER)                                    (n: version 2)
     config(key, value BLOB)
+
+(Versions 1 and 2 kept parts in a table of their own, ``parts(session_id, message_id,
+idx, type, state, tool_call_id, payload)``; version 3 moves them into their rows.)
 
 Why it looks like this:
 
@@ -19,20 +22,24 @@ Why it looks like this:
   settings; ``messages.envelope`` is the message without its ``parts`` (``id`` and
   ``role`` included, so loading it is one msgpack map with nothing to merge, and
   ``metadata`` or any extra key round-trips exactly, an absent ``metadata`` staying
-  absent); ``parts.payload`` is the whole part. ``role``, ``type``, ``state`` and
-  ``tool_call_id`` are copies for queries only.
+  absent); ``messages.parts`` is the list of parts as one msgpack value built from
+  each part's own bytes (:mod:`~thinkray.storage.part_blobs`: an array, or a map by
+  index when a write left a gap). ``role`` and ``compaction`` (TRUE when a part is a
+  ``data-compaction``, else NULL) are copies for queries only.
 - No PRIMARY KEY/UNIQUE constraints: the ART indexes grow the file, and DuckDB turns
   an update of an indexed row into delete + insert. The store has a single writer
   (the actor that holds the file lock, serialized by :class:`Database`'s lock), so
   uniqueness is checked in code inside the writing transaction.
-- ``parts`` repeats ``session_id`` (one run-length-encoded column) so a history load
-  reads the session's parts without a join (~4 ms of ~40 at 10,000 messages).
-- Compactions are ``data-compaction`` parts (queryable through ``parts.type``); they
-  go away with their message, so no table of their own.
-- A history load reads ``(id, parent_id, ...)`` for the session and walks the tree in
-  Python (a recursive CTE costs 64-100 ms at depth 10,000, the walk a few ms), then
-  reads the session's parts in one ordered query and decodes all payloads with one
-  msgpack call.
+- Parts live in their message's row (issue 23): a table of their own took a 16 KiB
+  block of every file and a query of every history load (~9 ms of ~55 at 10,000
+  messages). A part write rewrites its message's blob from the bytes in memory (the
+  cache below) or read back; the journal's fold does it once per message per fold.
+- Compactions are ``data-compaction`` parts (found through ``messages.compaction``);
+  they go away with their message, so no table of their own.
+- A history load reads ``(id, parent_id, hidden_at, envelope, parts)`` for the session
+  and walks the tree in Python (a recursive CTE costs 64-100 ms at depth 10,000, the
+  walk a few ms), then decodes the path's envelopes with one msgpack call and its
+  parts with another.
 - A stream flush is one transaction with a constant number of statements; rows go in
   through ``INSERT ... SELECT unnest(?)`` with list parameters (``executemany`` and
   multi-row ``VALUES`` are several times slower here).
@@ -85,10 +92,9 @@ Threads, branches and rewind (seeds 001 and 002) need no table of their own:
   created on first use; sessions made without a key are not threads, so every
   caller of the session-id API is unaffected.
 - Branch and clone copy the visible path into a new session with one
-  ``INSERT ... SELECT`` for messages and one for parts (see ``_COPY_MESSAGES``): new
-  ids are ``salt || old id``, computed in SQL, so parts follow their message without
-  a lookup; envelopes still name the source id, so every load takes ``id`` from the
-  column (the column is the truth). Rollups are recomputed from the copied
+  ``INSERT ... SELECT`` (see ``_COPY_MESSAGES``; the parts come with their rows): new
+  ids are ``salt || old id``, computed in SQL; envelopes still name the source id, so
+  every load takes ``id`` from the column (the column is the truth). Rollups are recomputed from the copied
   assistant envelopes' ``metadata.usage``.
 - Rewind soft-hides with one ``hidden_at`` stamp per rewind (unique: ``_now`` is
   strictly increasing), so un-rewind finds exactly what it hid; the per-session
@@ -117,6 +123,7 @@ from typing import Any, cast
 import duckdb
 import msgpack
 from thinkray.storage import blank as _blank
+from thinkray.storage import part_blobs as _part_blobs
 from thinkray.storage import search as _search
 from thinkray.storage.codec import pack as _pack
 from thinkray.storage.codec import unpack as _unpack
@@ -142,7 +149,6 @@ from thinkray.storage.types import (
     MessageNotFoundError,
     MessageRow,
     NotOnPathError,
-    Part,
     PartWrite,
     RewindInfo,
     SearchHit,
@@ -163,7 +169,6 @@ from thinkray.storage.write_behind import (
     folded_mark,
     records_of,
 )
-from thinkray.storage.write_behind import VALUES_ROWS as _VALUES_ROWS
 from thinkray.storage.write_behind import as_columns as _as_columns
 from thinkray.storage.write_behind import insert_rows as _insert_rows
 from typing_extensions import override
@@ -209,7 +214,40 @@ def _v2(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE chunks ADD COLUMN IF NOT EXISTS n INTEGER")
 
 
-MIGRATIONS: list[Migration] = [Migration(1, _v1), Migration(2, _v2)]
+def _v3(con: duckdb.DuckDBPyConnection) -> None:
+    # Issue 23: a message's parts move into its row (thinkray.storage.part_blobs), so the
+    # file has one table (and one 16 KiB block) less and a history load one query less.
+    con.execute("ALTER TABLE messages ADD COLUMN IF NOT EXISTS parts BLOB")
+    con.execute("ALTER TABLE messages ADD COLUMN IF NOT EXISTS compaction BOOLEAN")
+    if not con.execute(
+        "SELECT 1 FROM duckdb_tables() WHERE table_name = 'parts' "
+        "AND database_name = current_database() AND schema_name = current_schema()"
+    ).fetchone():
+        return
+    rows = con.execute("SELECT message_id, idx, type, payload FROM parts").fetchall()
+    by_message: dict[str, dict[int, bytes]] = {}
+    compactions: set[str] = set()
+    for mid, idx, ptype, payload in rows:
+        by_message.setdefault(mid, {})[idx] = payload
+        if ptype == _part_blobs.COMPACTION_TYPE:
+            compactions.add(mid)
+    if by_message:
+        mids = list(by_message)
+        con.execute(
+            "UPDATE messages SET parts = d.p, compaction = d.c FROM (SELECT "
+            "unnest(?::VARCHAR[]) AS m, unnest(?::BLOB[]) AS p, unnest(?::BOOLEAN[]) AS c) d "
+            "WHERE messages.id = d.m",
+            [
+                mids,
+                [_part_blobs.pack_slots(by_message[m]) for m in mids],
+                [True if m in compactions else None for m in mids],
+            ],
+        )
+    con.execute("UPDATE messages SET parts = ? WHERE parts IS NULL", [_part_blobs.EMPTY])
+    con.execute("DROP TABLE parts")
+
+
+MIGRATIONS: list[Migration] = [Migration(1, _v1), Migration(2, _v2), Migration(3, _v3)]
 
 # A new file is a copy of a blank one with these tables (see thinkray.storage.blank):
 # the session store's and those every agent's wake opens.
@@ -219,31 +257,21 @@ _SESSION_COLS = (
     "id, name, parent_session_id, parent_message_id, thread_key, head_id, "
     "created_at, updated_at, info"
 )
-_INSERT_PARTS = (
-    "INSERT INTO parts SELECT ?::VARCHAR, unnest(?::VARCHAR[]), unnest(?::INTEGER[]), "
-    "unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::BLOB[])"
-)  # session_id, then one list per column of _part_row
 _INSERT_CHUNKS = (
     "INSERT INTO chunks SELECT unnest(?::VARCHAR[]), unnest(?::INTEGER[]), "
     "unnest(?::BLOB[]), unnest(?::BOOLEAN[]), unnest(?::BIGINT[]), unnest(?::INTEGER[])"
 )
 
 
-def _insert_parts(
-    con: duckdb.DuckDBPyConnection, session_id: str, part_rows: Sequence[tuple[Any, ...]]
-) -> None:
-    """Insert part rows (``_part_row``'s) of messages of ``session_id``."""
-    if len(part_rows) <= _VALUES_ROWS:
-        _insert_rows(con, "parts", _INSERT_PARTS, [(session_id, *row) for row in part_rows])
-    else:
-        con.execute(_INSERT_PARTS, [session_id, *_as_columns(part_rows, 6)])
-
-
 # Insert a message unless its id exists anywhere (ids are store-wide): the count it
 # returns is the duplicate check, so a new message costs one statement.
 _INSERT_NEW_MESSAGE = (
-    "INSERT INTO messages SELECT ?, ?, ?, ?, ?, ?, NULL, ? "
+    "INSERT INTO messages SELECT ?, ?, ?, ?, ?, ?, NULL, ?, ?, ? "
     "WHERE NOT EXISTS (SELECT 1 FROM messages WHERE id = ?)"
+)
+_UPDATE_PARTS = (
+    "UPDATE messages SET parts = d.p, compaction = d.c FROM (SELECT unnest(?::VARCHAR[]) AS m, "
+    "unnest(?::BLOB[]) AS p, unnest(?::BOOLEAN[]) AS c) d WHERE messages.id = d.m"
 )
 # How many sessions' rows and histories the store keeps in memory.
 _CACHED_SESSIONS = 16
@@ -259,19 +287,11 @@ _IDS = "(SELECT unnest(?::VARCHAR[]))"
 # chain, the usual case) a predicate selects them; otherwise their ids go as a list.
 _COPY_MESSAGES = (
     "INSERT INTO messages SELECT $salt || m.id, $sid, $salt || lag(m.id) OVER (ORDER BY m.seq), "
-    "m.role, $base::BIGINT + row_number() OVER (ORDER BY m.seq), m.created_at, NULL, m.envelope "
-    "FROM messages m WHERE m.session_id = $src AND {rows}"
+    "m.role, $base::BIGINT + row_number() OVER (ORDER BY m.seq), m.created_at, NULL, m.envelope, "
+    "m.parts, m.compaction FROM messages m WHERE m.session_id = $src AND {rows}"
 )
 _COPY_BY_RANGE = "m.hidden_at IS NULL AND m.seq <= $fork"
 _COPY_BY_LIST = "m.id IN (SELECT unnest($old::VARCHAR[]))"
-_COPY_PARTS = (
-    "INSERT INTO parts SELECT $sid, $salt || x.message_id, x.idx, x.type, x.state, "
-    "x.tool_call_id, x.payload FROM parts x WHERE x.session_id = $src{rows}"
-)
-# Parts of the copied messages only (unless every message of the session was copied).
-_COPY_PARTS_OF_COPIES = (
-    " AND x.message_id IN (SELECT substr(id, $cut) FROM messages WHERE session_id = $sid)"
-)
 
 # Rewinds are logged per session in ``config`` (not in ``sessions.info``, which every
 # usage bump rewrites): a stack of records that unrewind pops.
@@ -357,11 +377,6 @@ def _unpack_many(payloads: Sequence[bytes | bytearray]) -> list[Any]:
         return []
     framed = b"".join((b"\xdd" + len(payloads).to_bytes(4, "big"), *payloads))
     return msgpack.unpackb(framed, raw=False, strict_map_key=False)
-
-
-def _with_parts(message: Message, parts: list[Part]) -> Message:
-    message["parts"] = parts
-    return message
 
 
 @contextmanager
@@ -541,6 +556,14 @@ def _message(message: Any) -> tuple[str, str, bytes, list[tuple[Any, ...]]]:
     return mid, role, envelope, [_part_row(mid, i, p) for i, p in enumerate(parts)]
 
 
+def _parts_of(part_rows: Sequence[tuple[Any, ...]]) -> tuple[bytes, bool | None]:
+    """A whole message's ``messages.parts`` blob and ``compaction`` flag (True or NULL)
+    from its part rows (``_part_row``'s, indexes ``0..n-1``)."""
+    blob = _part_blobs.pack([row[5] for row in part_rows])
+    compaction = any(row[2] == _part_blobs.COMPACTION_TYPE for row in part_rows)
+    return blob, True if compaction else None
+
+
 def _session_info(row: Sequence[Any]) -> SessionInfo:
     info = _unpack(row[8]) if row[8] is not None else {}
     usage = empty_rollup()
@@ -580,10 +603,21 @@ def _info_blob(info: SessionInfo) -> bytes:
 class _Tree:
     """The messages of one session, as column lists (in no particular order)."""
 
-    __slots__ = ("ids", "parents", "hidden", "envelopes", "roles", "seqs", "created", "pos")
+    __slots__ = (
+        "ids",
+        "parents",
+        "hidden",
+        "envelopes",
+        "roles",
+        "seqs",
+        "created",
+        "pos",
+        "parts",
+    )
 
-    def __init__(self, cols: list[list[Any]]) -> None:
+    def __init__(self, cols: list[list[Any]], parts: list[bytes | None] | None = None) -> None:
         self.ids, self.parents, self.hidden, self.envelopes = cols[:4]
+        self.parts = parts if parts is not None else []  # parts blobs, when loaded
         # Only get_path (MessageRow) needs these; the lifecycle operations only roles.
         rest = cols[4:] + [[] for _ in range(7 - len(cols))]
         self.roles, self.seqs, self.created = rest
@@ -606,19 +640,17 @@ class _Tree:
 
 
 def _build_messages(
-    ids: Sequence[str], envelopes: Sequence[bytes], part_payloads: Sequence[Sequence[bytes]]
+    ids: Sequence[str], envelopes: Sequence[bytes], part_blobs: Sequence[bytes | None]
 ) -> list[Message]:
     """Messages from stored bytes: each envelope with its id (the id column is the
     truth: a branch or clone copies envelopes verbatim and gives the copies new ids)
-    and its parts, decoded with two msgpack calls in all."""
+    and its parts (``messages.parts``), decoded with two msgpack calls in all."""
     messages = _unpack_many(envelopes)
-    parts = _unpack_many([p for payloads in part_payloads for p in payloads])
-    at = 0
-    for message, mid, payloads in zip(messages, ids, part_payloads, strict=True):
+    parts = _unpack_many([blob or _part_blobs.EMPTY for blob in part_blobs])
+    for message, mid, listed in zip(messages, ids, parts, strict=True):
         message["id"] = mid
-        end = at + len(payloads)
-        message["parts"] = parts[at:end]
-        at = end
+        # A map: a message whose part indexes have a gap (see part_blobs).
+        message["parts"] = listed if listed.__class__ is list else _part_blobs.as_list(listed)
     return messages
 
 
@@ -763,6 +795,14 @@ def _chunk_rows(chunks: Sequence[Any]) -> list[tuple[Any, ...]]:
     return rows
 
 
+def _slot_writes(batch: _FlushBatch) -> dict[str, dict[int, bytes]]:
+    """``message id -> {index: packed part}`` of a flush's part writes."""
+    out: dict[str, dict[int, bytes]] = {}
+    for mid, idx, *_, payload in batch.part_rows:
+        out.setdefault(mid, {})[idx] = payload
+    return out
+
+
 def _cached_target(entry: _Cached, batch: _FlushBatch) -> tuple[str | None, str | None] | None:
     """``(new message id, its parent)`` of a flush when the cached history can check it:
     every message it names on that history, a new message's parent known (the head;
@@ -794,12 +834,6 @@ def _doomed_generations(generations: list[str], prune: ChunkPrune) -> list[str]:
     keep = len(generations) - prune.keep
     active = set(prune.active)
     return [g for g in generations[: max(keep, 0)] if g not in active]
-
-
-def _new_slots(entry: _Cached, slots: list[tuple[str, int]]) -> bool:
-    """Whether every ``(message id, index)`` is past the cached message's parts (no
-    stored row to replace)."""
-    return all(idx >= len(entry.parts[entry.pos[mid]]) for mid, idx in slots)
 
 
 # The journal (see the module's notes) is folded into DuckDB once it holds this many
@@ -1030,10 +1064,10 @@ class _Cached:
     row: list[Any]
     path: list[str] | None = None
     envelopes: list[bytes] = field(default_factory=list)
-    parts: list[list[bytes]] = field(default_factory=list)
+    parts: list[bytes] = field(default_factory=list)  # each message's parts blob
     pos: dict[str, int] = field(default_factory=dict)
 
-    def set_path(self, ids: list[str], envelopes: list[bytes], parts: list[list[bytes]]) -> None:
+    def set_path(self, ids: list[str], envelopes: list[bytes], parts: list[bytes]) -> None:
         self.path, self.envelopes, self.parts = ids, envelopes, parts
         self.pos = {mid: i for i, mid in enumerate(ids)}
 
@@ -1041,7 +1075,7 @@ class _Cached:
         self.path = None
         self.envelopes, self.parts, self.pos = [], [], {}
 
-    def extend(self, parent: str | None, mid: str, envelope: bytes, parts: list[bytes]) -> None:
+    def extend(self, parent: str | None, mid: str, envelope: bytes, parts: bytes) -> None:
         """A message was added under ``parent`` and became the head."""
         if self.path is None:
             return
@@ -1059,14 +1093,11 @@ class _Cached:
         self.envelopes.append(envelope)
         self.parts.append(parts)
 
-    def write_part(self, mid: str, index: int, payload: bytes) -> None:
-        parts = self.parts[self.pos[mid]]
-        if index < len(parts):
-            parts[index] = payload
-        elif index == len(parts):
-            parts.append(payload)
-        else:  # a gap: the stored list skips it, so read it back rather than mimic that
-            self.forget_path()
+    def write_parts(self, mid: str, length: int | None, writes: dict[int, bytes]) -> None:
+        """A flush cut the message's parts to ``length`` (None: did not) and wrote
+        ``writes`` (index -> packed part), as :func:`part_blobs.splice` does."""
+        at = self.pos[mid]
+        self.parts[at] = _part_blobs.splice(self.parts[at], length, writes)
 
 
 class DuckDBSessionStore(SessionStore):
@@ -1357,7 +1388,7 @@ class DuckDBSessionStore(SessionStore):
             if part_rows:
                 record["p"] = [[session_id, *row] for row in part_rows]
             self._journal_write(record)
-            entry.extend(parent, mid, envelope, [row[5] for row in part_rows])
+            entry.extend(parent, mid, envelope, _parts_of(part_rows)[0])
             entry.row[5], entry.row[7] = mid, now
             assert self._state.ids is not None
             self._state.ids.add(mid)
@@ -1388,7 +1419,7 @@ class DuckDBSessionStore(SessionStore):
             envelope = batch.envelope
             if new is not None:
                 assert envelope is not None and state.ids is not None
-                entry.extend(parent, new, envelope[2], [])
+                entry.extend(parent, new, envelope[2], _part_blobs.EMPTY)
                 state.ids.add(new)
             elif envelope is not None:
                 entry.envelopes[entry.pos[envelope[0]]] = envelope[2]
@@ -1432,14 +1463,6 @@ class DuckDBSessionStore(SessionStore):
             record["m"] = [[new, sid, parent, envelope[1], self._next_seq(), now, envelope[2]]]
         elif envelope is not None:
             record["u"] = [list(envelope)]
-        pos = entry.pos
-        deletes = [
-            [mid, idx]
-            for mid, idx, *_ in batch.part_rows
-            if mid != new and idx < len(entry.parts[pos[mid]])
-        ]
-        if deletes:
-            record["d"] = deletes
         if batch.target is not None and batch.target != new:
             record["t"] = [[batch.target, batch.parts_length]]
         if batch.part_rows:
@@ -1553,14 +1576,13 @@ class DuckDBSessionStore(SessionStore):
         part_rows: list[tuple[Any, ...]],
         now: float,
     ) -> None:
+        blob, compaction = _parts_of(part_rows)
         con.execute(
-            "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, NULL, ?)",
-            [mid, session_id, parent, role, self._next_seq(), now, envelope],
+            "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)",
+            [mid, session_id, parent, role, self._next_seq(), now, envelope, blob, compaction],
         )
         if self._state.ids is not None:
             self._state.ids.add(mid)
-        if part_rows:
-            _insert_parts(con, session_id, part_rows)
 
     def _insert_new(
         self,
@@ -1571,12 +1593,25 @@ class DuckDBSessionStore(SessionStore):
         envelope: bytes,
         parent: str | None,
         now: float,
+        part_rows: Sequence[tuple[Any, ...]] = (),
     ) -> bool:
         """Insert a message row unless ``mid`` exists (in any session); False if it
         did, and then nothing was written."""
+        blob, compaction = _parts_of(part_rows)
         row = con.execute(
             _INSERT_NEW_MESSAGE,
-            [mid, session_id, parent, role, self._state.seq + 1, now, envelope, mid],
+            [
+                mid,
+                session_id,
+                parent,
+                role,
+                self._state.seq + 1,
+                now,
+                envelope,
+                blob,
+                compaction,
+                mid,
+            ],
         ).fetchone()
         if not row or not row[0]:
             return False
@@ -1598,50 +1633,18 @@ class DuckDBSessionStore(SessionStore):
             )
 
     @staticmethod
-    def _load_tree(con: duckdb.DuckDBPyConnection, session_id: str, rows: bool) -> _Tree:
+    def _load_tree(
+        con: duckdb.DuckDBPyConnection, session_id: str, rows: bool, *, parts: bool = False
+    ) -> _Tree:
         extra = ", role, seq, created_at" if rows else ""
+        blobs = ", parts" if parts else ""
         cur = con.execute(
-            f"SELECT id, parent_id, hidden_at, envelope{extra} FROM messages WHERE session_id = ?",
+            f"SELECT id, parent_id, hidden_at, envelope{extra}{blobs} FROM messages "
+            "WHERE session_id = ?",
             [session_id],
         )
-        return _Tree(_columns(cur, 7 if rows else 4))
-
-    @staticmethod
-    def _part_payloads(
-        con: duckdb.DuckDBPyConnection, where: str, params: list[Any]
-    ) -> dict[str, list[bytes]]:
-        """``message id -> part payloads`` (in index order, still encoded) of the
-        messages matching ``where``."""
-        cur = con.execute(
-            f"SELECT message_id, payload FROM parts WHERE {where} ORDER BY message_id, idx",
-            params,
-        )
-        np = sys.modules.get("numpy")
-        if np is None:
-            out: dict[str, list[bytes]] = {}
-            get = out.get
-            mids, payloads = _columns(cur, 2)
-            for mid, payload in zip(mids, payloads, strict=True):
-                parts = get(mid)
-                if parts is None:
-                    out[mid] = [payload]
-                else:
-                    parts.append(payload)
-            return out
-        # Each message's parts are one contiguous run: find the run boundaries in C and
-        # slice, instead of a dict lookup and an append per part.
-        result = cur.fetchnumpy()
-        mids_array = result["message_id"]
-        payloads = result["payload"].tolist()
-        if not payloads:
-            return {}
-        cuts = (np.flatnonzero(mids_array[1:] != mids_array[:-1]) + 1).tolist()
-        starts = [0, *cuts]
-        keys = mids_array[starts].tolist()
-        return {
-            key: payloads[a:b]
-            for key, a, b in zip(keys, starts, [*cuts, len(payloads)], strict=True)
-        }
+        cols = _columns(cur, (7 if rows else 4) + (1 if parts else 0))
+        return _Tree(cols, cols.pop() if parts else None)
 
     # -- sessions -------------------------------------------------------------------
 
@@ -1839,7 +1842,6 @@ class DuckDBSessionStore(SessionStore):
         with self._tx() as con:
             self._head(con, session_id)
             _search.forget_session(self.db, con, session_id)
-            con.execute("DELETE FROM parts WHERE session_id = ?", [session_id])
             con.execute("DELETE FROM messages WHERE session_id = ?", [session_id])
             con.execute("DELETE FROM sessions WHERE id = ?", [session_id])
             con.execute("DELETE FROM config WHERE key = ?", [_rewind_key(session_id)])
@@ -1856,7 +1858,6 @@ class DuckDBSessionStore(SessionStore):
             info.usage = empty_rollup()
             info.context_tokens = None
             _search.forget_session(self.db, con, session_id)
-            con.execute("DELETE FROM parts WHERE session_id = ?", [session_id])
             con.execute("DELETE FROM messages WHERE session_id = ?", [session_id])
             con.execute("DELETE FROM config WHERE key = ?", [_rewind_key(session_id)])
             con.execute(
@@ -1887,10 +1888,10 @@ class DuckDBSessionStore(SessionStore):
                 # The parent is known: the insert is the duplicate check too.
                 parent = entry.row[5] if parent_id is HEAD else parent_id
                 now = self._now()
-                if not self._insert_new(con, session_id, mid, role, envelope, parent, now):
+                if not self._insert_new(
+                    con, session_id, mid, role, envelope, parent, now, part_rows
+                ):
                     return False  # the first write wins, wherever it landed
-                if part_rows:
-                    _insert_parts(con, session_id, part_rows)
             else:
                 head, owners = self._lookup(con, session_id, [mid, parent_id])
                 if mid in owners:
@@ -1902,7 +1903,7 @@ class DuckDBSessionStore(SessionStore):
             self._touch(con, session_id, now, head=mid)
             entry = self._cached(session_id)
             if entry is not None:
-                entry.extend(parent, mid, envelope, [row[5] for row in part_rows])
+                entry.extend(parent, mid, envelope, _parts_of(part_rows)[0])
                 entry.row[5], entry.row[7] = mid, now
         return True
 
@@ -1980,17 +1981,19 @@ class DuckDBSessionStore(SessionStore):
             rows = []
             part_rows: list[tuple[Any, ...]] = []
             for mid, role, envelope, parts in checked:
-                rows.append((mid, session_id, parent, role, self._next_seq(), now, envelope))
+                blob, compaction = _parts_of(parts)
+                seq = self._next_seq()
+                rows.append((mid, session_id, parent, role, seq, now, envelope, blob, compaction))
                 part_rows.extend(parts)
                 parent = mid
             con.execute(
                 "INSERT INTO messages SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
                 "unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::BIGINT[]), "
-                "unnest(?::DOUBLE[]), NULL, unnest(?::BLOB[])",
-                _as_columns(rows, 7),
+                "unnest(?::DOUBLE[]), NULL, unnest(?::BLOB[]), unnest(?::BLOB[]), "
+                "unnest(?::BOOLEAN[])",
+                _as_columns(rows, 9),
             )
             if part_rows:
-                _insert_parts(con, session_id, part_rows)
                 _search.index_parts(self.db, con, part_rows)
             self._touch(con, session_id, now, head=ids[-1])
         return len(ids)
@@ -2010,14 +2013,13 @@ class DuckDBSessionStore(SessionStore):
                         f"message {mid!r} belongs to session {owners[mid]!r}, not {session_id!r}"
                     )
                 # Replacing keeps the message where it is in the tree and the head alone.
+                blob, compaction = _parts_of(part_rows)
                 con.execute(
-                    "UPDATE messages SET role = ?, envelope = ? WHERE id = ?",
-                    [role, envelope, mid],
+                    "UPDATE messages SET role = ?, envelope = ?, parts = ?, compaction = ? "
+                    "WHERE id = ?",
+                    [role, envelope, blob, compaction, mid],
                 )
-                con.execute("DELETE FROM parts WHERE message_id = ?", [mid])
                 _search.forget_messages(self.db, con, [mid])
-                if part_rows:
-                    _insert_parts(con, session_id, part_rows)
                 _search.index_parts(self.db, con, part_rows)
                 self._touch(con, session_id, now)
                 return
@@ -2037,24 +2039,8 @@ class DuckDBSessionStore(SessionStore):
             known, inserted = self._flush_known(con, batch, now)
             if not known:
                 inserted = self._flush_lookup(con, batch, now)
-            entry = self._cached(sid)
-            old = [(mid, idx) for mid, idx, *_ in batch.part_rows if mid != inserted]
-            if old and not (
-                entry is not None and entry.path is not None and _new_slots(entry, old)
-            ):
-                con.execute(
-                    "DELETE FROM parts USING (SELECT unnest(?::VARCHAR[]) AS m, "
-                    "unnest(?::INTEGER[]) AS i) d WHERE parts.message_id = d.m "
-                    "AND parts.idx = d.i",
-                    _as_columns(old, 2),
-                )
-            if batch.target is not None and batch.target != inserted:
-                con.execute(
-                    "DELETE FROM parts WHERE message_id = ? AND idx >= ?",
-                    [batch.target, batch.parts_length],
-                )
+            self._write_flush_parts(con, batch, inserted)
             if batch.part_rows:
-                _insert_parts(con, sid, batch.part_rows)
                 _search.index_parts(self.db, con, batch.part_rows)
             if batch.chunk_rows:
                 self._write_chunks(con, batch.chunk_rows)
@@ -2103,7 +2089,7 @@ class DuckDBSessionStore(SessionStore):
             _, role, blob = batch.envelope  # type: ignore[misc]
             if not self._insert_new(con, batch.sid, new, role, blob, parent, now):
                 return False, None  # it exists elsewhere: the full check says where
-            entry.extend(parent, new, blob, [])
+            entry.extend(parent, new, blob, _part_blobs.EMPTY)
         elif batch.envelope is not None:
             mid, role, blob = batch.envelope
             con.execute(
@@ -2152,6 +2138,44 @@ class DuckDBSessionStore(SessionStore):
                 )
         return inserted
 
+    def _write_flush_parts(
+        self, con: duckdb.DuckDBPyConnection, batch: _FlushBatch, inserted: str | None
+    ) -> None:
+        """Write the parts blobs of the messages a flush cuts or writes parts of: the
+        cached blob (or the file's) spliced as :meth:`_Cached.write_parts` does."""
+        writes = _slot_writes(batch)
+        if batch.target is not None:
+            writes.setdefault(batch.target, {})
+        if not writes:
+            return
+        entry = self._cached(batch.sid)
+        known: dict[str, bytes | None] = {}
+        for mid in writes:
+            if mid == inserted:
+                known[mid] = _part_blobs.EMPTY
+            elif entry is not None and entry.path is not None and mid in entry.pos:
+                known[mid] = entry.parts[entry.pos[mid]]
+        missing = [mid for mid in writes if mid not in known]
+        if missing:
+            known.update(
+                con.execute(
+                    f"SELECT id, parts FROM messages WHERE id IN {_IDS}", [missing]
+                ).fetchall()
+            )
+        rows = []
+        for mid, slot_writes in writes.items():
+            length = batch.parts_length if mid == batch.target else None
+            blob = _part_blobs.splice(known.get(mid), length, slot_writes)
+            rows.append((mid, blob, True if _part_blobs.blob_has_compaction(blob) else None))
+        if len(rows) == 1:
+            mid, blob, compaction = rows[0]
+            con.execute(
+                "UPDATE messages SET parts = ?, compaction = ? WHERE id = ?",
+                [blob, compaction, mid],
+            )
+        else:
+            con.execute(_UPDATE_PARTS, _as_columns(rows, 3))
+
     def _flushed(
         self,
         batch: _FlushBatch,
@@ -2165,12 +2189,12 @@ class DuckDBSessionStore(SessionStore):
         if entry is None:
             return
         if entry.path is not None:
-            for mid, idx, *_, payload in batch.part_rows:
-                if entry.path is None:
-                    break
-                entry.write_part(mid, idx, payload)
-            if batch.target is not None and entry.path is not None:
-                del entry.parts[entry.pos[batch.target]][batch.parts_length :]
+            writes = _slot_writes(batch)
+            if batch.target is not None:
+                writes.setdefault(batch.target, {})
+            for mid, slot_writes in writes.items():
+                length = batch.parts_length if mid == batch.target else None
+                entry.write_parts(mid, length, slot_writes)
         if inserted:
             entry.row[5] = inserted
         if touched or info_blob is not None:
@@ -2205,18 +2229,14 @@ class DuckDBSessionStore(SessionStore):
     def get_message_row(self, message_id: str) -> MessageRow | None:
         with self._tx() as con:
             row = con.execute(
-                "SELECT id, session_id, parent_id, role, seq, created_at, hidden_at, envelope "
-                "FROM messages WHERE id = ?",
+                "SELECT id, session_id, parent_id, role, seq, created_at, hidden_at, envelope, "
+                "parts FROM messages WHERE id = ?",
                 [message_id],
             ).fetchone()
             if row is None:
                 return None
-            payloads = con.execute(
-                "SELECT payload FROM parts WHERE message_id = ? ORDER BY idx", [message_id]
-            ).fetchall()
-        parts = _unpack_many([p for (p,) in payloads])
-        envelope = _unpack(row[7])
-        envelope["id"] = row[0]  # a copy's envelope still names its source
+        # The id column is the truth: a copy's envelope still names its source.
+        [message] = _build_messages([row[0]], [row[7]], [row[8]])
         return MessageRow(
             id=row[0],
             session_id=row[1],
@@ -2225,7 +2245,7 @@ class DuckDBSessionStore(SessionStore):
             seq=row[4],
             created_at=row[5],
             hidden_at=row[6],
-            message=_with_parts(envelope, parts),
+            message=message,
         )
 
     def _walk(
@@ -2237,7 +2257,7 @@ class DuckDBSessionStore(SessionStore):
         with _no_gc(), self._tx(keep_cache=True) as con:
             entry = self._session_row(con, session_id)
             head = entry.row[5]
-            tree = self._load_tree(con, session_id, rows)
+            tree = self._load_tree(con, session_id, rows, parts=True)
             if leaf_id is not None:
                 leaf = tree.pos.get(leaf_id)
                 if leaf is None:
@@ -2257,13 +2277,12 @@ class DuckDBSessionStore(SessionStore):
                 if leaf_id is None and not include_hidden and head is None and not tree.ids:
                     entry.set_path([], [], [])  # known empty: the first turn needs no read
                 return tree, path, []
-            payloads = self._part_payloads(con, "session_id = ?", [session_id])
             ids = [tree.ids[i] for i in path]
             envelopes = [tree.envelopes[i] for i in path]
-            part_payloads = [payloads.get(mid) or [] for mid in ids]
-            messages = _build_messages(ids, envelopes, part_payloads)
+            part_blobs = [tree.parts[i] or _part_blobs.EMPTY for i in path]
+            messages = _build_messages(ids, envelopes, part_blobs)
             if leaf_id is None and not include_hidden and head is not None and head in tree.pos:
-                entry.set_path(ids, envelopes, part_payloads)
+                entry.set_path(ids, envelopes, part_blobs)
         return tree, path, messages
 
     @override
@@ -2315,18 +2334,10 @@ class DuckDBSessionStore(SessionStore):
             if not con.execute("SELECT 1 FROM messages WHERE id = ?", [message_id]).fetchone():
                 raise MessageNotFoundError(f"message {message_id!r} not found")
             rows = con.execute(
-                "SELECT id, envelope FROM messages WHERE parent_id = ? ORDER BY seq",
+                "SELECT id, envelope, parts FROM messages WHERE parent_id = ? ORDER BY seq",
                 [message_id],
             ).fetchall()
-            if not rows:
-                return []
-            payloads = self._part_payloads(
-                con, "message_id IN (SELECT id FROM messages WHERE parent_id = ?)", [message_id]
-            )
-        ids = [mid for mid, _ in rows]
-        return _build_messages(
-            ids, [env for _, env in rows], [payloads.get(mid) or [] for mid in ids]
-        )
+        return _build_messages([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
 
     @override
     def set_head(self, session_id: str, message_id: str | None) -> None:
@@ -2369,7 +2380,6 @@ class DuckDBSessionStore(SessionStore):
                 "AND messages.session_id = ?",
                 [*_as_columns(moves, 2), session_id],
             )
-            con.execute(f"DELETE FROM parts WHERE message_id IN {_IDS}", [doomed_list])
             _search.forget_messages(self.db, con, doomed_list)
             con.execute(
                 f"DELETE FROM messages WHERE session_id = ? AND id IN {_IDS}",
@@ -2618,12 +2628,6 @@ class DuckDBSessionStore(SessionStore):
             base = self._state.seq
             self._state.seq += count
             con.execute(_COPY_MESSAGES.format(rows=rows), {**params, **extra, "base": base})
-            if count == len(ids):
-                con.execute(_COPY_PARTS.format(rows=""), params)
-            else:
-                con.execute(
-                    _COPY_PARTS.format(rows=_COPY_PARTS_OF_COPIES), {**params, "cut": len(salt) + 1}
-                )
             _search.copy_session(self.db, con, sid, salt)
         return info
 
@@ -2640,21 +2644,18 @@ class DuckDBSessionStore(SessionStore):
         hidden messages on the path before the compaction message.
         """
         rows = con.execute(
-            "SELECT message_id, payload FROM parts WHERE session_id = ? "
-            "AND type = 'data-compaction'",
-            [session_id],
+            "SELECT id, parts FROM messages WHERE session_id = ? AND compaction", [session_id]
         ).fetchall()
         if not rows:
             return {}
         index = {pos: n for n, pos in enumerate(path)}
         hidden, pos_of = tree.hidden, tree.pos
         out: dict[int, set[int]] = {}
-        for mid, payload in rows:
+        for mid, part in _part_blobs.compaction_parts(rows):
             cpos = pos_of.get(mid)
             if cpos is None or cpos not in index:
                 continue
-            part = _unpack(payload)
-            data = part.get("data") if isinstance(part, dict) else None
+            data = part.get("data")
             data = data if isinstance(data, dict) else {}
             covers = data.get("covers")
             covered: set[int] = set()

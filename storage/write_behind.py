@@ -4,8 +4,9 @@ statements).
 
 A *record* is what one store call wrote, as rows (see :class:`Pending.add` for its
 keys). :class:`Pending` merges records in order into the state the file must end up
-in: new messages with their last envelope, the last payload of each part slot, the
-slots and tails of stored messages to delete first, chunk rows, pruned generations,
+in: new messages with their last envelope, the last payload of each part slot, how
+far stored messages' parts are cut (a cut comes before the slots written after it),
+chunk rows, pruned generations,
 each session's last ``updated_at``/head/info, and the last state of each tool call
 the ledger moved (the ``tool_calls`` rows of :mod:`~thinkray.storage.tool_calls`,
 which journals through the session store's :class:`JournalSink`). The live store and
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import duckdb
+from thinkray.storage import part_blobs
 from thinkray.storage import search as _search
 from thinkray.storage.codec import pack, unpack
 from thinkray.storage.db import Database
@@ -41,20 +43,11 @@ _UPDATE_ENVELOPES = (
 _INSERT_MESSAGES = (
     "INSERT INTO messages SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
     "unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::BIGINT[]), unnest(?::DOUBLE[]), "
-    "unnest(?::DOUBLE[]), unnest(?::BLOB[])"
+    "unnest(?::DOUBLE[]), unnest(?::BLOB[]), unnest(?::BLOB[]), unnest(?::BOOLEAN[])"
 )
-_DELETE_SLOTS = (
-    "DELETE FROM parts USING (SELECT unnest(?::VARCHAR[]) AS m, unnest(?::INTEGER[]) AS i) d "
-    "WHERE parts.message_id = d.m AND parts.idx = d.i"
-)
-_DELETE_TAILS = (
-    "DELETE FROM parts USING (SELECT unnest(?::VARCHAR[]) AS m, unnest(?::INTEGER[]) AS n) d "
-    "WHERE parts.message_id = d.m AND parts.idx >= d.n"
-)
-_INSERT_PARTS = (
-    "INSERT INTO parts SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
-    "unnest(?::INTEGER[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
-    "unnest(?::BLOB[])"
+_UPDATE_PARTS = (
+    "UPDATE messages SET parts = d.p, compaction = d.c FROM (SELECT unnest(?::VARCHAR[]) AS m, "
+    "unnest(?::BLOB[]) AS p, unnest(?::BOOLEAN[]) AS c) d WHERE messages.id = d.m"
 )
 _INSERT_SESSIONS = (
     "INSERT INTO sessions SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
@@ -178,7 +171,6 @@ class Pending:
     messages: dict[str, list[Any]] = field(default_factory=dict)
     updates: dict[str, tuple[str, bytes]] = field(default_factory=dict)
     parts: dict[tuple[str, int], list[Any]] = field(default_factory=dict)
-    deletes: set[tuple[str, int]] = field(default_factory=set)
     tails: dict[str, int] = field(default_factory=dict)
     chunks: list[list[Any]] = field(default_factory=list)
     doomed: set[str] = field(default_factory=set)
@@ -197,7 +189,9 @@ class Pending:
 
         - ``m``: new messages ``[id, session, parent, role, seq, created_at, envelope]``;
         - ``u``: ``[id, role, envelope]`` of messages written before;
-        - ``d``: part slots ``[message, index]`` to delete before their rewrite;
+        - ``d``: part slots ``[message, index]`` deleted before their rewrite (written by
+          builds that kept parts in a table of their own; the rewrite now replaces the
+          slot in the message's blob, so a replay ignores them);
         - ``t``: ``[message, length]``: the message keeps its first ``length`` parts;
         - ``p``: part rows ``[session, message, index, type, state, tool_call_id, payload]``;
         - ``c``: chunk rows ``[generation, index, payload, is_final, seq, n]``;
@@ -239,9 +233,6 @@ class Pending:
                 new[3], new[6] = role, envelope
             else:
                 self.updates[mid] = (role, envelope)
-        for mid, idx in record.get("d", ()):
-            if mid not in self.messages:
-                self.deletes.add((mid, idx))
         for mid, length in record.get("t", ()):
             for slot in [s for s in self.parts if s[0] == mid and s[1] >= length]:
                 del self.parts[slot]
@@ -270,9 +261,9 @@ class Pending:
 
 
 def fold(db: Database, con: duckdb.DuckDBPyConnection, pending: Pending, marked: bool) -> None:
-    """Write ``pending`` inside the open transaction ``con`` (stored messages' deletes
-    before the inserts that replace them), and mark its last record folded (``marked``:
-    the ``config`` row exists already)."""
+    """Write ``pending`` inside the open transaction ``con`` (a new message's row with its
+    parts blob; a stored message's blob read, cut and rewritten once), and mark its
+    last record folded (``marked``: the ``config`` row exists already)."""
     if len(pending.updates) == 1:
         [(mid, (role, envelope))] = pending.updates.items()
         con.execute(
@@ -281,16 +272,18 @@ def fold(db: Database, con: duckdb.DuckDBPyConnection, pending: Pending, marked:
     elif pending.updates:
         rows = [(mid, role, envelope) for mid, (role, envelope) in pending.updates.items()]
         con.execute(_UPDATE_ENVELOPES, as_columns(rows, 3))
-    messages = [(*row[:6], None, row[6]) for row in pending.messages.values()]
+    writes: dict[str, dict[int, bytes]] = {}
+    for _, mid, idx, *_, payload in pending.parts.values():
+        writes.setdefault(mid, {})[idx] = payload
+    messages = []
+    for row in pending.messages.values():
+        blob = part_blobs.pack_slots(writes.pop(row[0], {}))
+        compaction = True if part_blobs.blob_has_compaction(blob) else None
+        messages.append((*row[:6], None, row[6], blob, compaction))
     insert_rows(con, "messages", _INSERT_MESSAGES, messages)
-    if pending.deletes:
-        con.execute(_DELETE_SLOTS, as_columns(sorted(pending.deletes), 2))
-    if pending.tails:
-        con.execute(_DELETE_TAILS, as_columns(list(pending.tails.items()), 2))
+    _splice_stored(con, writes, pending.tails)
     if pending.parts:
-        part_rows = list(pending.parts.values())
-        insert_rows(con, "parts", _INSERT_PARTS, part_rows)
-        _search.index_parts(db, con, [tuple(row[1:]) for row in part_rows])
+        _search.index_parts(db, con, [tuple(row[1:]) for row in pending.parts.values()])
     if pending.doomed:
         con.execute(_DELETE_GENERATIONS, [sorted(pending.doomed)])
     insert_rows(con, "chunks", _INSERT_CHUNKS, pending.chunks)
@@ -308,6 +301,29 @@ def fold(db: Database, con: duckdb.DuckDBPyConnection, pending: Pending, marked:
         con.execute("UPDATE config SET value = ? WHERE key = ?", [mark, FOLDED_KEY])
     else:
         con.execute("INSERT INTO config VALUES (?, ?)", [FOLDED_KEY, mark])
+
+
+def _splice_stored(
+    con: duckdb.DuckDBPyConnection, writes: dict[str, dict[int, bytes]], tails: dict[str, int]
+) -> None:
+    """Rewrite the parts blobs of stored messages the records cut (``tails``) or wrote
+    parts of (``writes``): one read of those blobs, one update."""
+    mids = list(dict.fromkeys([*writes, *tails]))
+    if not mids:
+        return
+    stored = dict(
+        con.execute(
+            "SELECT id, parts FROM messages WHERE id IN (SELECT unnest(?::VARCHAR[]))", [mids]
+        ).fetchall()
+    )
+    rows = []
+    for mid in mids:
+        if mid not in stored:
+            continue  # deleted since (the store checked it existed when it wrote)
+        blob = part_blobs.splice(stored[mid], tails.get(mid), writes.get(mid, {}))
+        rows.append((mid, blob, True if part_blobs.blob_has_compaction(blob) else None))
+    if rows:
+        con.execute(_UPDATE_PARTS, as_columns(rows, 3))
 
 
 def _update_sessions(con: duckdb.DuckDBPyConnection, sessions: dict[str, list[Any]]) -> None:
