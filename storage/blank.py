@@ -15,9 +15,14 @@ Contract of :func:`create`:
   are synced, and are then linked to ``path`` (never a half-written database under
   its name). Where hard links are not supported it returns ``False`` and leaves the
   file to DuckDB.
-- The blank holds the components' tables and ``schema_version`` rows at the versions
-  of the code that runs, made by the same migrations, so an open of the copy migrates
-  nothing and a later migration upgrades it like any other file.
+- The blank holds the components' tables, made by the same migrations, and their
+  versions (the ``schema_version.<component>`` keys of its ``config`` table, see
+  :mod:`~thinkray.storage.db`) at those of the code that runs, so an open of the copy
+  migrates nothing and a later migration upgrades it like any other file. It holds no
+  ``schema_version`` table and no row anywhere else: every non-empty table and every
+  index costs an agent's file blocks (issue 23), and ``config`` is non-empty in every
+  agent's file anyway. Its tables' indexes are only those a new file needs (the
+  tool-call ledger's id index comes once the ledger is big).
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ def blank_bytes(components: Components) -> bytes:
 
 
 def versions(components: Components) -> dict[str, int]:
-    """The ``schema_version`` rows of the blank of ``components`` (component → version)."""
+    """The schema versions the blank of ``components`` holds (component → version)."""
     return dict(_key(components))
 
 

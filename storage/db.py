@@ -6,9 +6,27 @@ session; DuckDB's file lock guarantees a single writer. Every store in this pack
 that touches several tables commits in one transaction.
 
 Each store owns its tables through a :class:`Migration` list registered under a
-component name; ``schema_version`` keeps one row per component, so stores can be
-added (or grow) independently and a file written by an older build is upgraded in
-place on open.
+component name, with a version per component, so stores can be added (or grow)
+independently and a file written by an older build is upgraded in place on open.
+
+``config(key VARCHAR, value BLOB)`` is the file's one key/value table (issue 23: every
+non-empty table costs the file a whole block, so nothing small gets a table of its
+own). Whoever uses it creates it with that exact statement
+(:data:`CONFIG_TABLE`); a key's prefix says whose it is:
+
+- ``schema_version.<component>``: this module's. The component's schema version, as
+  the ASCII digits of the number (``b"3"``). Read once per connection, written by
+  :meth:`Database.migrate` in the migration's transaction; no one else writes them.
+- ``sessions.``: the session store's (its journal mark, rewind logs and default
+  settings); ``search.``: the search index's; ``fleet_index.``: the fleet index's.
+- any other key: whoever calls the session store's
+  :meth:`~thinkray.storage.protocols.SessionStore.set_config` (all but this module's
+  keys are written through it, or as it does).
+
+A file written by an older build keeps the versions in a table of their own,
+``schema_version(component VARCHAR, version INTEGER)``: they are read from it while
+``config`` holds none, and the first migration that writes moves them into ``config``
+and drops that table, in its transaction.
 """
 
 from __future__ import annotations
@@ -41,6 +59,24 @@ _log = logging.getLogger(__name__)
 BLOCK_SIZE = _instance.BLOCK_SIZE
 MEMORY_PATH = _instance.MEMORY_PATH
 AGENT_FILE_SUFFIX = ".duckdb"
+
+CONFIG_TABLE = "CREATE TABLE IF NOT EXISTS config (key VARCHAR, value BLOB)"
+"""The file's key/value table, as every user of it creates it (see the module)."""
+VERSION_KEY = "schema_version."
+"""Prefix of the ``config`` keys that hold the components' schema versions."""
+
+_READ_VERSIONS = f"SELECT key, value FROM config WHERE starts_with(key, '{VERSION_KEY}')"
+# A file written by an older build: one table of (component, version) rows.
+_LEGACY_TABLE = "schema_version"
+_HAS_LEGACY = (
+    "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+    f"AND schema_name = 'main' AND table_name = '{_LEGACY_TABLE}'"
+)
+_READ_LEGACY = f"SELECT component, version FROM {_LEGACY_TABLE}"
+_MOVE_LEGACY = (
+    f"INSERT INTO config SELECT '{VERSION_KEY}' || component, "
+    f"encode(CAST(version AS VARCHAR)) FROM {_LEGACY_TABLE}"
+)
 
 # What DuckDB says of a file that is not (or no longer) a database it can read.
 _CORRUPT_SIGNS = (
@@ -177,8 +213,11 @@ class Database:
         # store on this connection (see DuckDBSessionStore).
         self.state: dict[str, Any] = {}
         self._migrated: set[str] = set()
-        # schema_version, once read
+        # The components' versions, once read (config's schema_version.* keys)
         self._versions: dict[str, int] | None = None if versions is None else dict(versions)
+        # Whether they were read from an older build's schema_version table (moved to
+        # config by the next migration that writes)
+        self._legacy = False
         # Work a component left in memory to write at close (see before_close).
         self._before_close: dict[str, Callable[[], None]] = {}
         # Components migrated inside the open transaction: a rollback takes their
@@ -418,25 +457,47 @@ class Database:
         with self._lock, self._file_errors():
             return component in self._schema_versions()
 
+    def schema_versions(self) -> dict[str, int]:
+        """Every component's schema version in this file (component → version; a
+        copy). Read once per connection, like :meth:`migrate` does."""
+        with self._lock, self._file_errors():
+            return dict(self._schema_versions())
+
     def _schema_versions(self) -> dict[str, int]:
         """Every component's version, read once per connection (one query for all the
         stores a wake opens, instead of two statements each)."""
         if self._versions is None:
-            create = (
-                "CREATE TABLE IF NOT EXISTS schema_version (component VARCHAR, version INTEGER)"
-            )
-            read = "SELECT component, version FROM schema_version"
+            con = self.con
             if self._depth:  # a failed statement would spoil the open transaction
-                self.con.execute(create)
-                rows = self.con.execute(read).fetchall()
+                con.execute(CONFIG_TABLE)
+                rows = con.execute(_READ_VERSIONS).fetchall()
             else:
                 try:  # every wake reads it; only a new file lacks it (one statement less)
-                    rows = self.con.execute(read).fetchall()
+                    rows = con.execute(_READ_VERSIONS).fetchall()
                 except duckdb.CatalogException:
-                    self.con.execute(create)
+                    con.execute(CONFIG_TABLE)
                     rows = []
-            self._versions = {component: version for component, version in rows}
+            versions = {key[len(VERSION_KEY) :]: int(bytes(value)) for key, value in rows}
+            # None in config: a file no component was migrated in yet, or one an older
+            # build wrote (its versions in a table of their own).
+            legacy = None if versions else self._legacy_versions(con)
+            self._legacy = legacy is not None
+            self._versions = versions if legacy is None else legacy
         return self._versions
+
+    def _legacy_versions(self, con: duckdb.DuckDBPyConnection) -> dict[str, int] | None:
+        """The versions in the ``schema_version`` table of an older build (None: the
+        file has no such table)."""
+        if self._depth:  # a failed statement would spoil the open transaction
+            found = con.execute(_HAS_LEGACY).fetchone()
+            if not (found and found[0]):
+                return None
+        else:
+            try:  # cheaper than a look at the catalog, which lists every attached file
+                return dict(con.execute(_READ_LEGACY).fetchall())
+            except duckdb.CatalogException:
+                return None
+        return dict(con.execute(_READ_LEGACY).fetchall())
 
     # -- migrations ----------------------------------------------------------------
 
@@ -446,6 +507,8 @@ class Database:
         Idempotent and cheap after the first call on this connection. Inside an open
         transaction the migration is part of it: if that transaction rolls back, the
         next call migrates again (stores call this before each use for that reason).
+        The version goes to ``config`` in the same transaction; a file an older build
+        wrote has its ``schema_version`` table moved there and dropped then too.
         """
         if component in self._migrated:
             return migrations[-1].version if migrations else 0
@@ -458,13 +521,15 @@ class Database:
                     for migration in sorted(pending, key=lambda m: m.version):
                         migration.apply(con)
                     newest = max(m.version for m in pending)
+                    if self._legacy:  # the older build's versions: into config, in place
+                        con.execute(_MOVE_LEGACY)
+                        con.execute(f"DROP TABLE {_LEGACY_TABLE}")
+                        self._legacy = False  # a rollback forgets it with the versions
+                    key, value = VERSION_KEY + component, str(newest).encode()
                     if component in versions:
-                        con.execute(
-                            "UPDATE schema_version SET version = ? WHERE component = ?",
-                            [newest, component],
-                        )
+                        con.execute("UPDATE config SET value = ? WHERE key = ?", [value, key])
                     else:
-                        con.execute("INSERT INTO schema_version VALUES (?, ?)", [component, newest])
+                        con.execute("INSERT INTO config VALUES (?, ?)", [key, value])
                     versions[component] = newest  # a rollback forgets every version read
                 current = newest
             self._migrated.add(component)

@@ -129,6 +129,7 @@ from thinkray.storage.codec import pack as _pack
 from thinkray.storage.codec import unpack as _unpack
 from thinkray.storage.db import (
     MEMORY_PATH,
+    VERSION_KEY,
     Database,
     DatabaseClosedError,
     Migration,
@@ -443,6 +444,15 @@ def _check_session_id(value: Any) -> None:
         raise InvalidInputError(
             f"session_id must be 1-{MAX_SESSION_ID} printable characters, got {str(value)[:80]!r}"
         )
+
+
+def _check_config_key(key: Any) -> None:
+    """A key :meth:`DuckDBSessionStore.set_config` may write: ``config`` also holds the
+    file's schema versions (``schema_version.*``, :class:`Database`'s), which no caller
+    may overwrite or delete."""
+    _check_str(key, "config key")
+    if key.startswith(VERSION_KEY):
+        raise InvalidInputError(f"config keys starting {VERSION_KEY!r} are the file's own")
 
 
 def _check_dict(value: Any, what: str, *, optional: bool = True) -> None:
@@ -2935,7 +2945,7 @@ class DuckDBSessionStore(SessionStore):
 
     @override
     def set_config(self, key: str, value: Any) -> None:
-        _check_str(key, "config key")
+        _check_config_key(key)
         blob = _pack(value, f"config {key!r}")
         with self._open().lock:
             if self._can_journal():  # folded before any read of the file (see db)
@@ -2947,6 +2957,7 @@ class DuckDBSessionStore(SessionStore):
 
     @override
     def delete_config(self, key: str) -> None:
+        _check_config_key(key)
         self.db.execute("DELETE FROM config WHERE key = ?", [key])
 
     # -- lifecycle ------------------------------------------------------------------

@@ -3,7 +3,7 @@ tables. Layout::
 
     tool_calls(id VARCHAR, status VARCHAR, tool_name VARCHAR, run_id VARCHAR,
                session_id VARCHAR, executor VARCHAR, updated_at DOUBLE, info BLOB,
-               due_at DOUBLE)                       -- index tool_calls_id on (id)
+               due_at DOUBLE)      -- index tool_calls_id on (id) from INDEX_FROM rows
     tool_call_audit(seq BIGINT, tool_call_id VARCHAR, "at" DOUBLE, info BLOB)
 
 Every tool call of a generation is a row, written before it runs and moved by
@@ -15,16 +15,27 @@ result, the lease and the deadline, created_at) is in the msgpack ``info`` blob.
 ``due_at`` is the earliest of an open call's deadline and (while executing) its
 lease: what the sweeps (:meth:`~DuckDBToolCallStore.expire`,
 :meth:`~DuckDBToolCallStore.lapse`) and the alarm (:meth:`~DuckDBToolCallStore.next_deadline`)
-read, NULL once the call is final. Every transition finds its row by id, so ``id`` has
-an ART index (version 2; a plain one, not UNIQUE: DuckDB turns an update of a row under
-a unique key into delete + insert, and ids are checked inside the insert). The audit
-is append-only; ``seq`` increases with every row.
+read, NULL once the call is final. Every transition finds its row by id, so once the
+table holds :data:`INDEX_FROM` rows ``id`` has an ART index (issue 16: without one
+every transition scanned the table; a plain index, not UNIQUE: DuckDB turns an update
+of a row under a unique key into delete + insert, and ids are checked inside the
+insert). A smaller table has none (issue 23: the index costs a small agent's file two
+of its few blocks, and a scan of under a thousand rows is microseconds): version 3
+drops it from a small table, and the insert that brings the table to
+:data:`INDEX_FROM` rows creates it (the store counts the rows it inserted, read once
+per connection: the ids it keeps for the journal, or one count). Rows are never
+deleted, so an index once made stays. The audit is append-only; ``seq`` increases
+with every row.
 
 Where the session store of the file journals (:mod:`~thinkray.storage.write_behind`),
 a call's row goes to the journal instead of DuckDB when memory can check the write: an
 insert once the ids of the file are known (read once), a move of a row the journal
 holds (the ledger's insert, claim and completion of one inline call). Such a call
-costs no statement; any other read of the table folds the journal first.
+costs no statement (but one per connection once the ids are :data:`INDEX_FROM`: the
+index, made or found there); any other read of the table folds the journal first.
+The ids count the journal's calls too, so the index is made before the fold that
+brings the table to that size, and rows a replayed journal folded at open are
+counted by the connection's first insert.
 """
 
 from __future__ import annotations
@@ -89,7 +100,23 @@ def _v2(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("CREATE INDEX IF NOT EXISTS tool_calls_id ON tool_calls (id)")
 
 
-MIGRATIONS = [Migration(1, _v1), Migration(2, _v2)]
+INDEX_FROM = 1_000
+"""From this many rows ``tool_calls`` has its id index (see the module)."""
+_INDEX = "tool_calls_id"
+_CREATE_INDEX = f"CREATE INDEX IF NOT EXISTS {_INDEX} ON tool_calls (id)"
+
+
+def _v3(con: duckdb.DuckDBPyConnection) -> None:
+    # Issue 23: the index only where the table is big (see the module). A new file's
+    # table is empty: version 2 made the index and this drops it, in one transaction.
+    row = con.execute("SELECT count(*) FROM tool_calls").fetchone()
+    if row is not None and row[0] >= INDEX_FROM:
+        con.execute(_CREATE_INDEX)
+    else:
+        con.execute(f"DROP INDEX IF EXISTS {_INDEX}")
+
+
+MIGRATIONS = [Migration(1, _v1), Migration(2, _v2), Migration(3, _v3)]
 _COLS = "id, status, tool_name, run_id, session_id, executor, updated_at, info"
 _WRITE_COLS = f"{_COLS}, due_at"
 _AUDIT_COLS = 'seq, tool_call_id, "at", info'  # AT is a keyword in DuckDB
@@ -105,6 +132,23 @@ _MAX_IDS = 100_000
 class _Ids:
     ids: set[str] | None  # None: more than _MAX_IDS
     epoch: tuple[int, int]  # (Database.rollbacks, JournalSink.discards) when read
+
+
+# Where a Database's state keeps the rows of its tool_calls table (_Rows), read once by
+# an insert through DuckDB, and that it has the id index (_Indexed), once made sure.
+_ROWS = "tool_calls.rows"
+_INDEXED = "tool_calls.indexed"
+
+
+@dataclass
+class _Rows:
+    rows: int  # the table's rows: read once, then counted by this connection's inserts
+    epoch: int  # Database.rollbacks when read (a rollback may have taken some)
+
+
+@dataclass
+class _Indexed:
+    epoch: int  # Database.rollbacks when made sure of (a rollback may have taken it)
 
 
 def _record(values: Sequence[Any]) -> ToolCallRecord:
@@ -337,6 +381,37 @@ class DuckDBToolCallStore(MigratedStore, ToolCallStore):
         self._db.state[_IDS] = _Ids(ids, (self._db.rollbacks, sink.discards))
         return ids
 
+    def _inserted(self, con: duckdb.DuckDBPyConnection) -> int:
+        """A row just went into the table inside ``con``'s transaction: the table's
+        rows now (read once per connection, and again after a rollback). Call under
+        the lock."""
+        known = self._db.state.get(_ROWS)
+        if isinstance(known, _Rows) and known.epoch == self._db.rollbacks:
+            known.rows += 1
+            return known.rows
+        row = con.execute("SELECT count(*) FROM tool_calls").fetchone()  # counts this one
+        rows = row[0] if row else 0
+        self._db.state[_ROWS] = _Rows(rows, self._db.rollbacks)
+        return rows
+
+    def _index_if_big(self, rows: int, con: duckdb.DuckDBPyConnection | None = None) -> None:
+        """The table holds ``rows`` rows (those the journal holds for it included): if
+        that is :data:`INDEX_FROM` or more, make sure the id index exists, inside
+        ``con``'s transaction (or on its own). Below that, no statement; above, one per
+        connection (``IF NOT EXISTS``: once made, it costs a look at the catalog and
+        writes nothing). Call under the lock."""
+        if rows < INDEX_FROM:
+            return
+        known = self._db.state.get(_INDEXED)
+        if isinstance(known, _Indexed) and known.epoch == self._db.rollbacks:
+            return
+        if con is not None:
+            con.execute(_CREATE_INDEX)
+        else:
+            self._db.execute(_CREATE_INDEX)
+        # A rollback of con's transaction changes the epoch: then it is made again.
+        self._db.state[_INDEXED] = _Indexed(self._db.rollbacks)
+
     def _noted(self, tool_call_id: str) -> None:
         """A call was inserted through DuckDB: the ids in memory have it too."""
         known = self._db.state.get(_IDS)
@@ -376,6 +451,7 @@ class DuckDBToolCallStore(MigratedStore, ToolCallStore):
                 f"INSERT INTO tool_calls ({_WRITE_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row
             )
             self._noted(rec.id)
+            self._index_if_big(self._inserted(con), con)
         rec.created_at = created_at
         rec.updated_at = now
         return rec
@@ -390,6 +466,9 @@ class DuckDBToolCallStore(MigratedStore, ToolCallStore):
                 return False
             if tool_call_id in ids:
                 raise InvalidInputError(f"tool call {tool_call_id!r} already exists")
+            # The ids are the table's once the journal is folded: the index comes
+            # before the row that makes them INDEX_FROM (if it fails, nothing was written).
+            self._index_if_big(len(ids) + 1)
             sink.write({"k": [[*row, False]]})
             ids.add(tool_call_id)
         return True

@@ -212,3 +212,19 @@ def test_a_journal_an_older_build_left_is_replayed(tmp_path: Path) -> None:
         assert _texts(again, "a") == ["rewritten", "y"]
     finally:
         again.close()
+
+
+def test_config_callers_cannot_touch_the_files_schema_versions(tmp_path: Path) -> None:
+    from thinkray.storage.types import InvalidInputError
+
+    store = DuckDBSessionStore(tmp_path / "a.duckdb")
+    try:
+        before = store.db.schema_versions()
+        with pytest.raises(InvalidInputError, match="schema_version"):
+            store.set_config("schema_version.sessions", 1)
+        with pytest.raises(InvalidInputError, match="schema_version"):
+            store.delete_config("schema_version.sessions")
+        store.set_config("schema_versions_seen", 1)  # only the prefix is the file's
+        assert store.db.schema_versions() == before
+    finally:
+        store.close()

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import thinkray.storage.session_store as session_store_module
-from thinkray.storage.db import Database, DatabaseClosedError
+from thinkray.storage.db import VERSION_KEY, Database, DatabaseClosedError
 from thinkray.storage.protocols import SessionStore
 from thinkray.storage.session_store import DuckDBSessionStore
 from thinkray.storage.testing.session_store_suite import *  # noqa: F403
@@ -74,7 +74,9 @@ def store(backend: str, opened: _Opened, request: pytest.FixtureRequest) -> Duck
         )
     ]
     for table in tables:
-        if table != "schema_version":
+        if table == "config":  # the components' versions stay (see thinkray.storage.db)
+            db.execute("DELETE FROM config WHERE NOT starts_with(key, ?)", [VERSION_KEY])
+        else:
             db.execute(f"DELETE FROM {table}")
     db.state.clear()  # what stores kept in memory about the rows just deleted
     return opened.open(db)
@@ -140,11 +142,21 @@ def test_owned_database_is_closed(tmp_path: Path) -> None:
 
 
 def test_schema_version_recorded(tmp_path: Path) -> None:
-    db = Database(tmp_path / "v.duckdb")
+    path = tmp_path / "v.duckdb"
+    db = Database(path)
     DuckDBSessionStore(db)
-    row = db.fetchone("SELECT version FROM schema_version WHERE component = 'sessions'")
-    assert row == (session_store_module.MIGRATIONS[-1].version,)
+    newest = session_store_module.MIGRATIONS[-1].version
+    assert db.schema_versions()["sessions"] == newest
     db.close()
+    with Database(path) as again:  # in the file's config table, beside the store's keys
+        assert again.schema_versions()["sessions"] == newest
+        assert again.fetchone(
+            "SELECT value FROM config WHERE key = ?", [VERSION_KEY + "sessions"]
+        ) == (str(newest).encode(),)
+        here = "WHERE database_name = current_database()"
+        assert ("schema_version",) not in again.fetchall(
+            f"SELECT table_name FROM duckdb_tables() {here}"
+        )
 
 
 def test_flush_failure_inside_the_transaction_rolls_back(

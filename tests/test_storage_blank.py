@@ -1,7 +1,7 @@
 """A new agent file is a copy of a blank one (issue 22: a burst of new sessions on an
 agent host queued ~8 ms of table creation each on one event loop). What must hold: the
-copy has exactly the tables and versions the migrations would have made, opening it
-migrates nothing, an existing file is never overwritten, nothing half-written appears
+copy has exactly the tables and versions the migrations would have made (and nothing
+more: no versions table, no index, issue 23), opening it migrates nothing, an existing file is never overwritten, nothing half-written appears
 under the file's name, and without hard links DuckDB creates the file as before."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from thinkray.storage import blank
-from thinkray.storage.db import Database
+from thinkray.storage.db import BLOCK_SIZE, Database
 from thinkray.storage.session_store import _NEW_FILE_COMPONENTS, DuckDBSessionStore
 
 
@@ -23,7 +23,7 @@ def _schema(db: Database) -> list[tuple[str, ...]]:
         "SELECT index_name, table_name FROM duckdb_indexes() "
         "WHERE database_name = current_database() ORDER BY index_name"
     )
-    versions = db.fetchall("SELECT component, version FROM schema_version ORDER BY component")
+    versions = sorted(db.schema_versions().items())
     return [*rows, *indexes, *((c, str(v)) for c, v in versions)]
 
 
@@ -42,6 +42,30 @@ def test_a_copied_file_has_the_tables_the_migrations_make(tmp_path: Path) -> Non
         assert {"sessions", "tool_calls", "fibers", "jobs"} <= {row[0] for row in expected}
     finally:
         copied.close()
+
+
+def test_the_blank_is_small(tmp_path: Path) -> None:
+    """Issue 23: every non-empty table costs the file a block, an index two. The blank
+    keeps its versions in ``config`` (the file's key/value table, which every agent
+    fills anyway): no ``schema_version`` table, no index (the tool-call ledger's comes
+    once it is big), no other row."""
+    path = tmp_path / "blank.duckdb"
+    assert blank.create(path, _NEW_FILE_COMPONENTS)
+    db = Database(path)
+    try:
+        here = "WHERE database_name = current_database()"
+        tables = [t for (t,) in db.fetchall(f"SELECT table_name FROM duckdb_tables() {here}")]
+        assert "schema_version" not in tables
+        assert "config" in tables
+        assert db.fetchall(f"SELECT index_name FROM duckdb_indexes() {here}") == []
+        filled = [t for t in tables if db.fetchone(f"SELECT count(*) FROM {t}") != (0,)]
+        assert filled == ["config"]
+        assert db.fetchall("SELECT key FROM config WHERE key NOT LIKE 'schema_version.%'") == []
+        assert db.schema_versions() == blank.versions(_NEW_FILE_COMPONENTS)
+        size = db.fetchone(f"SELECT block_size, total_blocks FROM pragma_database_size() {here}")
+        assert size == (BLOCK_SIZE, 2)  # config's block and the metadata's
+    finally:
+        db.close()
 
 
 def test_a_new_store_and_its_wake_stores_migrate_nothing(tmp_path: Path) -> None:

@@ -25,6 +25,15 @@ def _create_t(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("CREATE TABLE t (k VARCHAR, v INTEGER)")
 
 
+def _table_names(db: Database) -> set[str]:
+    return {
+        name
+        for (name,) in db.fetchall(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()"
+        )
+    }
+
+
 def test_no_wal_after_close(tmp_path: Path) -> None:
     path = tmp_path / "a.duckdb"
     db = Database(path)
@@ -134,7 +143,12 @@ def test_migrate_is_idempotent(tmp_path: Path) -> None:
     db = Database(path)
     assert db.migrate("t", [Migration(1, v1)]) == 1
     assert calls == [1]
-    assert db.fetchall("SELECT component, version FROM schema_version") == [("t", 1)]
+    assert db.schema_versions() == {"t": 1}
+    # the file's key/value table holds it (see the module); no table of its own
+    assert db.fetchall("SELECT key, value FROM config WHERE key LIKE 'schema_version.%'") == [
+        ("schema_version.t", b"1")
+    ]
+    assert _table_names(db) == {"config", "t"}
     db.close()
 
 
@@ -164,8 +178,10 @@ def test_migrate_upgrades_an_older_file(tmp_path: Path) -> None:
     assert db.migrate("t", [Migration(3, v3), Migration(1, v1), Migration(2, v2)]) == 3
     assert applied == [1, 2, 3]
     assert db.fetchall("SELECT k, v, extra FROM t") == [("old", 1, "migrated")]
-    assert db.fetchone("SELECT version FROM schema_version WHERE component = 't'") == (3,)
+    assert db.schema_versions() == {"t": 3}
     db.close()
+    with Database(path) as again:  # the file has it, not only memory
+        assert again.schema_versions() == {"t": 3}
 
 
 def test_components_are_versioned_independently(tmp_path: Path) -> None:
@@ -179,8 +195,9 @@ def test_components_are_versioned_independently(tmp_path: Path) -> None:
     with Database(path) as db:
         assert db.migrate("b", [b1, b2]) == 2
         assert db.migrate("a", [a1]) == 1
-        rows = db.fetchall("SELECT component, version FROM schema_version ORDER BY component")
-        assert rows == [("a", 1), ("b", 2)]
+        assert db.schema_versions() == {"a": 1, "b": 2}
+    with Database(path) as db:
+        assert db.schema_versions() == {"a": 1, "b": 2}
 
 
 def test_failed_migration_leaves_the_old_version(tmp_path: Path) -> None:
@@ -196,7 +213,7 @@ def test_failed_migration_leaves_the_old_version(tmp_path: Path) -> None:
     db = Database(path)
     with pytest.raises(RuntimeError):
         db.migrate("t", [Migration(1, _create_t), Migration(2, broken)])
-    assert db.fetchone("SELECT version FROM schema_version WHERE component = 't'") == (1,)
+    assert db.schema_versions() == {"t": 1}
     assert [c for (c,) in db.fetchall("SELECT column_name FROM duckdb_columns() WHERE table_name = 't' AND database_name = current_database()")] == ["k", "v"]  # fmt: skip
     db.close()
 
@@ -216,10 +233,119 @@ def test_a_migration_rolled_back_with_its_transaction_is_redone() -> None:
         with db.transaction():  # committed: remembered, not redone
             db.migrate("u", [Migration(1, lambda con: con.execute("CREATE TABLE u (x INT)"))])
         assert db.fetchone("SELECT count(*) FROM t") == (1,)
-        assert db.fetchall("SELECT component, version FROM schema_version ORDER BY 1") == [
-            ("t", 1),
-            ("u", 1),
+        assert db.schema_versions() == {"t": 1, "u": 1}
+
+
+def test_a_rolled_back_migration_leaves_the_versions_as_they_were(tmp_path: Path) -> None:
+    """A migration that rolls back with the caller's transaction (a new component, and
+    a new version of one the file has) leaves every version as it was: in memory, and
+    in the file."""
+    path = tmp_path / "r.duckdb"
+    with Database(path) as db:
+        db.migrate("t", [Migration(1, _create_t)])
+    t2 = Migration(2, lambda con: con.execute("ALTER TABLE t ADD COLUMN y INTEGER"))
+    u1 = Migration(1, lambda con: con.execute("CREATE TABLE u (x INTEGER)"))
+    with Database(path) as db:
+        with pytest.raises(RuntimeError), db.transaction():
+            assert db.migrate("t", [Migration(1, _create_t), t2]) == 2
+            assert db.migrate("u", [u1]) == 1
+            assert db.schema_versions() == {"t": 2, "u": 1}  # inside: what it will be
+            raise RuntimeError("boom")
+        assert db.schema_versions() == {"t": 1}
+        assert not db.has_component("u")
+        assert _table_names(db) == {"config", "t"}
+    with Database(path) as db:
+        assert db.schema_versions() == {"t": 1}
+        assert db.migrate("t", [Migration(1, _create_t), t2]) == 2  # and it is redone
+    with Database(path) as db:
+        assert db.schema_versions() == {"t": 2}
+
+
+def test_schema_versions_is_a_copy() -> None:
+    with Database() as db:
+        db.migrate("t", [Migration(1, _create_t)])
+        versions = db.schema_versions()
+        versions["t"] = 99
+        versions["x"] = 1
+        assert db.schema_versions() == {"t": 1}
+        assert not db.has_component("x")
+
+
+def _legacy_file(path: Path, *, config: bool) -> None:
+    """A file as an older build wrote it: the versions in a ``schema_version`` table of
+    their own (and, with ``config``, the session store's key/value table beside it)."""
+    con = duckdb.connect(str(path))
+    try:
+        con.execute("CREATE TABLE schema_version (component VARCHAR, version INTEGER)")
+        con.execute("INSERT INTO schema_version VALUES ('t', 1), ('u', 2)")
+        _create_t(con)
+        con.execute("INSERT INTO t VALUES ('old', 1)")
+        con.execute("CREATE TABLE u (x INTEGER, y INTEGER)")
+        if config:
+            con.execute("CREATE TABLE config (key VARCHAR, value BLOB)")
+            con.execute("INSERT INTO config VALUES ('theirs', 'kept'::BLOB)")
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("config", [False, True])
+@pytest.mark.parametrize("in_transaction", [False, True])
+def test_an_older_builds_versions_move_to_config(
+    tmp_path: Path, config: bool, in_transaction: bool
+) -> None:
+    """A file an older build wrote keeps its versions in a ``schema_version`` table:
+    they are read from it, an open that migrates nothing leaves it be, and the first
+    migration that writes moves every row into ``config`` and drops the table in its
+    transaction; the versions and the file's other ``config`` rows are kept."""
+    path = tmp_path / "old.duckdb"
+    _legacy_file(path, config=config)
+    t1 = Migration(1, _create_t)
+    t2 = Migration(2, lambda con: con.execute("ALTER TABLE t ADD COLUMN extra VARCHAR"))
+    with Database(path) as db:
+        assert db.schema_versions() == {"t": 1, "u": 2}
+        assert db.has_component("u") and not db.has_component("v")
+        assert db.migrate("t", [t1]) == 1  # nothing to do: nothing written
+        assert "schema_version" in _table_names(db)
+    with Database(path) as db:
+        if in_transaction:  # the versions are first read inside the caller's transaction
+            with db.transaction():
+                assert db.migrate("t", [t1, t2]) == 2
+        else:
+            assert db.migrate("t", [t1, t2]) == 2
+        assert db.schema_versions() == {"t": 2, "u": 2}
+        assert "schema_version" not in _table_names(db)
+    with Database(path) as db:
+        assert db.schema_versions() == {"t": 2, "u": 2}
+        assert sorted(db.fetchall("SELECT key, value FROM config")) == [
+            ("schema_version.t", b"2"),
+            ("schema_version.u", b"2"),
+            *([("theirs", b"kept")] if config else []),
         ]
+        assert db.fetchall("SELECT k, v, extra FROM t") == [("old", 1, None)]
+        assert _table_names(db) == {"config", "t", "u"}
+
+
+def test_an_older_builds_versions_stay_if_the_migration_rolls_back(tmp_path: Path) -> None:
+    path = tmp_path / "old.duckdb"
+    _legacy_file(path, config=True)
+
+    def broken(con: duckdb.DuckDBPyConnection) -> None:
+        con.execute("ALTER TABLE t ADD COLUMN y INTEGER")
+        raise RuntimeError("bad migration")
+
+    with Database(path) as db:
+        with pytest.raises(RuntimeError):
+            db.migrate("t", [Migration(1, _create_t), Migration(2, broken)])
+        assert db.schema_versions() == {"t": 1, "u": 2}
+        assert "schema_version" in _table_names(db)
+        assert db.fetchall("SELECT key FROM config") == [("theirs",)]
+        # the next migration that writes moves them
+        v1 = Migration(1, lambda con: con.execute("CREATE TABLE v (x INTEGER)"))
+        assert db.migrate("v", [v1]) == 1
+        assert db.schema_versions() == {"t": 1, "u": 2, "v": 1}
+        assert "schema_version" not in _table_names(db)
+    with Database(path) as db:
+        assert db.schema_versions() == {"t": 1, "u": 2, "v": 1}
 
 
 def test_use_after_close(tmp_path: Path) -> None:

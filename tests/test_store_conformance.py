@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from thinkray.storage import tool_calls as tool_calls_module
 from thinkray.storage.db import Database, DatabaseClosedError
 from thinkray.storage.protocols import Stores
 from thinkray.storage.records import ToolCallRecord
@@ -27,6 +28,7 @@ from thinkray.storage.testing.registry_store_suite import *  # noqa: F403
 from thinkray.storage.testing.stores_suite import *  # noqa: F403
 from thinkray.storage.testing.tool_call_store_suite import *  # noqa: F403
 from thinkray.storage.testing.workspace_store_suite import *  # noqa: F403
+from thinkray.storage.tool_calls import DuckDBToolCallStore
 
 BACKENDS = ["file", "memory", "session"]
 """``file``/``memory``: :func:`open_stores`; ``session``: the stores of a session store
@@ -94,7 +96,7 @@ def test_tables_are_created_on_first_use(tmp_path: Path) -> None:
     path = tmp_path / "fresh.duckdb"
     db = Database(path)
     stores = DuckDBStores(db)
-    assert _tables(db) <= {"schema_version"}
+    assert _tables(db) <= {"config"}  # the file's key/value table: the versions go there
     stores.fibers()
     assert {"fibers", "schedules"} <= _tables(db)
     assert "jobs" not in _tables(db)
@@ -113,11 +115,11 @@ def test_tables_are_created_on_first_use(tmp_path: Path) -> None:
         "kv",
         "workspace_files",
     } <= _tables(db)
-    versions = dict(db.fetchall("SELECT component, version FROM schema_version"))
-    assert versions == {
+    assert "schema_version" not in _tables(db)
+    assert db.schema_versions() == {
         "fibers": 1,
         "jobs": 1,
-        "tool_calls": 2,
+        "tool_calls": 3,
         "inbox": 1,
         "registry": 1,
         "kv": 1,
@@ -179,19 +181,37 @@ def test_one_inbox_per_database_keeps_the_order(stores: Any) -> None:
     assert [r.content for r in inbox.rows()] == list(range(20))
 
 
+def _tool_call_indexes(db: Database) -> list[str]:
+    return [
+        name
+        for (name,) in db.fetchall(
+            "SELECT index_name FROM duckdb_indexes() "
+            "WHERE table_name = 'tool_calls' AND database_name = current_database()"
+        )
+    ]
+
+
+def _many_calls(db: Database, n: int, prefix: str = "x") -> None:
+    """``n`` final calls written straight into the table (not through the store; their
+    info an empty msgpack map)."""
+    db.execute(
+        f"INSERT INTO tool_calls SELECT '{prefix}' || i, 'completed', 't', NULL, NULL, NULL, "
+        f"0, '\\x80'::BLOB, NULL FROM range({n}) r(i)"
+    )
+
+
 def test_tool_call_lookups_by_id_use_an_index(tmp_path: Path) -> None:
-    """Issue 16: every transition finds its call by id; with an index that is an index
+    """Issue 16: every transition finds its call by id; in a big table (the index comes
+    with the insert that finds the table holding INDEX_FROM rows) that is an index
     scan, not a scan of the whole table."""
     stores = open_stores(tmp_path / "agent.duckdb")
     try:
         calls = stores.tool_calls()
-        calls.insert(ToolCallRecord(id="c1", tool_name="t"))
         db = calls.db
         # DuckDB scans a table of a few rows whatever its indexes; a busy agent's is not.
-        db.execute(
-            "INSERT INTO tool_calls SELECT 'x' || i, 'completed', 't', NULL, NULL, NULL, 0, "
-            "''::BLOB, NULL FROM range(20000) r(i)"
-        )
+        _many_calls(db, 20000)
+        assert _tool_call_indexes(db) == []  # written past the store: it does not know
+        calls.insert(ToolCallRecord(id="c1", tool_name="t"))  # it counts the table once
         indexes = db.fetchall(
             "SELECT index_name, expressions FROM duckdb_indexes() "
             "WHERE table_name = 'tool_calls' AND database_name = current_database()"
@@ -208,9 +228,110 @@ def test_tool_call_lookups_by_id_use_an_index(tmp_path: Path) -> None:
         stores.close()
 
 
+@pytest.mark.parametrize("backend", ["file", "session"])
+def test_a_small_tool_call_table_has_no_index(
+    tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23: below INDEX_FROM rows the table has no id index (two blocks of a small
+    agent's file); the insert that brings it to INDEX_FROM rows creates it, through
+    DuckDB (``file``) or the session store's journal (``session``), and it stays."""
+    monkeypatch.setattr(tool_calls_module, "INDEX_FROM", 5)
+    opened = _Opened(backend, tmp_path / "agent.duckdb")
+    try:
+        calls = opened.open().tool_calls()
+        assert isinstance(calls, DuckDBToolCallStore)
+        for i in range(4):
+            calls.insert(ToolCallRecord(id=f"c{i}", tool_name="t"))
+        assert calls.get("c0") is not None
+        assert _tool_call_indexes(calls.db) == []
+        calls.insert(ToolCallRecord(id="c4", tool_name="t"))  # the fifth row
+        assert _tool_call_indexes(calls.db) == ["tool_calls_id"]
+        calls.insert(ToolCallRecord(id="c5", tool_name="t"))
+        assert [r.id for r in calls.rows()] == [f"c{i}" for i in range(6)]
+        assert calls.transition("c3", ["pending"], "executing", executor="e", claim=True)
+        assert _tool_call_indexes(calls.db) == ["tool_calls_id"]
+    finally:
+        opened.close_all()
+    with open_stores(tmp_path / "agent.duckdb") as again:  # kept on open
+        assert _tool_call_indexes(again.tool_calls().db) == ["tool_calls_id"]
+
+
+def test_a_tool_call_index_rolled_back_is_made_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The insert that made the index was rolled back with the caller's transaction:
+    the store does not trust its memory, the next insert makes it."""
+    monkeypatch.setattr(tool_calls_module, "INDEX_FROM", 3)
+    with open_stores(tmp_path / "agent.duckdb") as stores:
+        calls = stores.tool_calls()
+        calls.insert(ToolCallRecord(id="c0", tool_name="t"))
+        calls.insert(ToolCallRecord(id="c1", tool_name="t"))
+        with pytest.raises(RuntimeError), calls.transaction():
+            calls.insert(ToolCallRecord(id="c2", tool_name="t"))
+            assert _tool_call_indexes(calls.db) == ["tool_calls_id"]
+            raise RuntimeError("boom")
+        assert _tool_call_indexes(calls.db) == []
+        calls.insert(ToolCallRecord(id="c2", tool_name="t"))
+        assert _tool_call_indexes(calls.db) == ["tool_calls_id"]
+
+
+def test_a_tool_call_table_that_grew_past_the_store_gets_its_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows the store did not insert on this connection (a journal replayed at open,
+    another connection): the next insert's connection reads the table's size once and
+    makes the index if it is big, journal or not."""
+    monkeypatch.setattr(tool_calls_module, "INDEX_FROM", 50)
+    path = tmp_path / "agent.duckdb"
+    with open_stores(path) as stores:
+        _many_calls(stores.tool_calls().db, 60)
+    session = DuckDBSessionStore(path)
+    try:
+        calls = session.stores().tool_calls()
+        assert _tool_call_indexes(calls.db) == []
+        calls.insert(ToolCallRecord(id="new", tool_name="t"))  # through the journal
+        assert _tool_call_indexes(calls.db) == ["tool_calls_id"]
+        assert calls.get("new") is not None and calls.get("x7") is not None
+    finally:
+        session.close()
+
+
+def _version_2_file(path: Path, rows: int) -> None:
+    """A file as version 2 of the ledger left it: the id index whatever the size."""
+    db = Database(path)
+    try:
+        db.migrate("tool_calls", tool_calls_module.MIGRATIONS[:2])
+        _many_calls(db, rows)
+        assert _tool_call_indexes(db) == ["tool_calls_id"]
+    finally:
+        db.close()
+
+
+def test_a_version_2_file_with_few_calls_loses_its_index(tmp_path: Path) -> None:
+    path = tmp_path / "v2.duckdb"
+    _version_2_file(path, 10)
+    with open_stores(path) as stores:
+        calls = stores.tool_calls()
+        assert _tool_call_indexes(calls.db) == []
+        assert calls.db.schema_versions()["tool_calls"] == 3
+        assert calls.get("x3") is not None and len(calls.rows()) == 10
+
+
+def test_a_version_2_file_with_many_calls_keeps_its_index(tmp_path: Path) -> None:
+    path = tmp_path / "v2.duckdb"
+    _version_2_file(path, tool_calls_module.INDEX_FROM)
+    with open_stores(path) as stores:
+        calls = stores.tool_calls()
+        assert _tool_call_indexes(calls.db) == ["tool_calls_id"]
+        assert calls.db.schema_versions()["tool_calls"] == 3
+        assert calls.get("x3") is not None
+
+
 def test_a_version_1_tool_call_file_is_migrated_in_place(tmp_path: Path) -> None:
-    """A file written before leases and the id index: its calls are kept, the index and
-    the ``due_at`` column are added, and the calls can take leases and deadlines."""
+    """A file written before leases and the id index, by a build that kept the versions
+    in a ``schema_version`` table: its calls are kept, the ``due_at`` column is added
+    (no index: the table is small), the versions move to ``config`` and that table is
+    dropped, and the calls can take leases and deadlines."""
     from thinkray.storage.codec import pack
     from thinkray.storage.tool_calls import _v1
 
@@ -218,7 +339,7 @@ def test_a_version_1_tool_call_file_is_migrated_in_place(tmp_path: Path) -> None
     db = Database(path)
     with db.transaction() as con:
         con.execute("CREATE TABLE schema_version (component VARCHAR, version INTEGER)")
-        con.execute("INSERT INTO schema_version VALUES ('tool_calls', 1)")
+        con.execute("INSERT INTO schema_version VALUES ('tool_calls', 1), ('kv', 1)")
         _v1(con)
         con.execute(
             "INSERT INTO tool_calls VALUES ('old', 'executing', 'render', 'r', 's', 'gpu', 5.0, ?)",
@@ -240,14 +361,13 @@ def test_a_version_1_tool_call_file_is_migrated_in_place(tmp_path: Path) -> None
         assert calls.next_deadline() is None
         assert calls.renew("old", "gpu", 1000.0) is not None
         assert [r.id for r in calls.lapse(1000.0)] == ["old"]
-        versions = dict(calls.db.fetchall("SELECT component, version FROM schema_version"))
-        assert versions["tool_calls"] == 2
-        assert calls.db.fetchall(
-            "SELECT index_name FROM duckdb_indexes() "
-            "WHERE table_name = 'tool_calls' AND database_name = current_database()"
-        ) == [("tool_calls_id",)]
+        assert calls.db.schema_versions() == {"tool_calls": 3, "kv": 1}
+        assert "schema_version" not in _tables(calls.db)
+        assert _tool_call_indexes(calls.db) == []
     finally:
         stores.close()
+    with open_stores(path) as again:  # the versions are the file's now
+        assert again.tool_calls().db.schema_versions() == {"tool_calls": 3, "kv": 1}
 
 
 def test_a_tool_call_is_claimed_once_across_connections(tmp_path: Path) -> None:
