@@ -635,6 +635,8 @@ class _Tree:
 
     def path(self, leaf: int | None) -> list[int]:
         """Positions from the root to ``leaf``. Stops at a parent outside the session."""
+        if self.is_chain_to(leaf):
+            return list(range(len(self.ids)))
         out: list[int] = []
         pos, parents = self.pos, self.parents
         limit = len(self.ids)
@@ -647,6 +649,13 @@ class _Tree:
             i = pos.get(parent) if parent is not None else None
         out.reverse()
         return out
+
+    def is_chain_to(self, leaf: int | None) -> bool:
+        """Whether the rows, as read, are the path from the root to ``leaf``: each the
+        parent of the next (the usual session, read in insertion order). Two list
+        comparisons in C instead of a Python step per message (~4 ms at 10,000)."""
+        ids, parents = self.ids, self.parents
+        return bool(ids) and leaf == len(ids) - 1 and parents[0] is None and parents[1:] == ids[:-1]
 
 
 def _build_messages(
@@ -1077,9 +1086,17 @@ class _Cached:
     parts: list[bytes] = field(default_factory=list)  # each message's parts blob
     pos: dict[str, int] = field(default_factory=dict)
 
-    def set_path(self, ids: list[str], envelopes: list[bytes], parts: list[bytes]) -> None:
+    def set_path(
+        self,
+        ids: list[str],
+        envelopes: list[bytes],
+        parts: list[bytes],
+        pos: dict[str, int] | None = None,
+    ) -> None:
+        """Remember a history (``pos``: its ids' positions, when the caller has them;
+        the entry owns the lists and the dict from now on)."""
         self.path, self.envelopes, self.parts = ids, envelopes, parts
-        self.pos = {mid: i for i, mid in enumerate(ids)}
+        self.pos = pos if pos is not None else {mid: i for i, mid in enumerate(ids)}
 
     def forget_path(self) -> None:
         self.path = None
@@ -2280,19 +2297,23 @@ class DuckDBSessionStore(SessionStore):
                     latest = self._latest(con, session_id, include_hidden)
                     leaf = tree.pos.get(latest) if latest is not None else None
             path = tree.path(leaf)
-            if not include_hidden:
-                hidden = tree.hidden
+            hidden = tree.hidden
+            if not include_hidden and hidden.count(None) != len(hidden):
                 path = [i for i in path if hidden[i] is None]
             if not path:
                 if leaf_id is None and not include_hidden and head is None and not tree.ids:
                     entry.set_path([], [], [])  # known empty: the first turn needs no read
                 return tree, path, []
-            ids = [tree.ids[i] for i in path]
-            envelopes = [tree.envelopes[i] for i in path]
-            part_blobs = [tree.parts[i] or _part_blobs.EMPTY for i in path]
+            pos: dict[str, int] | None = None
+            if len(path) == len(tree.ids) and tree.is_chain_to(leaf):  # all of it, as read
+                ids, envelopes, part_blobs, pos = tree.ids, tree.envelopes, tree.parts, tree.pos
+            else:
+                ids = [tree.ids[i] for i in path]
+                envelopes = [tree.envelopes[i] for i in path]
+                part_blobs = [tree.parts[i] for i in path]
             messages = _build_messages(ids, envelopes, part_blobs)
             if leaf_id is None and not include_hidden and head is not None and head in tree.pos:
-                entry.set_path(ids, envelopes, part_blobs)
+                entry.set_path(ids, envelopes, part_blobs, pos)
         return tree, path, messages
 
     @override
