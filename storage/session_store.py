@@ -1083,14 +1083,14 @@ class _Cached:
     row: list[Any]
     path: list[str] | None = None
     envelopes: list[bytes] = field(default_factory=list)
-    parts: list[bytes] = field(default_factory=list)  # each message's parts blob
+    parts: list[bytes | None] = field(default_factory=list)  # each message's parts blob
     pos: dict[str, int] = field(default_factory=dict)
 
     def set_path(
         self,
         ids: list[str],
         envelopes: list[bytes],
-        parts: list[bytes],
+        parts: list[bytes | None],
         pos: dict[str, int] | None = None,
     ) -> None:
         """Remember a history (``pos``: its ids' positions, when the caller has them;
