@@ -94,8 +94,8 @@ Threads, branches and rewind (seeds 001 and 002) need no table of their own:
 - Branch and clone copy the visible path into a new session with one
   ``INSERT ... SELECT`` (see ``_COPY_MESSAGES``; the parts come with their rows): new
   ids are ``salt || old id``, computed in SQL; envelopes still name the source id, so
-  every load takes ``id`` from the column (the column is the truth). Rollups are recomputed from the copied
-  assistant envelopes' ``metadata.usage``.
+  every load takes ``id`` from the column (the column is the truth). Rollups are
+  recomputed from the copied assistant envelopes' ``metadata.usage``.
 - Rewind soft-hides with one ``hidden_at`` stamp per rewind (unique: ``_now`` is
   strictly increasing), so un-rewind finds exactly what it hid; the per-session
   rewind log (head before, stamp, what a compaction gave back) is one ``config`` row
