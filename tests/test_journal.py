@@ -519,3 +519,24 @@ def test_progress_flushes_do_not_bring_a_fold_forward(tmp_path: Path) -> None:
         assert store.get_chunks("run0")[-1] == {"type": "d", "i": 199}  # a read folds
     finally:
         store.close()
+
+
+def test_a_wakes_open_generations_read_leaves_the_run_id_check_nothing_to_read(
+    tmp_path: Path,
+) -> None:
+    """A wake asks for the generations a crash cut off; the same scan gives every
+    generation, so the first turn's run-id check (``chunk_generations``) reads nothing."""
+    path = tmp_path / "a.duckdb"
+    store, sid = _started(path)
+    _turns(store, sid, range(2))
+    store.flush_stream(StreamFlush(sid, chunks=[ChunkWrite("run0", 5, {"type": "f"}, True)]))
+    store.flush_stream(StreamFlush(sid, chunks=[ChunkWrite("cut", 0, {"type": "d"})]))
+    store.close()
+    again = DuckDBSessionStore(path)
+    try:
+        assert again.open_generations() == ["run1", "cut"]  # oldest first, finished gone
+        with again.counting() as count:
+            assert again.chunk_generations() == ["run0", "run1", "cut"]
+        assert count.statements == 0
+    finally:
+        again.close()

@@ -178,6 +178,30 @@ async def test_a_wake_with_nothing_open_reads_a_handful_of_statements(tmp_path):
         store.close()
 
 
+async def test_the_first_turn_after_a_wake_commits_nothing(tmp_path):
+    """Its user message is journaled once the history is in memory: the turn's own read
+    of the history then folds nothing into DuckDB (it committed a fold of that message
+    first: 12 statements, one commit), and the wake's open-generations scan leaves the
+    run-id check nothing to read."""
+    path = tmp_path / "a.duckdb"
+    agent = _agent(path, [reply(*TEXT)])
+    await agent.chat("before the hibernation", run_id="r0")
+    agent.close()
+    woken = _agent(path, [reply(*TEXT)])
+    try:
+        count, _ = await _counted(woken, "after the wake", run_id="r1")
+        assert count.commits == 0, count.log
+        assert not any(s.lstrip().upper().startswith("INSERT") for s in count.log), count.log
+        assert [m["role"] for m in woken.store.get_history(woken.current_session_id)] == [
+            "user",
+            "assistant",
+            "user",
+            "assistant",
+        ]
+    finally:
+        woken.close()
+
+
 async def test_a_turns_timed_batches_are_progress_and_its_durable_points_are_synced(
     tmp_path, monkeypatch
 ):
