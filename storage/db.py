@@ -35,7 +35,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,6 +206,8 @@ class Database:
         knows them (the blank's), so that no statement reads them."""
         self.path = str(path)
         self._fresh = fresh
+        # Tables a probe found empty (see known_empty): forgotten with the first write.
+        self._empty: frozenset[str] = frozenset()
         self._lock = threading.RLock()
         self._depth = 0
         self.rollbacks = 0
@@ -306,10 +308,29 @@ class Database:
         generations) runs no statement."""
         return self._fresh
 
+    def known_empty(self, table: str) -> bool:
+        """Whether ``table`` is known to hold no row without a query: the file is
+        :attr:`fresh`, or a probe found it empty (:meth:`note_empty`) and nothing was
+        written since (what ends :attr:`fresh` ends this too). An agent's wake counts
+        the tables its recovery reads in the session store's first statement, so a
+        wake with nothing to recover reads none of them."""
+        return self._fresh or table in self._empty
+
+    def note_empty(self, tables: Iterable[str]) -> None:
+        """A query outside any transaction just found ``tables`` empty (see
+        :meth:`known_empty`); inside one it says nothing (a rollback may undo it)."""
+        if not self._depth:
+            self._empty = self._empty.union(tables)
+
     def wrote(self) -> None:
         """Say that rows of this file were written another way (the session store's
         journal, folded later): it is no longer :attr:`fresh`."""
+        self._may_write()
+
+    def _may_write(self) -> None:
+        """Something may write from now on: no table is known empty any more."""
         self._fresh = False
+        self._empty = frozenset()
 
     @property
     def in_transaction(self) -> bool:
@@ -361,8 +382,8 @@ class Database:
             DatabaseClosedError: the database is closed.
         """
         with self._lock, self._file_errors():
-            if self._fresh and sql.lstrip()[:6].upper() != "SELECT":
-                self._fresh = False  # it may write
+            if (self._fresh or self._empty) and sql.lstrip()[:6].upper() != "SELECT":
+                self._may_write()
             if params is None:
                 return self.con.execute(sql)
             return self.con.execute(sql, params)
@@ -394,7 +415,7 @@ class Database:
         """One transaction; nested calls join the outermost one."""
         with self._lock:
             con = self.con
-            self._fresh = False  # it may write
+            self._may_write()
             if self._depth:
                 self._depth += 1
                 try:

@@ -215,14 +215,14 @@ class DuckDBFiberStore(MigratedStore, FiberStore):
     def list_fibers(self, status: str | Iterable[str] | None = None) -> list[FiberRecord]:
         """Oldest first (by creation)."""
         if status is None:
-            if self._db.fresh:
+            if self._db.known_empty("fibers"):
                 return []
             rows = self.db.fetchall(f"SELECT {_FIBER_COLS} FROM fibers")
         else:
             statuses = [status] if isinstance(status, str) else list(status)
             for s in statuses:
                 _check_status(s)
-            if not statuses or self._db.fresh:
+            if not statuses or self._db.known_empty("fibers"):
                 return []
             marks = ", ".join("?" for _ in statuses)
             rows = self.db.fetchall(
@@ -323,7 +323,7 @@ class DuckDBFiberStore(MigratedStore, FiberStore):
         """Delete completed, failed and cancelled fibers (and interrupted ones the host
         handled) last updated more than ``older_than`` seconds ago. Returns the count."""
         cutoff = (time.time() if now is None else now) - older_than
-        if self._db.fresh:
+        if self._db.known_empty("fibers"):
             return 0
         db = self.db
         # Every wake asks this, and there is seldom anything to delete: the read runs

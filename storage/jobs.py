@@ -181,14 +181,14 @@ class DuckDBJobStore(MigratedStore, JobStore):
     def rows(self, status: str | Iterable[str] | None = None) -> list[JobRecord]:
         """Jobs, oldest first."""
         if status is None:
-            if self._db.fresh:
+            if self._db.known_empty("jobs"):
                 return []
             rows = self.db.fetchall(f"SELECT {_COLS} FROM jobs")
         else:
             statuses = [status] if isinstance(status, str) else list(status)
             for s in statuses:
                 _check_status(s)
-            if self._db.fresh:
+            if self._db.known_empty("jobs"):
                 return []
             rows = self.db.fetchall(
                 f"SELECT {_COLS} FROM jobs WHERE status IN (SELECT unnest(?::VARCHAR[]))",
@@ -199,7 +199,7 @@ class DuckDBJobStore(MigratedStore, JobStore):
     def interrupt_running(self, reason: str) -> int:
         """Jobs still ``running`` belong to a dead incarnation: mark them
         ``interrupted``. Returns how many."""
-        if self._db.fresh:
+        if self._db.known_empty("jobs"):
             return 0
         ids = [r[0] for r in self.db.fetchall("SELECT id FROM jobs WHERE status = 'running'")]
         for jid in ids:

@@ -137,7 +137,7 @@ from thinkray.storage.db import (
 )
 from thinkray.storage.journal import Journal, journal_path, read_records
 from thinkray.storage.protocols import HEAD, SessionStore, Thread
-from thinkray.storage.stores import AGENT_COMPONENTS, DuckDBStores
+from thinkray.storage.stores import AGENT_COMPONENTS, WAKE_PROBES, DuckDBStores
 from thinkray.storage.types import (
     DEFAULT_SETTINGS_KEY,
     DEFAULT_THREAD_KEY,
@@ -885,6 +885,23 @@ _JOURNAL = "sessions.journal"  # its before_close hook
 _MAX_IDS = 200_000
 
 
+def _opening_row(db: Database) -> tuple[Any, ...]:
+    """What an open reads, in one statement: the largest message and chunk ``seq``, the
+    latest ``updated_at`` and the journal's folded mark; with the tables a wake's
+    recovery reads counted (``WAKE_PROBES``), the empty ones noted
+    (:meth:`Database.known_empty`)."""
+    probed = [table for component, table in WAKE_PROBES if db.has_component(component)]
+    counts = "".join(f", (SELECT count(*) FROM {table})" for table in probed)
+    row = db.fetchone(
+        "SELECT (SELECT max(seq) FROM messages), (SELECT max(seq) FROM chunks), "
+        "(SELECT max(updated_at) FROM sessions), (SELECT value FROM config WHERE key = ?)" + counts,
+        [FOLDED_KEY],
+    )
+    assert row is not None
+    db.note_empty(table for table, count in zip(probed, row[4:], strict=True) if not count)
+    return row[:4]
+
+
 def _replay_journal(db: Database) -> tuple[Journal, int, bool]:
     """Fold what a previous owner journaled and did not fold (a crash, or a close whose
     fold failed) into the file, then empty the journal. Returns the journal, the next
@@ -1192,17 +1209,7 @@ class DuckDBSessionStore(SessionStore):
                 # A journal left behind (a crash) is replayed before anything is read.
                 left = use_journal and journal_path(db_.path).exists()
                 replayed = _replay_journal(db_) if left else None
-                row = (
-                    (None, None, None, None)
-                    if db_.fresh
-                    else db_.fetchone(
-                        "SELECT (SELECT max(seq) FROM messages), (SELECT max(seq) FROM chunks), "
-                        "(SELECT max(updated_at) FROM sessions), "
-                        "(SELECT value FROM config WHERE key = ?)",
-                        [FOLDED_KEY],
-                    )
-                )
-                assert row is not None
+                row = (None, None, None, None) if db_.fresh else _opening_row(db_)
                 if use_journal and replayed is None:  # no journal: the mark says where to go on
                     mark = None if row[3] is None else int(_unpack(row[3]))
                     replayed = Journal(journal_path(db_.path)), (mark or 0) + 1, mark is not None

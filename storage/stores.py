@@ -31,7 +31,7 @@ from thinkray.storage.types import InvalidInputError
 from thinkray.storage.workspace import DuckDBWorkspaceStore
 from typing_extensions import override
 
-__all__ = ["AGENT_COMPONENTS", "DuckDBStores", "open_stores"]
+__all__ = ["AGENT_COMPONENTS", "WAKE_PROBES", "DuckDBStores", "open_stores"]
 
 AGENT_COMPONENTS = tuple(
     (store.component, store.migrations)
@@ -39,6 +39,12 @@ AGENT_COMPONENTS = tuple(
 )
 """The components whose tables every agent's wake opens (its durable services: fibers
 and schedules, the tool-call ledger, jobs): a new agent file is made with them."""
+
+WAKE_PROBES = (("fibers", "fibers"), ("tool_calls", "tool_calls"), ("jobs", "jobs"))
+"""``(component, table)`` pairs whose rows an agent's wake reads to recover
+(interrupted fibers, open tool calls, running jobs). The session store's first
+statement counts them, so that a wake with nothing to recover reads none of them
+(:meth:`~thinkray.storage.db.Database.known_empty`)."""
 
 
 class DuckDBStores(Stores):

@@ -688,7 +688,7 @@ class DuckDBToolCallStore(MigratedStore, ToolCallStore):
             names = [tool_names] if isinstance(tool_names, str) else list(tool_names)
             where.append("tool_name IN (SELECT unnest(?::VARCHAR[]))")
             params.append(names)
-        if self._db.fresh:
+        if self._db.known_empty("tool_calls"):
             return []
         sql = f"SELECT {_COLS} FROM tool_calls"
         if where:

@@ -204,3 +204,63 @@ async def test_a_refused_session_leaves_the_current_one(tmp_path: Path):
         assert agent.store.get_config(CURRENT_SESSION_KEY) == first.id
     finally:
         agent.close()
+
+
+def _hibernated_with_one_turn(tmp_path: Path) -> Path:
+    path = tmp_path / "a.duckdb"
+    store = DuckDBSessionStore(path)
+    store.create_session("s")
+    store.close()
+    return path
+
+
+def test_a_reopened_files_empty_recovery_tables_are_known_from_its_first_statement(tmp_path):
+    """A wake's recovery reads (interrupted fibers, open tool calls, running jobs) of
+    tables the open counted empty run no statement; a table with rows is read."""
+    path = _hibernated_with_one_turn(tmp_path)
+    store = DuckDBSessionStore(path)
+    try:
+        stores = store.stores()
+        fibers, jobs, calls = stores.fibers(), stores.jobs(), stores.tool_calls()
+        with store.counting() as count:
+            assert fibers.list_fibers("running") == [] and jobs.interrupt_running("x") == 0
+            assert calls.rows("pending") == [] and fibers.delete_finished(0.0) == 0
+        assert count.statements == 0, count.log
+        jobs.insert(JobRecord(id="j1", kind="shell", status="running", created_at=1.0))
+    finally:
+        store.close()
+    again = DuckDBSessionStore(path)
+    try:
+        assert again.db.known_empty("fibers") and not again.db.known_empty("jobs")
+        assert again.stores().jobs().interrupt_running("gone") == 1  # asked: it has rows
+    finally:
+        again.close()
+
+
+@pytest.mark.parametrize("first", ["fiber", "job", "tool call", "transaction"])
+def test_any_write_after_the_probe_makes_every_reader_ask_again(tmp_path, first):
+    path = _hibernated_with_one_turn(tmp_path)
+    store = DuckDBSessionStore(path)
+    try:
+        stores = store.stores()
+        fibers, jobs, calls = stores.fibers(), stores.jobs(), stores.tool_calls()
+        assert store.db.known_empty("fibers")
+        if first == "fiber":
+            fiber = fibers.insert_fiber("work", {"x": 1})
+            assert [f.id for f in fibers.list_fibers("running")] == [fiber.id]
+        elif first == "job":
+            jobs.insert(JobRecord(id="j1", kind="shell", status="running", created_at=1.0))
+            assert [j.id for j in jobs.rows("running")] == ["j1"]
+        elif first == "tool call":  # through the journal, not DuckDB
+            calls.insert(ToolCallRecord(id="c1", tool_name="t", run_id="r", session_id="s"))
+            assert [c.id for c in calls.rows()] == ["c1"]
+        else:
+            with store.db.transaction() as con:
+                con.execute(
+                    "INSERT INTO fibers (id, method, status, updated_at, info) "
+                    "VALUES ('f', 'm', 'running', 1.0, '\\x80'::BLOB)"
+                )
+            assert [f.id for f in fibers.list_fibers("running")] == ["f"]
+        assert not any(store.db.known_empty(t) for t in ("fibers", "jobs", "tool_calls"))
+    finally:
+        store.close()
