@@ -1420,10 +1420,11 @@ class DuckDBSessionStore(SessionStore):
             entry = self._cached(session_id)
             if entry is None:
                 return None
-            if entry.path is None:
+            if entry.path is None and not self._state.pending:
                 # The history is not known (a turn's first append after a wake): read
                 # it now, so the turn's next read (its model's context) is answered
-                # from memory instead of folding this append into DuckDB first.
+                # from memory instead of folding this append into DuckDB first. (With
+                # records pending, that read folds anyway: nothing to save.)
                 self._walk(session_id, None, False, rows=False, build=False)
                 entry = self._cached(session_id)
                 if entry is None:
