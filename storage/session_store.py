@@ -172,6 +172,7 @@ from thinkray.storage.write_behind import (
 )
 from thinkray.storage.write_behind import as_columns as _as_columns
 from thinkray.storage.write_behind import insert_rows as _insert_rows
+from thinkray.storage.write_behind import update_part_blobs as _update_part_blobs
 from typing_extensions import override
 
 _log = logging.getLogger(__name__)
@@ -225,25 +226,10 @@ def _v3(con: duckdb.DuckDBPyConnection) -> None:
         "AND database_name = current_database() AND schema_name = current_schema()"
     ).fetchone():
         return
-    rows = con.execute("SELECT message_id, idx, type, payload FROM parts").fetchall()
     by_message: dict[str, dict[int, bytes]] = {}
-    compactions: set[str] = set()
-    for mid, idx, ptype, payload in rows:
+    for mid, idx, payload in con.execute("SELECT message_id, idx, payload FROM parts").fetchall():
         by_message.setdefault(mid, {})[idx] = payload
-        if ptype == _part_blobs.COMPACTION_TYPE:
-            compactions.add(mid)
-    if by_message:
-        mids = list(by_message)
-        con.execute(
-            "UPDATE messages SET parts = d.p, compaction = d.c FROM (SELECT "
-            "unnest(?::VARCHAR[]) AS m, unnest(?::BLOB[]) AS p, unnest(?::BOOLEAN[]) AS c) d "
-            "WHERE messages.id = d.m",
-            [
-                mids,
-                [_part_blobs.pack_slots(by_message[m]) for m in mids],
-                [True if m in compactions else None for m in mids],
-            ],
-        )
+    _update_part_blobs(con, {mid: _part_blobs.pack_slots(s) for mid, s in by_message.items()})
     con.execute("UPDATE messages SET parts = ? WHERE parts IS NULL", [_part_blobs.EMPTY])
     con.execute("DROP TABLE parts")
 
@@ -269,10 +255,6 @@ _INSERT_CHUNKS = (
 _INSERT_NEW_MESSAGE = (
     "INSERT INTO messages SELECT ?, ?, ?, ?, ?, ?, NULL, ?, ?, ? "
     "WHERE NOT EXISTS (SELECT 1 FROM messages WHERE id = ?)"
-)
-_UPDATE_PARTS = (
-    "UPDATE messages SET parts = d.p, compaction = d.c FROM (SELECT unnest(?::VARCHAR[]) AS m, "
-    "unnest(?::BLOB[]) AS p, unnest(?::BOOLEAN[]) AS c) d WHERE messages.id = d.m"
 )
 # How many sessions' rows and histories the store keeps in memory.
 _CACHED_SESSIONS = 16
@@ -814,11 +796,14 @@ def _chunk_rows(chunks: Sequence[Any]) -> list[tuple[Any, ...]]:
     return rows
 
 
-def _slot_writes(batch: _FlushBatch) -> dict[str, dict[int, bytes]]:
-    """``message id -> {index: packed part}`` of a flush's part writes."""
+def _part_edits(batch: _FlushBatch) -> dict[str, dict[int, bytes]]:
+    """``message id -> {index: packed part}`` of a flush's part writes, with the message
+    it cuts (``parts_length``) among them: every message whose parts blob it changes."""
     out: dict[str, dict[int, bytes]] = {}
     for mid, idx, *_, payload in batch.part_rows:
         out.setdefault(mid, {})[idx] = payload
+    if batch.target is not None:
+        out.setdefault(batch.target, {})
     return out
 
 
@@ -2206,9 +2191,7 @@ class DuckDBSessionStore(SessionStore):
     ) -> None:
         """Write the parts blobs of the messages a flush cuts or writes parts of: the
         cached blob (or the file's) spliced as :meth:`_Cached.write_parts` does."""
-        writes = _slot_writes(batch)
-        if batch.target is not None:
-            writes.setdefault(batch.target, {})
+        writes = _part_edits(batch)
         if not writes:
             return
         entry = self._cached(batch.sid)
@@ -2225,19 +2208,15 @@ class DuckDBSessionStore(SessionStore):
                     f"SELECT id, parts FROM messages WHERE id IN {_IDS}", [missing]
                 ).fetchall()
             )
-        rows = []
-        for mid, slot_writes in writes.items():
-            length = batch.parts_length if mid == batch.target else None
-            blob = _part_blobs.splice(known.get(mid), length, slot_writes)
-            rows.append((mid, blob, True if _part_blobs.blob_has_compaction(blob) else None))
-        if len(rows) == 1:
-            mid, blob, compaction = rows[0]
-            con.execute(
-                "UPDATE messages SET parts = ?, compaction = ? WHERE id = ?",
-                [blob, compaction, mid],
-            )
-        else:
-            con.execute(_UPDATE_PARTS, _as_columns(rows, 3))
+        _update_part_blobs(
+            con,
+            {
+                mid: _part_blobs.splice(
+                    known.get(mid), batch.parts_length if mid == batch.target else None, edits
+                )
+                for mid, edits in writes.items()
+            },
+        )
 
     def _flushed(
         self,
@@ -2252,10 +2231,7 @@ class DuckDBSessionStore(SessionStore):
         if entry is None:
             return
         if entry.path is not None:
-            writes = _slot_writes(batch)
-            if batch.target is not None:
-                writes.setdefault(batch.target, {})
-            for mid, slot_writes in writes.items():
+            for mid, slot_writes in _part_edits(batch).items():
                 length = batch.parts_length if mid == batch.target else None
                 entry.write_parts(mid, length, slot_writes)
         if inserted:

@@ -49,6 +49,7 @@ _UPDATE_PARTS = (
     "UPDATE messages SET parts = d.p, compaction = d.c FROM (SELECT unnest(?::VARCHAR[]) AS m, "
     "unnest(?::BLOB[]) AS p, unnest(?::BOOLEAN[]) AS c) d WHERE messages.id = d.m"
 )
+_UPDATE_ONE_PART_BLOB = "UPDATE messages SET parts = ?, compaction = ? WHERE id = ?"
 _INSERT_SESSIONS = (
     "INSERT INTO sessions SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
     "unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
@@ -316,13 +317,27 @@ def _splice_stored(
             "SELECT id, parts FROM messages WHERE id IN (SELECT unnest(?::VARCHAR[]))", [mids]
         ).fetchall()
     )
-    rows = []
-    for mid in mids:
-        if mid not in stored:
-            continue  # deleted since (the store checked it existed when it wrote)
-        blob = part_blobs.splice(stored[mid], tails.get(mid), writes.get(mid, {}))
-        rows.append((mid, blob, True if part_blobs.blob_has_compaction(blob) else None))
-    if rows:
+    update_part_blobs(
+        con,
+        {
+            mid: part_blobs.splice(stored[mid], tails.get(mid), writes.get(mid, {}))
+            for mid in mids
+            if mid in stored  # else deleted since (the store checked it when it wrote)
+        },
+    )
+
+
+def update_part_blobs(con: duckdb.DuckDBPyConnection, blobs: dict[str, bytes]) -> None:
+    """Store messages' new ``parts`` blobs (message id -> blob) with their
+    ``compaction`` flags, in one statement."""
+    rows = [
+        (mid, blob, True if part_blobs.blob_has_compaction(blob) else None)
+        for mid, blob in blobs.items()
+    ]
+    if len(rows) == 1:
+        mid, blob, compaction = rows[0]
+        con.execute(_UPDATE_ONE_PART_BLOB, [blob, compaction, mid])
+    elif rows:
         con.execute(_UPDATE_PARTS, as_columns(rows, 3))
 
 
