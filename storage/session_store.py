@@ -377,6 +377,13 @@ def _no_gc() -> Iterator[None]:
     try:
         yield
     finally:
+        if not gc.get_freeze_count():
+            # Into the oldest generation with two list splices, so that no young
+            # collection walks what was built (~5 ms for a 10,000-message history):
+            # it is acyclic, freed by reference counts. What an application froze
+            # would be unfrozen too, so then the young collections run as before.
+            gc.freeze()
+            gc.unfreeze()
         gc.enable()
 
 
