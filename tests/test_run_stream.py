@@ -122,3 +122,22 @@ async def test_a_paced_follower_learns_how_long_its_consumer_takes() -> None:
     stream.drain()
     await nxt
     assert pacing.average >= 0.005
+
+
+async def test_the_window_widens_with_the_relays_streaming_in_the_process() -> None:
+    """Each paced relay following a run counts: 40 of them gather for 40 ms each (one
+    Ray item per ~40 ms per stream instead of one per chunk); when they end, a lone
+    relay is back to its base."""
+    streams = [RunStream(f"r{i}", "s") for i in range(40)]
+    pacings = [Pacing(base=0.002, limit=0.1, per_stream=0.001) for _ in streams]
+    followers = [s.follow(coalesce=p) for s, p in zip(streams, pacings, strict=True)]
+    for stream in streams:
+        stream.push({"type": "text-delta", "id": "t", "delta": "a"})
+    for follower in followers:
+        assert len(await _next(follower)) == 1  # the first content chunk: never held
+    assert pacings[0].window() == pytest.approx(0.04)
+    assert Pacing(base=0.002, per_stream=0.003).window() == pytest.approx(0.1)  # the limit
+    for stream, follower in zip(streams, followers, strict=True):
+        stream.close()
+        assert await anext(follower, None) is None
+    assert pacings[0].window() == 0.002

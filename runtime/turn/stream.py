@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import weakref
 from collections.abc import AsyncIterator
 
 from thinkray.runtime.chunks import UIChunk
@@ -22,24 +23,43 @@ _CONTENT = frozenset(
 _FOLLOWERS = itertools.count()
 
 
+_RELAYING: weakref.WeakSet[Pacing] = weakref.WeakSet()
+"""The paced relays following a run in this process now (see :class:`Pacing`)."""
+
+
 class Pacing:
     """How long a relay gathers chunks into one batch: ``base`` while its consumer
     keeps up, longer as the consumer takes longer to come back for the next batch (a
-    busy process or machine: each batch costs it a Ray item), up to ``limit``.
+    busy process or machine: each batch costs it a Ray item), or as more relays of the
+    process stream at once (``per_stream`` each), up to ``limit``.
 
-    The window is ``factor`` times a moving average of those take times, so the cost of
-    relaying falls as load rises instead of feeding it (100 streams of 50 chunks/s are
-    5,000 items/s at 2 ms, a few hundred once the window has grown)."""
+    The window is the largest of ``base``, ``factor`` times a moving average of those
+    take times, and ``per_stream`` times the relays streaming in the process, so the
+    cost of relaying falls as load rises instead of feeding it. A model streams a token
+    every 10-30 ms: a window shorter than that sends each chunk as its own Ray item,
+    which costs the agent's process and the caller's ~0.1-0.2 ms each (100 W2 streams:
+    173 items per 200-chunk turn, ~40 ms of the caller's CPU per turn). With the
+    process's streams counted, one process sends at most ~1 / ``per_stream`` items a
+    second however many streams it relays; a lone stream keeps ``base``. The first
+    content chunk of a stream is never held (see :meth:`RunStream.follow`)."""
 
-    def __init__(self, base: float = 0.002, limit: float = 0.1, factor: float = 4.0) -> None:
+    def __init__(
+        self,
+        base: float = 0.002,
+        limit: float = 0.1,
+        factor: float = 4.0,
+        per_stream: float = 0.001,
+    ) -> None:
         self.base = base
         self.limit = limit
         self.factor = factor
+        self.per_stream = per_stream
         self.average = 0.0
 
     def window(self) -> float:
         """Seconds to gather the next batch."""
-        return min(self.limit, max(self.base, self.factor * self.average))
+        crowd = self.per_stream * len(_RELAYING)
+        return min(self.limit, max(self.base, self.factor * self.average, crowd))
 
     def took(self, seconds: float) -> None:
         """The consumer came back ``seconds`` after it was handed a batch."""
@@ -158,6 +178,8 @@ class RunStream:
         key = next(_FOLLOWERS)
         self._positions[key] = index
         content_sent = False
+        if pacing is not None:
+            _RELAYING.add(pacing)
         try:
             while True:
                 await self.wait_beyond(index)
@@ -190,6 +212,8 @@ class RunStream:
                 if self.done:
                     return
         finally:
+            if pacing is not None:
+                _RELAYING.discard(pacing)
             self._positions.pop(key, None)
             if self._taken is not None:
                 self._taken.set()
