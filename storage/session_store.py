@@ -362,6 +362,11 @@ def _unpack_many(payloads: Sequence[bytes | bytearray]) -> list[Any]:
     return msgpack.unpackb(framed, raw=False, strict_map_key=False)
 
 
+PROMOTE_FROM = 10_000
+"""Containers a :func:`_no_gc` block must have left in the young generation (~2,500
+messages' worth) for it to move them to the oldest one."""
+
+
 @contextmanager
 def _no_gc() -> Iterator[None]:
     """Pause the cyclic GC while building a large history.
@@ -377,11 +382,13 @@ def _no_gc() -> Iterator[None]:
     try:
         yield
     finally:
-        if not gc.get_freeze_count():
+        if gc.get_count()[0] >= PROMOTE_FROM and not gc.get_freeze_count():
             # Into the oldest generation with two list splices, so that no young
             # collection walks what was built (~5 ms for a 10,000-message history):
-            # it is acyclic, freed by reference counts. What an application froze
-            # would be unfrozen too, so then the young collections run as before.
+            # it is acyclic, freed by reference counts. Only after a large build: the
+            # splice takes the process's other young objects along, and a cycle among
+            # them then waits for a full collection. What an application froze would
+            # be unfrozen too, so then the young collections run as before.
             gc.freeze()
             gc.unfreeze()
         gc.enable()
