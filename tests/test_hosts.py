@@ -332,3 +332,30 @@ def test_a_moved_agent_stays_on_its_own_actor_after_the_directory_restarts(
     wait_until(lambda: not _own_actors(ns), timeout=20)  # stopped, not a host slot
     assert ns.get("hot").whoami.remote().result()["pid"] != ns.where("sibling")["pid"]
     assert ns.where("hot")["placement"] == "dedicated"
+
+
+def test_a_bind_reply_says_which_host_not_every_agent_on_it(namespace_factory, tmp_path):
+    """The directory reads a bind's reply on its one loop for every bind: it carries
+    the host's identity and load, not a list of the host's agents (that grew the
+    reply, and its decoding, with every agent the host held)."""
+    import ray
+    from thinkray.actors.session_actor import BindSpec
+
+    from tests.agents import ScriptAgent
+
+    ns = hosts_ns(namespace_factory, ScriptAgent)
+    for name in ("one", "two"):
+        ns.get(name).chat.remote("hi").result()
+    host = _host_handle(ns, "one")
+    spec = BindSpec(
+        namespace="side", name="side", path=str(tmp_path / "side.duckdb"), agent_cls=ScriptAgent
+    )
+    info = ray.get(host.bind.remote(spec), timeout=60)
+    try:
+        assert info["bound"] == "side" and info["host"] is True
+        assert info["actor_id"] == ns.where("one")["actor_id"]
+        assert info["hosted"] == 3 and info["capacity"] == 8
+        assert "agents" not in info
+        assert set(ray.get(host.ready.remote(), timeout=60)["agents"]) == {"one", "two", "side"}
+    finally:
+        ray.get(host.hibernate.remote("side", True), timeout=60)
