@@ -229,3 +229,63 @@ async def test_a_turns_timed_batches_are_progress_and_its_durable_points_are_syn
         assert appends[0] is True and appends[-1] is True, appends  # message, end
     finally:
         agent.close()
+
+
+async def test_many_chats_streaming_on_one_agent_still_write_through_the_journal(tmp_path):
+    """More sessions streaming at once than the 16 a plain LRU kept: each run's batches
+    used to find its session's entry evicted by the others' and took DuckDB's path
+    (24 chats: ~115 statements and ~16 commits per turn). Entries in use stay."""
+    import asyncio
+
+    from thinkray.runtime.models.testing import pause
+
+    chats = 24
+    replies = [reply("a", pause(0.01), "b", pause(0.01), "c") for _ in range(2 * chats)]
+    agent = _agent(tmp_path / "a.duckdb", replies)
+    agent.flush_interval = 0.001  # batches in the pauses: every run uses its entry often
+    try:
+        sessions = [agent.create_session().id for _ in range(chats)]
+
+        async def turns(tag: str) -> None:
+            runs = [agent.start_chat(f"{tag} {i}", session_id=s) for i, s in enumerate(sessions)]
+            results = await asyncio.gather(*(run.task for run in runs))
+            assert {r.status for r in results} == {"completed"}
+
+        await turns("warm up")  # each session's history is read once, into memory
+        db = agent.store.db  # type: ignore[attr-defined]
+        with db.counting() as count:
+            await turns("turn")
+        assert count.commits == 0, count.log
+        assert count.statements == 0, count.log
+        history = agent.get_history(session_id=sessions[-1])
+        assert [m["role"] for m in history] == ["user", "assistant"] * 2
+    finally:
+        agent.close()
+
+
+def test_sessions_out_of_use_leave_the_memory_cache(tmp_path, monkeypatch):
+    """The bound on memory: beyond 16, an entry stays only while used in the last 30 s,
+    and never more than 256."""
+    import time as time_module
+
+    from thinkray.storage import session_store as module
+
+    store = DuckDBSessionStore(tmp_path / "a.duckdb")
+    try:
+        ids = [store.create_session().id for _ in range(40)]
+        for sid in ids:
+            store.get_history(sid)
+        cache = store._state.cache
+        assert len(cache) == 40  # all in use
+        later = time_module.monotonic() + module._CACHE_IN_USE_S + 1
+        monkeypatch.setattr(time_module, "monotonic", lambda: later)
+        store.get_history(ids[0])  # in use again; the 39 others are idle
+        store.create_session()
+        assert len(cache) == module._CACHED_SESSIONS
+        assert ids[0] in cache and ids[1] not in cache
+        monkeypatch.setattr(module, "_CACHED_SESSIONS_IN_USE", 20)
+        for sid in ids:
+            store.get_history(sid)
+        assert len(cache) == 20  # the cap, however recent
+    finally:
+        store.close()
