@@ -7,8 +7,8 @@ stalls — and at the end of the run, so a chunk (or a step's usage) is stored w
 about ``flush_interval`` of its emission while storage pays one transaction per batch,
 not one per chunk. With many runs streaming in one process that interval stretches
 (:attr:`Recorder.progress_interval`), so the batches' cost stays bounded by the
-process, not multiplied by its runs. Those timed batches are progress: a store may keep them from the
-disk's sync until its next durable write (a crash of the process keeps them; a power
+process, not multiplied by its runs. Those timed batches are progress: a store may
+keep them from the disk's sync until its next durable write (a crash of the process keeps them; a power
 loss may lose what followed the last durable point). Every batch a consumer or a side
 effect waits on is durable: the gated chunks of a step's tool calls, a refused call's
 result, the last batch. The last batch also prunes old chunk logs: the run's final
@@ -38,12 +38,12 @@ DEFAULT_FLUSH_INTERVAL = 0.03
 
 PROGRESS_INTERVAL_PER_RUN = 0.002
 """How much each recorder of the process with entries waiting stretches the progress
-(timed) flushes' interval: ``max(flush_interval, such recorders x this)``. A progress flush costs
-~0.1-0.2 ms whatever it holds, and every open run pays one per interval: with 250 runs
-streaming on one event loop (an agent host) at 30 ms, progress flushes alone took
-most of a core, and each turn 17-40 of them. Stretched, they stay under ~10% of a core
-(up to 15 runs nothing changes). The final, tool-call and other durable batches are
-not timed and are never delayed."""
+(timed) flushes' interval: ``max(flush_interval, such recorders x this)``. A progress
+flush costs ~0.1-0.2 ms whatever it holds, and every streaming run pays one per
+interval: with 250 runs on one event loop (an agent host) at 30 ms, progress flushes
+alone took most of a core, and each turn 17-40 of them. Stretched, they stay under
+~10% of a core (up to 15 runs nothing changes). The final, tool-call and other durable
+batches are not timed and are never delayed."""
 
 _WAITING: weakref.WeakSet[Recorder] = weakref.WeakSet()
 """The recorders of this process with entries not yet flushed: the runs streaming now
