@@ -75,6 +75,7 @@ def test_objects_an_application_froze_stay_frozen(
     reopened: tuple[DuckDBSessionStore, str],
 ) -> None:
     store, sid = reopened
+    already = gc.get_freeze_count()  # the suite's own (tests/conftest.py): kept frozen
     kept = [{"frozen": [1]}]
     gc.freeze()
     try:
@@ -83,7 +84,8 @@ def test_objects_an_application_froze_stay_frozen(
         tracked += gc.get_objects(generation=2)
         assert not any(o is kept for o in tracked)  # still in the permanent generation
     finally:
-        gc.unfreeze()
+        if not already:
+            gc.unfreeze()
 
 
 def test_the_read_leaves_a_disabled_collector_disabled(

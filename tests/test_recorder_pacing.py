@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,13 @@ from thinkray.runtime.turn.recorder import (
 from thinkray.storage.session_store import DuckDBSessionStore
 
 BASE = 0.01
+
+
+@pytest.fixture(autouse=True)
+def own_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A count of this test's recorders only: a run another test of this process left
+    streaming (until the GC drops it) would count too."""
+    monkeypatch.setattr(recorder_module, "_WAITING", weakref.WeakSet())
 
 
 @pytest.fixture
