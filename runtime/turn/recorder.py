@@ -162,6 +162,12 @@ class Recorder:
         elif now - self._oldest_pending >= self.progress_interval:
             self.flush(durable=False)
 
+    def _nothing_waits(self) -> None:
+        """Everything pending was written (or dropped): this run stops counting among
+        the process's streaming runs until its next entry."""
+        self._oldest_pending = None
+        _WAITING.discard(self)
+
     def _arm_timer(self) -> None:
         try:
             loop = asyncio.get_running_loop()
@@ -198,8 +204,7 @@ class Recorder:
             self._dirty.clear()
             self._pending_chunks.clear()
             self._pending_usage.clear()
-            self._oldest_pending = None
-            _WAITING.discard(self)
+            self._nothing_waits()
             return
         message_id = self.builder.message["id"]
         writes = []
@@ -223,8 +228,7 @@ class Recorder:
             and not (self.deferred is not None and self.deferred.pending)
         ):
             self._pending_chunks = held
-            self._oldest_pending = None
-            _WAITING.discard(self)
+            self._nothing_waits()
             return
         envelope = None
         if need_envelope:
@@ -257,8 +261,7 @@ class Recorder:
         self.builder.metadata_dirty = False
         self._pending_chunks = held
         self._pending_usage = []
-        self._oldest_pending = None
-        _WAITING.discard(self)
+        self._nothing_waits()
 
     def _hold_terminal(self, final: bool) -> list[ChunkWrite]:
         """Split off what this batch must not write: from the stream's ending chunk
