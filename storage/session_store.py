@@ -262,9 +262,12 @@ _INSERT_NEW_MESSAGE = (
 # one agent through the ingress), a plain LRU evicted every entry before its next use,
 # each batch then missed the journal and took DuckDB's path (25 sessions: 115
 # statements and 16 commits per turn, instead of 0; 100 sessions: 747 and 106).
+# The in-use entries beyond the 16 also stop at 50,000 cached messages in all (~25 MB
+# of realistic history), so a burst of reads of long sessions stays bounded.
 _CACHED_SESSIONS = 16
 _CACHED_SESSIONS_IN_USE = 256
 _CACHE_IN_USE_S = 30.0
+_CACHED_MESSAGES = 50_000
 _IDS = "(SELECT unnest(?::VARCHAR[]))"
 
 # Branch and clone copy a path with one INSERT ... SELECT per table. A copy's id is
@@ -1351,7 +1354,11 @@ class DuckDBSessionStore(SessionStore):
         entry.used_at = now = time.monotonic()
         while len(cache) > _CACHED_SESSIONS:
             oldest = next(iter(cache.values()))
-            if len(cache) <= _CACHED_SESSIONS_IN_USE and now - oldest.used_at < _CACHE_IN_USE_S:
+            if (
+                len(cache) <= _CACHED_SESSIONS_IN_USE
+                and now - oldest.used_at < _CACHE_IN_USE_S
+                and sum(len(e.path) for e in cache.values() if e.path) <= _CACHED_MESSAGES
+            ):
                 break  # every entry left is in use (the oldest was used last the longest ago)
             cache.popitem(last=False)
         return entry

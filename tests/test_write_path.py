@@ -265,7 +265,7 @@ async def test_many_chats_streaming_on_one_agent_still_write_through_the_journal
 
 def test_sessions_out_of_use_leave_the_memory_cache(tmp_path, monkeypatch):
     """The bound on memory: beyond 16, an entry stays only while used in the last 30 s,
-    and never more than 256."""
+    never more than 256, and while the cached histories hold at most 50,000 messages."""
     import time as time_module
 
     from thinkray.storage import session_store as module
@@ -287,5 +287,15 @@ def test_sessions_out_of_use_leave_the_memory_cache(tmp_path, monkeypatch):
         for sid in ids:
             store.get_history(sid)
         assert len(cache) == 20  # the cap, however recent
+        monkeypatch.setattr(module, "_CACHED_SESSIONS_IN_USE", 256)
+        long = ids[:20]
+        for sid in long:
+            store.append_message(sid, {"id": f"{sid}-m", "role": "user", "parts": []})
+        monkeypatch.setattr(module, "_CACHED_MESSAGES", 17)
+        for sid in long:
+            store.get_history(sid)  # 20 histories of one message: over the budget of 17
+        # the budget, checked as each read's row is remembered: its history joins after
+        assert sum(len(e.path) for e in cache.values() if e.path) <= 17 + 1
+        assert all(sid in cache for sid in long[-17:]) and long[0] not in cache
     finally:
         store.close()
