@@ -423,7 +423,7 @@ class SessionActor:
     async def _hibernate_now(self) -> dict[str, Any]:
         from thinkray.storage import fleet_index
 
-        agent, spec, remote = self.agent, self.spec, self._remote
+        agent, spec = self.agent, self.spec
         assert agent is not None  # hibernate checked it
         name = self.name
         next_due = None
@@ -439,10 +439,7 @@ class SessionActor:
             # agent host's siblings share the loop. The agent is idle; a timer of its
             # own that fires meanwhile waits for the file's lock.
             row = await asyncio.to_thread(
-                fleet_index.write_index_row,
-                agent.store,
-                getattr(spec, "path", None),
-                put=remote is None,
+                fleet_index.write_index_row, agent.store, getattr(spec, "path", None), put=False
             )
         finally:
             self.agent, self.name, self.spec = None, None, None
@@ -460,13 +457,21 @@ class SessionActor:
                     " and ".join(stuck),
                     self.hibernate_timeout,
                 )
+            if not agent.turns.runs:
+                # The file's close off the loop too: its vacuum rewrites a small file
+                # (thinkray.storage.vacuum, ~6 ms). A run in flight is first marked
+                # interrupted by agent.close, on the loop, which then closes the file.
+                await asyncio.to_thread(agent.store.close)
             agent.close()
         local = self._remote.local_path if self._remote is not None else None
         size = _file_bytes(local or Path(spec.path)) if spec is not None else None
         if self._remote is not None and spec is not None:
             await self._commit_remote(spec)
-            if row is not None:
-                fleet_index.put_index_row(spec.path, row)
+        if row is not None and spec is not None:
+            # Put once the file is closed (a vacuum may have shrunk it) and, under an
+            # object-store root, committed: the row describes what the store keeps.
+            row["bytes"] = size
+            await asyncio.to_thread(fleet_index.put_index_row, spec.path, row)
         if spec is not None and spec.namespace != "warm-up":
             metrics().count("thinkray_hibernations_total", 1, {"namespace": spec.namespace})
         done: dict[str, Any] = {"ok": True, "was_bound": True, "next_due_at": next_due}

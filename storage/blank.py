@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from thinkray.storage.db import Database, Migration
+from thinkray.storage.layout import sync_folder
 
 Components = Sequence[tuple[str, Sequence[Migration]]]
 """(component, its migrations) pairs, as :meth:`Database.migrate` takes them."""
@@ -100,18 +101,8 @@ def create(path: str | os.PathLike[str], components: Components) -> bool:
             return False
         except OSError:  # a file system without hard links: DuckDB creates the file
             return False
-        _sync_folder(target.parent)
+        sync_folder(target.parent)
         return True
     finally:
         with contextlib.suppress(OSError):
             os.unlink(scratch)
-
-
-def _sync_folder(folder: Path) -> None:
-    """Make the new name durable (the file's bytes already are)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

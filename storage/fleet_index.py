@@ -304,8 +304,9 @@ def agent_row(
     if row["models"] != reported.get("models") or days != reported.get("days"):
         store.set_config(REPORTED_KEY, {"models": row["models"], "days": days})
     if not live:
-        # The hibernation's close checkpoints anyway: done now, ``bytes`` is the size
-        # the file keeps, and the close has nothing left to write.
+        # The hibernation's close checkpoints anyway: done now, the close has nothing
+        # left to write. (A hibernation puts the row after the close, with the size the
+        # file keeps once vacuumed: thinkray.storage.vacuum.)
         store.db.execute("CHECKPOINT")
     row.update(
         name=name,

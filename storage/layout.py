@@ -239,3 +239,13 @@ def default_storage_root(purpose: str) -> Path:
     ``<user data dir>/<purpose>`` in this user's private folder (:func:`user_dir`,
     :func:`private_dir`)."""
     return private_dir(private_dir(user_dir("data")) / validate_name(purpose, "folder name"))
+
+
+def sync_folder(folder: Path) -> None:
+    """Make the new name durable (the file's bytes already are)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

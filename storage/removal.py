@@ -3,8 +3,9 @@ inherits nothing.
 
 What belongs to agent ``name`` of ``namespace`` under a root:
 
-* its database file (``<ns>/<name>.duckdb``, its ``.wal`` and its ``.journal``; under an object-store
-  root every generation, data object and lease under ``<ns>/<name>/``);
+* its database file (``<ns>/<name>.duckdb``, its ``.wal``, its ``.journal`` and a
+  vacuum's scratch copy; under an object-store root every generation, data object
+  and lease under ``<ns>/<name>/``);
 * its shared workspace, when it is an orchestrator (the bridge's file,
   ``<ns>/_shared/<name>.duckdb``; ``<ns>/.shared/<name>/`` in an object store);
 * its sub-agents: the namespace ``<ns>.<name>.subs`` whole (their files, their
@@ -41,6 +42,7 @@ from thinkray.storage.layout import (
     validate_name,
 )
 from thinkray.storage.owners import OwnerRegistry
+from thinkray.storage.vacuum import scratch_path
 
 __all__ = ["AgentInUseError", "Removal", "agent_exists", "agent_parts", "remove_agent"]
 
@@ -106,7 +108,13 @@ def _remove_local(root: Path, namespace: str, name: str, removed: list[str]) -> 
     write_alarm(root, namespace, name, None)
     for base in (root / namespace / SHARED_FOLDER / name, root / namespace / name):
         duckdb_file = Path(f"{base}.duckdb")
-        for path in (duckdb_file, Path(f"{base}.duckdb.wal"), journal_path(duckdb_file)):
+        # and a vacuum's scratch copy a crash left behind (thinkray.storage.vacuum)
+        leftovers = (
+            Path(f"{base}.duckdb.wal"),
+            journal_path(duckdb_file),
+            scratch_path(duckdb_file),
+        )
+        for path in (duckdb_file, *leftovers):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
                 removed.append(str(path))

@@ -66,7 +66,9 @@ def test_rows_from_the_store_and_tokens_by_day(tmp_path):
     assert row is not None
     assert (row["sessions"], row["messages"]) == (1, 4)
     assert row["models"]["anthropic/claude-x"]["input"] == 100
-    assert row["bytes"] == path.stat().st_size  # checkpointed before the row was taken
+    # the checkpointed size when the row was taken; the close may vacuum it smaller (a
+    # hibernation puts its row after the close: test_hibernation_writes_the_index_row)
+    assert row["bytes"] >= path.stat().st_size > 0
     # A later write adds only what grew to today's bucket.
     with DuckDBSessionStore(path) as store:
         sid = store.list_sessions()[0].id
