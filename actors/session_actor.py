@@ -433,7 +433,7 @@ class SessionActor:
             next_due = await _maybe_await(getattr(agent, "next_alarm_at", None))
             if not await _bounded(getattr(agent, "on_hibernate", None), self.hibernate_timeout):
                 stuck.append("on_hibernate")
-            # fleet index; under an object-store root only once the commit succeeded.
+            # fleet index row, put after the close (see below).
             # Off the loop: it folds the journal, summarizes the whole file and
             # checkpoints (~10 ms for a short session, more for a long one), and an
             # agent host's siblings share the loop. The agent is idle; a timer of its
