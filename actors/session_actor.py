@@ -457,10 +457,11 @@ class SessionActor:
                     " and ".join(stuck),
                     self.hibernate_timeout,
                 )
-            if not agent.turns.runs:
+            if not agent.turns.runs and not stuck:
                 # The file's close off the loop too: its vacuum rewrites a small file
-                # (thinkray.storage.vacuum, ~6 ms). A run in flight is first marked
-                # interrupted by agent.close, on the loop, which then closes the file.
+                # (thinkray.storage.vacuum, ~6 ms). A run in flight (or work a stuck
+                # hook left) is first stopped by agent.close, on the loop, which then
+                # closes the file.
                 await asyncio.to_thread(agent.store.close)
             agent.close()
         local = self._remote.local_path if self._remote is not None else None
@@ -470,7 +471,8 @@ class SessionActor:
         if row is not None and spec is not None:
             # Put once the file is closed (a vacuum may have shrunk it) and, under an
             # object-store root, committed: the row describes what the store keeps.
-            row["bytes"] = size
+            if size is not None:
+                row["bytes"] = size
             await asyncio.to_thread(fleet_index.put_index_row, spec.path, row)
         if spec is not None and spec.namespace != "warm-up":
             metrics().count("thinkray_hibernations_total", 1, {"namespace": spec.namespace})

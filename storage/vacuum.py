@@ -40,7 +40,14 @@ from pathlib import Path
 import duckdb
 from thinkray.storage.layout import sync_folder
 
-__all__ = ["MIN_WASTED_BLOCKS", "VACUUM_UP_TO_BYTES", "Shape", "shape", "vacuum_if_wasteful"]
+__all__ = [
+    "MIN_WASTED_BLOCKS",
+    "VACUUM_UP_TO_BYTES",
+    "Shape",
+    "scratch_path",
+    "shape",
+    "vacuum_if_wasteful",
+]
 
 _log = logging.getLogger(__name__)
 
