@@ -534,9 +534,8 @@ class Directory:
                 )
                 continue
             entry = Entry(PooledActor(handle, record.actor_id, record.node_id, record.pid))
-            self.entries[name] = entry
+            self.entries[name] = entry  # watched through its host (_watch_host)
             self.counters["adopted"] += 1
-            self._spawn(self._watch(name, entry))
         if info.get("broken"):
             record.draining = True
             return
@@ -641,7 +640,7 @@ class Directory:
         prefix = session_actor_prefix(self.cfg.namespace, self.cfg.shard)
         options: dict[str, Any] = {
             "num_cpus": 0,
-            # a host keeps a watch, maybe a stream and a status feed per agent pending
+            # a host keeps maybe a stream and a status feed per agent pending
             "max_concurrency": max(1000, 8 * (self._per_start() if hosted else 1)),
             # Named, so that a replacement directory finds it (see the module).
             "name": f"{prefix}{kind}{uuid.uuid4().hex}",
@@ -685,6 +684,7 @@ class Directory:
             handle, info["actor_id"], info["node_id"], info["pid"], int(info["capacity"])
         )
         self.hosts[record.actor_id] = record
+        self._spawn(self._watch_host(record))
         self.counters["hosts_adopted" if adopted else "hosts_started"] += 1
         taken = len(info.get("agents") or {})
         return [
@@ -1208,7 +1208,7 @@ class Directory:
         if held_alarm:
             self._persist_alarm(name)  # the file follows the map: the report, or none
         self.counters["binds"] += 1
-        self._spawn(self._watch(name, entry))
+        self._watch_unless_hosted(name, entry)
         if self._reclaim_changed is not None and self.waiters:
             self._reclaim_changed.set()  # one more agent to watch for idleness
         return actor.handle, actor.actor_id
@@ -1549,28 +1549,58 @@ class Directory:
             if self._alarm_changed is not None:
                 self._alarm_changed.set()
 
+    def _watch_unless_hosted(self, name: str, entry: Entry) -> None:
+        """Watch ``name``'s own actor for its death; an agent on a host needs no call of
+        its own: its host's one watch covers it (:meth:`_watch_host`)."""
+        if entry.actor.actor_id not in self.hosts:
+            self.counters["watches"] += 1
+            self._spawn(self._watch(name, entry))
+
     async def _watch(self, name: str, entry: Entry) -> None:
-        """Learn of the death of ``name``'s actor as it happens: its ``watch`` call
-        fails. The agent is then no longer live; its next call (or alarm) wakes it on
-        another actor, and a pending alarm fires on time."""
+        """Learn of the death of ``name``'s own actor as it happens: its ``watch`` call
+        fails (see :meth:`_actor_died`)."""
         try:
             await entry.actor.handle.watch.remote(name)
         except ray.exceptions.RayActorError:
-            if entry.actor.actor_id in self.hosts:
-                self._drop_host(entry.actor.actor_id, kill=False)  # a host: all its slots
-            if self.entries.get(name) is entry:
-                self.entries.pop(name, None)  # _watch may have removed it meanwhile
-                self.counters["crashes"] += 1
-                log.warning("the actor of %s died; it wakes on its next call or alarm", name)
-                self._note_error("actor_died", name, "its actor died")
-                if self._alarm_changed is not None:
-                    self._alarm_changed.set()
-                self._kick()
-            if name in self.queued:
-                self.queued.discard(name)
-                self.set_alarm(name, time.time())  # messages were queued: wake it now
+            self._actor_died(name, entry)
         except Exception:  # the directory is shutting down
             return
+
+    async def _watch_host(self, record: HostRecord) -> None:
+        """Learn of a host's death as it happens: the one ``watch_host`` call this
+        directory keeps pending on it fails (the host returns it now and then, to be
+        called again while the host is registered). Every agent it hosted then died
+        with it (:meth:`_actor_died`). One call per host instead of one per hosted
+        agent: a bind costs the directory and the host a Ray call less."""
+        while self.hosts.get(record.actor_id) is record and not self._closed:
+            self.counters["host_watches"] += 1
+            try:
+                await record.handle.watch_host.remote()
+            except ray.exceptions.RayActorError:
+                if self._closed:
+                    return
+                self._drop_host(record.actor_id, kill=False)  # all its slots
+                for name, entry in list(self.entries.items()):
+                    if entry.actor.actor_id == record.actor_id:
+                        self._actor_died(name, entry)
+                return
+            except Exception:  # the directory is shutting down
+                return
+
+    def _actor_died(self, name: str, entry: Entry) -> None:
+        """``name``'s actor (or host) died: the agent is no longer live; its next call
+        (or alarm) wakes it on another actor, and a pending alarm fires on time."""
+        if self.entries.get(name) is entry:
+            self.entries.pop(name, None)  # a hibernation may have removed it meanwhile
+            self.counters["crashes"] += 1
+            log.warning("the actor of %s died; it wakes on its next call or alarm", name)
+            self._note_error("actor_died", name, "its actor died")
+            if self._alarm_changed is not None:
+                self._alarm_changed.set()
+            self._kick()
+        if name in self.queued:
+            self.queued.discard(name)
+            self.set_alarm(name, time.time())  # messages were queued: wake it now
 
     async def _alarm_loop(self) -> None:
         assert self._alarm_changed is not None

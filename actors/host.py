@@ -24,9 +24,9 @@ answer from their own thread even while the main loop is busy.
 The host measures its main loop's lag (how late a 50 ms timer fires): reported by
 ``host_status``, in ``snapshot``, and as the ``thinkray_host_loop_lag_seconds`` gauge.
 
-A host that dies takes its agents with it: the directory's ``watch`` call for each
-fails, each agent is then no longer live, and its next call or alarm wakes it
-elsewhere, as for a dead dedicated actor.
+A host that dies takes its agents with it: the directory's one ``watch_host`` call
+on it fails, each of its agents is then no longer live, and its next call or alarm
+wakes it elsewhere, as for a dead dedicated actor.
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ DEFAULT_HOST_CAPACITY = 64
 CONTROL_GROUP = "control"
 """The Ray concurrency group of the control calls (see the module)."""
 CONTROL_CONCURRENCY = 256
+WATCH_RENEW = 300.0
+"""How long a ``watch_host`` call stays pending before the directory renews it (s)."""
 LAG_TICK = 0.05
 """How often the loop-lag probe wakes (seconds): lag is how late it wakes."""
 LAG_WINDOW = 2.0
@@ -324,15 +326,13 @@ class AgentHost:
             return await self._activity_main(name)
         return await activation.until_idle(name, timeout, fresh_grace)
 
-    async def watch(self, name: str) -> bool:
-        """Return when this host stops hosting ``name`` (True), at once if it does not
-        (False). The directory keeps one pending per hosted agent: if the process
-        dies, each fails, and the directory learns that all its agents are gone."""
-        self._claim_main()
-        activation = self.activations.get(name)
-        if activation is None:
-            return False
-        return await activation.watch(name)
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    async def watch_host(self) -> None:
+        """Return after ``WATCH_RENEW`` seconds, to be called again. The directory keeps
+        one pending per host: if the process dies, it fails, and the directory learns
+        that all its agents are gone. (The renewal bounds what a directory that died
+        leaves pending here.)"""
+        await asyncio.sleep(WATCH_RENEW)
 
     # -- a replacement directory ---------------------------------------------------------
 

@@ -180,6 +180,24 @@ def test_a_host_kill_takes_its_agents_and_each_wakes_on_its_next_call(namespace_
     assert all(after[n]["incarnation"] != before[n]["incarnation"] for n in names)
 
 
+def test_the_directory_watches_each_host_once_not_each_agent(namespace_factory):
+    """A bind on a host costs the directory and the host no Ray call of its own for
+    crash detection: the host's one ``watch_host`` call covers its agents (the kill
+    test above shows it still does). An agent's own actor is watched as before."""
+    from tests.agents import DedicatedScriptAgent
+
+    ns = hosts_ns(namespace_factory)
+    for name in ("w0", "w1", "w2"):
+        ns.get(name).whoami.remote().result()
+    counters = ns.stats()["counters"]
+    assert counters["binds"] >= 3
+    assert counters.get("watches", 0) == 0
+    assert 1 <= counters["host_watches"] <= counters["hosts_started"]
+    own = hosts_ns(namespace_factory, DedicatedScriptAgent)
+    own.get("alone").whoami.remote().result()
+    assert own.stats()["counters"]["watches"] == 1
+
+
 def _host_handle(ns, name):
     import ray
 
