@@ -625,6 +625,13 @@ class Directory:
             self._me = ray.get_runtime_context().current_actor
         return self._me
 
+    def _named_self(self) -> NamedHandle:
+        """This directory's handle as actors receive it: by name, resolved once per
+        process (see :mod:`~thinkray.actors.handles`)."""
+        return NamedHandle(
+            self._own_handle(), directory_name(self.cfg.namespace, self.cfg.shard), RAY_NAMESPACE
+        )
+
     def _hosted(self) -> bool:
         return self.cfg.placement == "hosts"
 
@@ -668,7 +675,7 @@ class Directory:
         """Start an actor; its first free slot (a host's others wait in
         ``_started_slots`` for :meth:`_run_start`)."""
         handle = self._new_actor(node_id)
-        info = await handle.ready.remote()
+        info = await handle.ready.remote(self._named_self())
         self.counters["actors_created"] += 1
         if not info.get("host"):
             return PooledActor(handle, info["actor_id"], info["node_id"], info["pid"])
@@ -1229,11 +1236,7 @@ class Directory:
             agent_kwargs=self.cfg.agent_kwargs,
             create=create,
             # by name: the host resolves it once, not a handle deserialized per bind
-            directory=NamedHandle(
-                self._own_handle(),
-                directory_name(self.cfg.namespace, self.cfg.shard),
-                RAY_NAMESPACE,
-            ),
+            directory=self._named_self(),
             idle_timeout=self.cfg.idle_timeout,
         )
         last_error: BaseException | None = None
@@ -1348,7 +1351,7 @@ class Directory:
         self.binding += 1
         try:
             handle = self._new_actor(node_id, own=True)
-            info = await handle.ready.remote()
+            info = await handle.ready.remote(self._named_self())
         except BaseException:
             self.binding -= 1
             raise

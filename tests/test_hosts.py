@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Any
 
 import pytest
 
@@ -196,6 +197,35 @@ def test_the_directory_watches_each_host_once_not_each_agent(namespace_factory):
     own = hosts_ns(namespace_factory, DedicatedScriptAgent)
     own.get("alone").whoami.remote().result()
     assert own.stats()["counters"]["watches"] == 1
+
+
+def test_a_host_resolves_its_directory_when_started_not_in_its_first_bind(namespace_factory):
+    """Binds name the directory (by name: handles.NamedHandle). Its lookup in a fresh
+    process (a GCS call, and the import of the directory's module with Ray's wrapping
+    of its methods) ran inside the first bind and held up every bind of a burst on
+    that host; the directory now sends its name with the host's start (``ready``)."""
+    import ray
+
+    ns = hosts_ns(namespace_factory)
+    wait_until(lambda: len(ns.stats()["hosts"]) >= 1, timeout=60)
+    host_id = next(iter(ns.stats()["hosts"]))
+    directory_id = ns._router.handles[0]._actor_id.hex()
+
+    def resolved(_host: Any) -> tuple[bool, bool]:
+        import sys
+
+        from thinkray.actors import handles
+
+        return directory_id in handles._resolved, "thinkray.actors.directory" in sys.modules
+
+    for item in ray.util.list_named_actors(all_namespaces=True):
+        if item["namespace"] == "thinkray" and "/host-" in item["name"]:
+            handle = ray.get_actor(item["name"], namespace="thinkray")
+            if handle._actor_id.hex() == host_id:
+                assert ray.get(handle.__ray_call__.remote(resolved), timeout=60) == (True, True)
+                assert ns.stats()["counters"].get("binds", 0) == 0  # before any bind
+                return
+    raise AssertionError("the host was not found")
 
 
 def _host_handle(ns, name):
