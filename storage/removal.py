@@ -113,6 +113,7 @@ def _remove_local(root: Path, namespace: str, name: str, removed: list[str]) -> 
             Path(f"{base}.duckdb.wal"),
             journal_path(duckdb_file),
             scratch_path(duckdb_file),
+            Path(f"{scratch_path(duckdb_file)}.wal"),
         )
         for path in (duckdb_file, *leftovers):
             with contextlib.suppress(FileNotFoundError):

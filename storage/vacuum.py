@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,6 +137,8 @@ def _rewrite(con: duckdb.DuckDBPyConnection, alias: str, path: str, found: Shape
         finally:
             con.execute(f"DETACH {copy}")  # checkpoints the copy: no .wal is left
         with open(scratch, "rb+") as out:
+            # the original's permissions (DuckDB creates the copy with the umask's)
+            os.fchmod(out.fileno(), stat.S_IMODE(os.stat(path).st_mode))
             os.fsync(out.fileno())
         os.replace(scratch, path)
         replaced = True

@@ -201,8 +201,20 @@ def test_a_scratch_file_a_crash_left_is_replaced_and_removed_with_the_agent(tmp_
     with DuckDBSessionStore(path) as store:
         assert len(store.get_history(sid)) == 8
     scratch.write_bytes(b"another crash")
+    Path(f"{scratch}.wal").write_bytes(b"and its log")
     remove_agent(root, "ns", "agent")
     assert not path.exists() and not scratch.exists()
+    assert not Path(f"{scratch}.wal").exists()
+
+
+def test_the_copy_keeps_the_files_permissions(tmp_path):
+    path = tmp_path / "agent.duckdb"
+    sid = _talk(path, 3)
+    path.chmod(0o600)
+    inode = path.stat().st_ino
+    _talk(path, 2, sid)
+    assert path.stat().st_ino != inode  # vacuumed
+    assert path.stat().st_mode & 0o777 == 0o600
 
 
 def test_a_symlinked_file_stays_a_symlink(tmp_path):
