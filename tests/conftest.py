@@ -131,7 +131,6 @@ def moto_server():
     """moto's S3 server on a free loopback port (with dummy AWS credentials in the
     environment while the session runs; each test takes its own bucket): ``{"server", "port", "endpoint"}``."""
     import os
-    import socket
 
     pytest.importorskip("boto3")
     moto_server_mod = pytest.importorskip("moto.server")
@@ -142,9 +141,9 @@ def moto_server():
     }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    from tests.helpers import free_port
+
+    port = free_port()
     server = moto_server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     state = {"server": server, "port": port, "endpoint": f"http://127.0.0.1:{port}"}

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -27,15 +26,11 @@ from typing import Any
 import ray
 from ray.cluster_utils import Cluster
 
+from tests.helpers import free_port
+
 CITIES = ("Lima", "Oslo", "Quito")  # one acknowledged turn each (letters only: the
 # script agent's tool call takes the word after "weather in")
 SAFETY = 120.0  # seconds any single wait may take before the check gives up
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def user_texts(history: list[dict[str, Any]]) -> list[str]:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import random
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -157,3 +159,29 @@ def json_report(stdout: str) -> Any:
         if line.startswith(("{", "[")):
             return json.loads(line)
     raise AssertionError(f"no JSON report in the child's output: {stdout[-2000:]!r}")
+
+
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel hands out to outgoing connections (Linux's
+    ``ip_local_port_range``; 32768 where it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port() -> int:
+    """A loopback port free now, for a server started a moment later. Not one the
+    kernel picks for ``bind(0)``: those come from the ephemeral range, where Ray's own
+    outgoing connections (hundreds in a suite) can take it before the server binds
+    (a Serve proxy failed to start so once). Picked at random below that range."""
+    floor = _ephemeral_floor()
+    for _ in range(200):
+        port = random.randrange(10_000, max(10_001, floor))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port below the ephemeral range")

@@ -14,18 +14,12 @@ its own; tests/test_objectstore.py checks their reports.
 
 from __future__ import annotations
 
-import socket
 import time
 
 import ray
 
+from tests.helpers import free_port
 from tests.two_node_check import LEASE_TTL
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_moto(port: int):  # type: ignore[no-untyped-def]

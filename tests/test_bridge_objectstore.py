@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import round_of
+from tests.helpers import free_port, round_of
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -48,14 +48,10 @@ def one_round(kind: str, where: str, ns_name: str) -> dict:  # pragma: no cover
 
     server = None
     if kind == "s3":
-        import socket
-
         import boto3  # type: ignore[import-untyped]
         from moto.server import ThreadedMotoServer  # type: ignore[import-untyped]
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
+        port = free_port()
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
         server.start()
         endpoint = f"http://127.0.0.1:{port}"

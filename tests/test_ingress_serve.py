@@ -10,7 +10,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers import wait_until
+from tests.helpers import free_port, wait_until
 from tests.ingress_support import ALICE, chat_body, make_config, sse_events
 
 pytestmark = pytest.mark.ray
@@ -29,12 +28,6 @@ pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parent.parent
 CHUNKS = 200
 DELAY = 0.05  # a 10 s turn: long enough to resume it many times while it runs
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def text_of(events: list[Any]) -> str:

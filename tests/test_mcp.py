@@ -36,17 +36,13 @@ from thinkray.runtime.tools.mcp import (  # noqa: E402
     tool_name,
 )
 
+from tests.helpers import free_port  # noqa: E402
+
 SERVER = str(Path(__file__).with_name("mcp_server.py"))
 
 
 def stdio_config(name="t", **extra):
     return McpServerConfig.parse(name, {"command": sys.executable, "args": [SERVER], **extra})
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_http_server(port: int) -> subprocess.Popen:

@@ -5,7 +5,6 @@ cluster."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from pathlib import Path
@@ -21,15 +20,9 @@ from thinkray.storage.errors import StorageRootError  # noqa: E402
 from thinkray.storage.layout import ensure_root, list_names, session_path  # noqa: E402
 from thinkray.storage.session_store import DuckDBSessionStore  # noqa: E402
 
-from tests.helpers import round_of  # noqa: E402
+from tests.helpers import free_port, round_of  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 _bucket_counter = iter(range(10_000))
@@ -284,7 +277,7 @@ def test_a_folder_created_while_it_is_listed_is_listed_again(tmp_path):
 
 @pytest.mark.timeout(120)  # an unreachable endpoint fails, it does not retry for ever
 def test_bad_roots_fail_at_start_with_a_clear_message(moto_server):
-    port = _free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     with pytest.raises(StorageRootError, match="not usable"):
         ensure_root(f"s3://b/p?endpoint_override=http://127.0.0.1:{port}", "ns")
     with pytest.raises(StorageRootError, match="not usable"):
