@@ -140,11 +140,7 @@ class AgentHost:
     async def ready(self, directory: Any = None) -> dict[str, Any]:
         """Where this host runs, its capacity and the agents it hosts. The first call
         warms the process up (one throwaway agent bound, one turn, hibernated).
-        ``directory``: the namespace directory's handle as binds send it (a
-        :class:`~thinkray.actors.handles.NamedHandle`), resolved as this call arrives:
-        the lookup (a GCS call, and the import of the directory's module with Ray's
-        wrapping of its methods, ~0.1 CPU-s in a fresh process) is done before the
-        first bind, not inside it, where it held up every bind of a burst."""
+        ``directory``: as for :meth:`SessionActor.ready` (resolved before any bind)."""
         del directory  # resolved by its arrival; binds bring their own
         self._claim_main()
         if self._warm_up_pending:

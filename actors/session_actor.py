@@ -184,7 +184,9 @@ class SessionActor:
     async def ready(self, directory: Any = None) -> dict[str, Any]:
         """Where this actor runs (``actor_id``, ``node_id``, ``pid``), its binding
         count and the agent it hosts (``bound``, or None). The first call warms the
-        actor up (see :meth:`_warm_up`) before answering. ``directory``: the namespace directory's handle as binds send it (a
+        actor up (see :meth:`_warm_up`) before answering.
+
+        ``directory``: the namespace directory's handle as binds send it (a
         :class:`~thinkray.actors.handles.NamedHandle`), resolved as this call arrives:
         the lookup (a GCS call, and the import of the directory's module with Ray's
         wrapping of its methods, ~0.1 CPU-s in a fresh process) is done before the
