@@ -31,6 +31,7 @@ import threading
 from dataclasses import dataclass, field
 
 import duckdb
+from thinkray.storage.layout import sql_literal
 from thinkray.storage.vacuum import vacuum_if_wasteful
 
 MEMORY_PATH = ":memory:"
@@ -92,10 +93,6 @@ def invalidated() -> None:
         _current = None
 
 
-def _quoted(path: str) -> str:
-    return "'" + path.replace("'", "''") + "'"
-
-
 @dataclass
 class Attached:
     """One caller's hold on an attached file: its cursor (default catalog: the file)."""
@@ -121,7 +118,7 @@ def attach(path: str) -> Attached:
             held = inst.files.get(key)
         if held is None:
             alias = f"f{next(inst.names)}"
-            inst.con.execute(f"ATTACH {_quoted(path)} AS {alias}")
+            inst.con.execute(f"ATTACH {sql_literal(path)} AS {alias}")
             if path == MEMORY_PATH:
                 key = alias  # private: nobody else finds it
             held = inst.files[key] = _File(alias, None if path == MEMORY_PATH else key)

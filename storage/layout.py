@@ -241,6 +241,12 @@ def default_storage_root(purpose: str) -> Path:
     return private_dir(private_dir(user_dir("data")) / validate_name(purpose, "folder name"))
 
 
+def sql_literal(text: str | os.PathLike[str]) -> str:
+    """A path (or an option's value) as a SQL string literal, for DuckDB's ``ATTACH``,
+    which takes no parameter."""
+    return "'" + str(text).replace("'", "''") + "'"
+
+
 def sync_folder(folder: Path) -> None:
     """Make the new name durable (the file's bytes already are)."""
     with contextlib.suppress(OSError):

@@ -42,7 +42,7 @@ from thinkray.storage.layout import (
     validate_name,
 )
 from thinkray.storage.owners import OwnerRegistry
-from thinkray.storage.vacuum import scratch_path
+from thinkray.storage.vacuum import leftovers as vacuum_leftovers
 
 __all__ = ["AgentInUseError", "Removal", "agent_exists", "agent_parts", "remove_agent"]
 
@@ -112,8 +112,7 @@ def _remove_local(root: Path, namespace: str, name: str, removed: list[str]) -> 
         leftovers = (
             Path(f"{base}.duckdb.wal"),
             journal_path(duckdb_file),
-            scratch_path(duckdb_file),
-            Path(f"{scratch_path(duckdb_file)}.wal"),
+            *vacuum_leftovers(duckdb_file),
         )
         for path in (duckdb_file, *leftovers):
             with contextlib.suppress(FileNotFoundError):

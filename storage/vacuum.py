@@ -39,12 +39,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
-from thinkray.storage.layout import sync_folder
+from thinkray.storage.layout import sql_literal, sync_folder
 
 __all__ = [
     "MIN_WASTED_BLOCKS",
     "VACUUM_UP_TO_BYTES",
     "Shape",
+    "leftovers",
     "scratch_path",
     "shape",
     "vacuum_if_wasteful",
@@ -102,6 +103,13 @@ def scratch_path(path: str | os.PathLike[str]) -> Path:
     return target.with_name(f".{target.name}.vacuum")
 
 
+def leftovers(path: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """What a vacuum of ``path`` that a crash cut short can leave: the scratch copy and
+    its log."""
+    scratch = scratch_path(path)
+    return scratch, Path(f"{scratch}.wal")
+
+
 def vacuum_if_wasteful(con: duckdb.DuckDBPyConnection, alias: str, path: str) -> bool:
     """Replace the checkpointed file ``path`` (attached as ``alias`` and held by no one
     else in the process) by a compact copy if it is small and wasteful (see the
@@ -122,16 +130,16 @@ def vacuum_if_wasteful(con: duckdb.DuckDBPyConnection, alias: str, path: str) ->
 
 def _rewrite(con: duckdb.DuckDBPyConnection, alias: str, path: str, found: Shape) -> bool:
     scratch = scratch_path(path)
-    _remove(scratch)
+    _remove(path)
     copy = f"{alias}_vacuum"
     # The copy keeps the file's block size and format: an older DuckDB that reads the
     # file reads its copy.
     options = f"BLOCK_SIZE {found.block_size}"
     if found.storage_version:
-        options += f", STORAGE_VERSION '{_sql_str(found.storage_version)}'"
+        options += f", STORAGE_VERSION {sql_literal(found.storage_version)}"
     replaced = False
     try:
-        con.execute(f"ATTACH '{_sql_str(str(scratch))}' AS {copy} ({options})")
+        con.execute(f"ATTACH {sql_literal(scratch)} AS {copy} ({options})")
         try:
             con.execute(f"COPY FROM DATABASE {alias} TO {copy}")
         finally:
@@ -146,14 +154,10 @@ def _rewrite(con: duckdb.DuckDBPyConnection, alias: str, path: str, found: Shape
         return True
     finally:
         if not replaced:
-            _remove(scratch)
+            _remove(path)
 
 
-def _remove(scratch: Path) -> None:
-    for leftover in (scratch, Path(f"{scratch}.wal")):
+def _remove(path: str) -> None:
+    for leftover in leftovers(path):
         with contextlib.suppress(FileNotFoundError):
             leftover.unlink()
-
-
-def _sql_str(text: str) -> str:
-    return text.replace("'", "''")
