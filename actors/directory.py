@@ -668,7 +668,7 @@ class Directory:
                 self.cfg.preload, self.cfg.warm_up, module, self._per_start(), self.cfg.namespace
             )
         return RemoteSessionActor.options(**options).remote(
-            self.cfg.preload, self.cfg.warm_up, module
+            self.cfg.preload, self.cfg.warm_up, module, serves_lane=True
         )
 
     async def _start_actor(self, node_id: str | None = None) -> PooledActor:

@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 
 import ray
 from thinkray.actors.errors import ActorBusyError
+from thinkray.actors.lane import LaneAddress, LaneServer, start_lane
 from thinkray.actors.metrics import install_ray_metrics
 from thinkray.actors.relay import NotBoundError
 from thinkray.actors.session_actor import DEFAULT_PRELOAD, BindSpec, SessionActor
@@ -97,6 +98,7 @@ class AgentHost:
         self._lag_task: asyncio.Task[None] | None = None
         self._lag_samples: list[tuple[float, float]] = []  # (at, lag)
         self.lag_max = 0.0
+        self._lane: LaneServer | None = None
 
     # -- loops -------------------------------------------------------------------------
 
@@ -150,7 +152,19 @@ class AgentHost:
                 await scratch.ready()
             except Exception as exc:  # a cold host still works
                 log.warning("warm-up of an agent host failed: %s", exc)
+        await self._start_lane()
         return self._info()
+
+    async def _start_lane(self) -> None:
+        """Serve streams to callers on this node over a Unix socket (see
+        :mod:`thinkray.actors.lane`), on the agents' loop, before the first bind."""
+        if self._lane is None:
+            self._lane = await start_lane(self.invoke_stream, self.node_id, "agent host")
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    async def lane(self) -> LaneAddress | None:
+        """Where this host's stream lane listens, with its secret (None: no lane)."""
+        return self._lane.address if self._lane is not None else None
 
     def _info(self) -> dict[str, Any]:
         agents = {name: a.state for name, a in list(self.activations.items())}

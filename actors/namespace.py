@@ -59,6 +59,7 @@ from thinkray.actors.directory import (
 )
 from thinkray.actors.errors import RemoteCallError
 from thinkray.actors.host import DEFAULT_HOST_CAPACITY
+from thinkray.actors.lane import StreamCall
 from thinkray.actors.response import (
     AgentResponse,
     AgentResponseStream,
@@ -702,9 +703,7 @@ class HandleMethod:
         carrier = tracing.inject()
         if marker is not None and marker.kind == "stream":
             return AgentResponseStream(
-                self.handle,
-                lambda actor: actor.invoke_stream.remote(name, method, args, kwargs, carrier),
-                policy,
+                self.handle, StreamCall(name, method, args, kwargs, carrier), policy
             )
         return AgentResponse(
             self.handle,

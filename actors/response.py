@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import ray
 from thinkray.actors.errors import CallInterruptedError, RunInterruptedError, SyncInEventLoopError
+from thinkray.actors.lane import StreamCall
 from thinkray.actors.relay import AbortReceiver, NotBoundError
 from thinkray.runtime.errors import ThinkrayError
 
@@ -243,13 +244,11 @@ class AgentResponseStream(Generic[T]):
     :class:`~thinkray.runtime.errors.CallInterruptedError` (for a turn
     :class:`~thinkray.runtime.errors.RunInterruptedError`)."""
 
-    def __init__(
-        self, handle: AgentHandle[Any], open_: Callable[[Any], Any], policy: CrashPolicy
-    ) -> None:
+    def __init__(self, handle: AgentHandle[Any], call: StreamCall, policy: CrashPolicy) -> None:
         self._handle = handle
-        self._open = open_  # actor handle -> ObjectRefGenerator
+        self._call = call  # opens the stream on an actor (over its lane, or Ray)
         self._policy = policy
-        self._refs: Any = None
+        self._refs: Any = None  # the open stream's items (SyncLaneStream, RayItems...)
         self._header: dict[str, Any] | None = None
         self._buffer: deque[T] = deque()
         self.batches = 0  # Ray items received (each a batch of stream items)
@@ -262,10 +261,10 @@ class AgentResponseStream(Generic[T]):
         stale = False
         for attempt in range(ATTEMPTS):
             actor = self._handle._actor_sync(stale=stale)
-            refs = self._open(actor)
+            refs = self._call.open_sync(actor)
             try:
                 with _own_errors():
-                    self._take_header(ray.get(next(refs)), actor)
+                    self._take_header(refs.next_item(), actor)
                 self._refs = refs
                 return
             except RETRYABLE as exc:
@@ -280,10 +279,10 @@ class AgentResponseStream(Generic[T]):
         stale = False
         for attempt in range(ATTEMPTS):
             actor = await self._handle._actor_async(stale=stale)
-            refs = self._open(actor)
+            refs = await self._call.open_async(actor)
             try:
                 with _own_errors():
-                    self._take_header(await (await refs.__anext__()), actor)
+                    self._take_header(await refs.anext_item(), actor)
                 self._refs = refs
                 return
             except RETRYABLE as exc:
@@ -382,9 +381,8 @@ class AgentResponseStream(Generic[T]):
     def __next__(self) -> T:
         while not self._buffer:
             try:
-                ref = next(self._refs)  # StopIteration ends the stream
-                with _own_errors():
-                    self._buffer.extend(ray.get(ref))
+                with _own_errors():  # StopIteration ends the stream
+                    self._buffer.extend(self._refs.next_item())
             except ray.exceptions.RayActorError:
                 raise self._died() from None
             self.batches += 1
@@ -400,18 +398,25 @@ class AgentResponseStream(Generic[T]):
             first = list(self._buffer)
             self._buffer.clear()
             yield first
-        while True:
-            try:
-                ref = await self._refs.__anext__()
-                with _own_errors():
-                    batch = await ref
-            except StopAsyncIteration:
-                return
-            except ray.exceptions.RayActorError:
-                raise self._died() from None
-            self.batches += 1
-            if batch:
-                yield list(batch)
+        try:
+            while True:
+                try:
+                    with _own_errors():
+                        batch = await self._refs.anext_item()
+                except StopAsyncIteration:
+                    return
+                except ray.exceptions.RayActorError:
+                    raise self._died() from None
+                self.batches += 1
+                if batch:
+                    yield list(batch)
+        finally:  # left early: a lane's connection closes (the run goes on)
+            self._refs.close()
+
+    def close(self) -> None:
+        """Stop following the stream (the run goes on: detach, never abort)."""
+        if self._refs is not None:
+            self._refs.close()
 
     async def __aiter__(self) -> AsyncIterator[T]:
         async for batch in self.item_batches():

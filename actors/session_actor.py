@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import ray
 from thinkray.actors.errors import ActorBusyError, RemoteCallError, WakeError
+from thinkray.actors.lane import LaneAddress, LaneServer, start_lane
 from thinkray.actors.metrics import install_ray_metrics
 from thinkray.actors.relay import NotBoundError, as_callback
 from thinkray.runtime.observability import tracing
@@ -149,6 +150,7 @@ class SessionActor:
         preload: tuple[str, ...] = DEFAULT_PRELOAD,
         warm_up: bool = True,
         agent_module: str | None = None,
+        serves_lane: bool = False,
     ) -> None:
         for module in preload:
             importlib.import_module(module)
@@ -177,6 +179,10 @@ class SessionActor:
         self._steady = asyncio.Event()  # set while no bind or hibernation is in flight
         self._steady.set()
         self._broken = False
+        # A dedicated actor serves its streams to callers on its node over a Unix
+        # socket (thinkray.actors.lane); a host's activations are served by the host's.
+        self._serves_lane = serves_lane
+        self._lane: LaneServer | None = None
         install_ray_metrics()  # the runtime's metrics go to Ray's Prometheus endpoint
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -198,7 +204,13 @@ class SessionActor:
                 await self._warm_up()
             except Exception as exc:  # a cold actor still works
                 log.warning("warm-up of a pooled actor failed: %s", exc)
+        if self._serves_lane and self._lane is None:
+            self._lane = await start_lane(self.invoke_stream, self.node_id, "session actor")
         return self._info()
+
+    async def lane(self) -> LaneAddress | None:
+        """Where this actor's stream lane listens, with its secret (None: no lane)."""
+        return self._lane.address if self._lane is not None else None
 
     async def _warm_up(self) -> None:
         """Bind a throwaway agent to a scratch file, run one turn and hibernate it.

@@ -1,0 +1,164 @@
+"""The stream lane's transport (thinkray.actors.lane), without Ray: a LaneServer on an
+event loop in a thread, read by the blocking and the asyncio client.
+
+What a Ray stream guarantees must hold over the lane: the items in order with their
+types, the actor's errors as the same classes, a closed connection as a dead actor,
+and a caller that leaves detaching (the serving generator is closed, nothing aborted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import stat
+import struct
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+import pytest
+import ray
+from thinkray.actors import lane
+from thinkray.actors.errors import NotBoundError
+from thinkray.runtime.errors import SessionBusyError
+
+from tests.lane_support import TYPED, Served, serving
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[lane.LaneServer, Served, asyncio.AbstractEventLoop]]:
+    with serving() as running:
+        yield running
+
+
+def _request(server: lane.LaneServer, **kwargs: Any) -> bytes:
+    request = lane.request_bytes(server.address, "agent-a", "count", (1,), kwargs, None)
+    assert request is not None
+    return request
+
+
+def _read_all(stream: Any) -> list[Any]:
+    out = []
+    while True:
+        try:
+            out.append(stream.next_item())
+        except StopIteration:
+            return out
+
+
+def test_items_arrive_in_order_with_their_types(served):
+    server, serve, _ = served
+    items = [
+        {"run_id": "r1", "items": [{"type": "start"}]},
+        [{"type": "text-delta", "delta": "hé"}, {"type": "text-end"}],
+        [b"\x00bytes", 2**63 - 1, -1.5, None, True],
+    ]
+    stream = lane.SyncLaneStream(server.path, _request(server, items=items))
+    assert _read_all(stream) == items
+    assert serve.calls == [("agent-a", "count", (1,), {"items": items}, None)]
+    assert server.streams == 1
+
+
+def test_what_msgpack_would_change_travels_pickled(served):
+    """msgpack would turn a tuple into a list and refuses a set: those items are
+    pickled, so the caller gets what a Ray stream gives it."""
+    server, _, _ = served
+    got = _read_all(lane.SyncLaneStream(server.path, _request(server, typed=True)))
+    assert got == TYPED
+    assert type(got[0][0]) is tuple and type(got[2][0]["nested"]) is tuple
+
+
+def test_arguments_that_are_not_plain_data_are_not_sent_over_the_lane(served):
+    server, _, _ = served
+    address = server.address
+    assert lane.request_bytes(address, "a", "m", ((1, 2),), {}, None) is None  # a tuple
+    assert lane.request_bytes(address, "a", "m", (), {"x": {1}}, None) is None  # a set
+    assert lane.request_bytes(address, "a", "m", (object(),), {}, None) is None
+
+    class Text(str):
+        pass
+
+    assert lane.request_bytes(address, "a", "m", (Text("x"),), {}, None) is None
+    assert lane.request_bytes(address, "a", "m", ("x", [1]), {"k": {"v": 1}}, None)
+
+
+def test_thinkray_errors_arrive_as_themselves_after_the_items_before_them(served):
+    server, _, _ = served
+    stream = lane.SyncLaneStream(server.path, _request(server, items=[[1]], **{"raise": "busy"}))
+    assert stream.next_item() == [1]
+    with pytest.raises(SessionBusyError, match="session s1 is busy"):
+        stream.next_item()
+    stream = lane.SyncLaneStream(server.path, _request(server, **{"raise": "unbound"}))
+    with pytest.raises(NotBoundError):
+        stream.next_item()
+
+
+def test_other_errors_arrive_as_a_ray_task_error_of_their_class(served):
+    server, _, _ = served
+    stream = lane.SyncLaneStream(server.path, _request(server, **{"raise": "value"}))
+    with pytest.raises(ray.exceptions.RayTaskError) as caught:
+        stream.next_item()
+    assert isinstance(caught.value, ValueError)
+    assert "a plain bug" in str(caught.value)
+
+
+def test_a_connection_closed_mid_stream_is_a_dead_actor(tmp_path):
+    """The actor's process died between frames: the caller sees a RayActorError, so
+    the handle's crash rules (never run a turn twice) apply as for a Ray stream."""
+    path = str(tmp_path / "s")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+
+    def serve_half() -> None:
+        conn, _ = listener.accept()
+        body = msgpack.packb([1])
+        conn.sendall(struct.pack(">IB", len(body), lane.ITEM) + body)
+        conn.sendall(struct.pack(">IB", 100, lane.ITEM) + b"partial")
+        conn.close()
+
+    thread = threading.Thread(target=serve_half)
+    thread.start()
+    stream = lane.SyncLaneStream(path, b"")
+    assert stream.next_item() == [1]
+    with pytest.raises(ray.exceptions.RayActorError):
+        stream.next_item()
+    thread.join(5)
+    listener.close()
+
+
+def test_a_caller_that_leaves_detaches_the_served_stream(served):
+    server, serve, loop = served
+    stream = lane.SyncLaneStream(server.path, _request(server, items=[[1]], hold=True))
+    assert stream.next_item() == [1]
+    stream.close()
+    loop.call_soon_threadsafe(serve.release.set)
+    assert serve.closed.wait(10)  # the serving generator was closed, not left hanging
+
+
+def test_the_async_client_reads_the_same_stream(served):
+    server, _, _ = served
+
+    async def read() -> list[Any]:
+        stream = await lane.AsyncLaneStream.open(server.path, _request(server, typed=True))
+        out = []
+        while True:
+            try:
+                out.append(await stream.anext_item())
+            except StopAsyncIteration:
+                return out
+
+    assert asyncio.run(read()) == TYPED
+
+
+def test_the_socket_is_private_and_removed_when_closed(served):
+    server, _, _ = served
+    folder = os.path.dirname(server.path)
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(server.path).st_mode) == 0o600
+    assert server.address.secret.hex() not in server.path
+    other = lane.LaneServer(Served(), "node-1")
+    other.close()
+    assert not os.path.exists(os.path.dirname(other.path))
