@@ -178,6 +178,7 @@ class AgentHost:
             "agents": agents,
             "broken": sorted(self.broken),
             "loop_lag_s": round(self.lag_max, 4),
+            "lane_streams": self._lane.streams if self._lane is not None else None,
         }
 
     def _activation(self, name: str) -> SessionActor:

@@ -245,6 +245,7 @@ class SessionActor:
             "bound": self.name if self.state == "bound" else None,
             "state": self.state,
             "session": self._session(),
+            "lane_streams": self._lane.streams if self._lane is not None else None,
         }
 
     def _session(self) -> str | None:

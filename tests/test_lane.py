@@ -114,6 +114,7 @@ def test_a_connection_closed_mid_stream_is_a_dead_actor(tmp_path):
 
     def serve_half() -> None:
         conn, _ = listener.accept()
+        conn.recv(64)  # the request
         body = msgpack.packb([1])
         conn.sendall(struct.pack(">IB", len(body), lane.ITEM) + body)
         conn.sendall(struct.pack(">IB", 100, lane.ITEM) + b"partial")
@@ -121,7 +122,7 @@ def test_a_connection_closed_mid_stream_is_a_dead_actor(tmp_path):
 
     thread = threading.Thread(target=serve_half)
     thread.start()
-    stream = lane.SyncLaneStream(path, b"")
+    stream = lane.SyncLaneStream(path, b"request")
     assert stream.next_item() == [1]
     with pytest.raises(ray.exceptions.RayActorError):
         stream.next_item()
@@ -162,3 +163,16 @@ def test_the_socket_is_private_and_removed_when_closed(served):
     other = lane.LaneServer(Served(), "node-1")
     other.close()
     assert not os.path.exists(os.path.dirname(other.path))
+
+
+def test_only_a_caller_on_the_actors_node_uses_its_lane(served, monkeypatch):
+    """A socket path names a file on the actor's machine: a caller on another node
+    (whose path may exist there for another reason) goes through Ray."""
+    server, _, _ = served
+    monkeypatch.setattr(lane, "_node", ["node-2"])
+    assert lane._usable(server.address) is None
+    monkeypatch.setattr(lane, "_node", ["node-1"])
+    assert lane._usable(server.address) == server.address
+    assert lane._usable({"path": server.path}) is None  # not an address at all
+    server.close()
+    assert lane._usable(server.address) is None  # its socket is gone

@@ -117,3 +117,58 @@ def test_a_connection_that_sends_nothing_is_closed(monkeypatch):
             sock.sendall(b"\x00\x00")  # half a header, then silence
             assert sock.recv(1) == b""  # closed by the actor
         assert serve.calls == [] and server.refused == 1
+
+
+def _real_lane(namespace_factory: Any, name: str) -> tuple[Any, Any]:
+    """A hosted agent that answered once, and its host's lane address (as any Ray
+    caller gets it)."""
+    import ray
+
+    ns = namespace_factory(None, placement="hosts", host_capacity=4, max_live=3)
+    assert ns.get(name).chat.remote("hi").result().status == "completed"
+    address = ray.get(ns.get(name)._actor_sync().lane.remote())
+    assert isinstance(address, lane.LaneAddress)
+    return ns, address
+
+
+def _history_length(ns: Any, name: str) -> int:
+    return len(ns.get(name).get_history.remote().result())
+
+
+@pytest.mark.ray
+def test_a_real_host_runs_nothing_for_a_wrong_secret(namespace_factory):
+    ns, address = _real_lane(namespace_factory, "victim")
+    wire = {"id": "m-evil", "role": "user", "parts": [{"type": "text", "text": "pwned"}]}
+    frame = _request(b"\x01" * lane.SECRET_BYTES, name="victim", method="stream_chat")
+    frame_with_message = _frame(
+        lane.ITEM,
+        msgpack.packb(
+            {
+                "secret": b"\x01" * lane.SECRET_BYTES,
+                "name": "victim",
+                "method": "stream_chat",
+                "args": [wire],
+                "kwargs": {},
+            }
+        ),
+    )
+    for attack in (frame, frame_with_message):
+        assert _send(address.path, attack) == b""
+    assert _history_length(ns, "victim") == 2  # still only "hi" and its answer
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("method", ["get_history", "hibernate", "_call", "__init__"])
+def test_the_lane_serves_only_remote_stream_methods(namespace_factory, method):
+    """With the secret (what any Ray caller of the host can get), the lane still
+    serves only what ``invoke_stream`` serves through Ray: not a plain @remote call,
+    not the actor's own methods."""
+    from thinkray.actors.errors import RemoteCallError
+
+    ns, address = _real_lane(namespace_factory, "target")
+    request = lane.request_bytes(address, "target", method, (), {}, None)
+    assert request is not None
+    stream = lane.SyncLaneStream(address.path, request)
+    with pytest.raises(RemoteCallError):
+        stream.next_item()
+    assert ns.where("target") is not None  # still bound: nothing ran
