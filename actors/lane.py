@@ -122,6 +122,20 @@ def _socket_folder() -> str:
     return tempfile.mkdtemp(prefix="tr-lane-", dir=base)  # mode 0700
 
 
+def _check_shape(request: dict[str, Any]) -> None:
+    """Raise ValueError unless ``request`` has the fields a caller sends, typed."""
+    kwargs, trace = request.get("kwargs"), request.get("trace")
+    if not (
+        isinstance(request.get("name"), str)
+        and isinstance(request.get("method"), str)
+        and isinstance(request.get("args"), list)
+        and isinstance(kwargs, dict)
+        and all(isinstance(key, str) for key in kwargs)
+        and (trace is None or isinstance(trace, dict))
+    ):
+        raise ValueError("malformed lane request")
+
+
 class LaneServer:
     """Serves one actor's lane on the running loop (the loop its streams run on)."""
 
@@ -169,6 +183,7 @@ class LaneServer:
             secret = request.pop("secret", b"")
             if not isinstance(secret, bytes) or not hmac.compare_digest(secret, self._secret):
                 raise PermissionError("wrong lane secret")
+            _check_shape(request)
             return request
         except (asyncio.IncompleteReadError, ConnectionError):
             return None
@@ -190,10 +205,10 @@ class LaneServer:
 
     async def _stream(self, request: dict[str, Any], writer: asyncio.StreamWriter) -> None:
         items = self._serve(
-            str(request.get("name")),
-            str(request.get("method")),
-            tuple(request.get("args") or ()),
-            dict(request.get("kwargs") or {}),
+            request["name"],
+            request["method"],
+            tuple(request["args"]),
+            request["kwargs"],
             request.get("trace"),
         )
         try:

@@ -99,6 +99,34 @@ def test_a_malformed_request_is_refused(body):
         assert serve.calls == []
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"name": 1},
+        {"method": None},
+        {"args": "not a list"},
+        {"kwargs": [1]},
+        {"kwargs": {1: "non-text key"}},
+        {"trace": "x"},
+    ],
+    ids=["name", "method", "args", "kwargs", "kwargs-key", "trace"],
+)
+def test_a_request_of_the_wrong_shape_is_refused_with_the_right_secret(fields):
+    """Even with the secret, fields of the wrong type are refused before the call."""
+    with serving() as (server, serve, _):
+        request = {
+            "secret": server.address.secret,
+            "name": "a",
+            "method": "count",
+            "args": [],
+            "kwargs": {},
+        }
+        request.update(fields)
+        body = msgpack.packb(request, use_bin_type=True)
+        assert _send(server.path, _frame(lane.ITEM, body)) == b""
+        assert serve.calls == [] and server.refused == 1
+
+
 def test_another_user_cannot_reach_the_socket():
     """The socket's folder is this user's only (0700): the file system refuses any
     other user before the secret is even asked for."""
