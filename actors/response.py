@@ -10,7 +10,8 @@ Exactly once from the caller's side:
 - The actor answered that it no longer hosts the agent (``NotBoundError``: it
   hibernated): the call never ran, so it is re-sent after the handle re-resolved the
   name (the directory binds a pooled actor and the agent wakes from its file).
-- The actor died mid-call (``RayActorError``): an ``@idempotent`` method is re-sent to
+- The actor died mid-call (``RayActorError``; for a stream on the caller's node, its
+  lane's connection closed, :class:`~thinkray.actors.lane.LaneLost`): an ``@idempotent`` method is re-sent to
   the woken agent. A turn (``chat``/``stream_chat``) carries a user message id the
   handle assigned before sending: if the woken agent has no message with that id, the
   turn never started and is re-sent; nor when the message is in the agent's queue of
@@ -251,7 +252,7 @@ class AgentResponseStream(Generic[T]):
         self._refs: Any = None  # the open stream's items (SyncLaneStream, RayItems...)
         self._header: dict[str, Any] | None = None
         self._buffer: deque[T] = deque()
-        self.batches = 0  # Ray items received (each a batch of stream items)
+        self.batches = 0  # batches received (Ray items or lane frames)
         if not _in_event_loop():
             self._open_sync()
 
@@ -389,9 +390,10 @@ class AgentResponseStream(Generic[T]):
         return self._buffer.popleft()
 
     async def item_batches(self) -> AsyncIterator[list[T]]:
-        """The items as they arrive, a list per Ray item (the actor's relay batches
-        what the run produced meanwhile): for a relay that forwards them onward
-        (an HTTP stream) and pays per write, not per item. Same errors as iterating."""
+        """The items as they arrive, a list per batch (a Ray item or a lane frame: the
+        actor's relay batches what the run produced meanwhile): for a relay that
+        forwards them onward (an HTTP stream) and pays per write, not per item. Same
+        errors as iterating."""
         if self._refs is None:
             await self._open_async()
         if self._buffer:
