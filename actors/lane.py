@@ -353,6 +353,19 @@ def _decode(kind: int, body: bytes) -> Any:
     raise LaneLost(error_msg=f"lane: unknown frame kind {kind}")
 
 
+def _settle(stream: SyncLaneStream | AsyncLaneStream, kind: int, body: bytes, end: type) -> Any:
+    """The item a frame carries; at the end (raising ``end``) or on an error the
+    stream is closed first."""
+    if kind == END:
+        stream.close()
+        raise end
+    try:
+        return _decode(kind, body)
+    except BaseException:
+        stream.close()
+        raise
+
+
 class SyncLaneStream:
     """A stream's items from a blocking socket: ``next_item()`` until StopIteration."""
 
@@ -383,14 +396,7 @@ class SyncLaneStream:
         except OSError as exc:
             self.close()
             raise LaneLost(error_msg=f"lane failed mid-stream: {exc}") from None
-        if kind == END:
-            self.close()
-            raise StopIteration
-        try:
-            return _decode(kind, body)
-        except BaseException:
-            self.close()
-            raise
+        return _settle(self, kind, body, StopIteration)
 
     def close(self) -> None:
         """Close the connection (the actor stops relaying; the run goes on)."""
@@ -425,14 +431,7 @@ class AsyncLaneStream:
         except (asyncio.IncompleteReadError, OSError) as exc:
             self.close()
             raise LaneLost(error_msg=f"lane closed mid-stream: the actor died ({exc})") from None
-        if kind == END:
-            self.close()
-            raise StopAsyncIteration
-        try:
-            return _decode(kind, body)
-        except BaseException:
-            self.close()
-            raise
+        return _settle(self, kind, body, StopAsyncIteration)
 
     def close(self) -> None:
         """Close the connection (the actor stops relaying; the run goes on)."""

@@ -133,7 +133,7 @@ def moto_server():
     import os
 
     pytest.importorskip("boto3")
-    moto_server_mod = pytest.importorskip("moto.server")
+    pytest.importorskip("moto.server")
     env = {
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
@@ -141,11 +141,10 @@ def moto_server():
     }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    from tests.helpers import free_port
+    from tests.helpers import free_port, start_moto
 
     port = free_port()
-    server = moto_server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    server = start_moto(port)
     state = {"server": server, "port": port, "endpoint": f"http://127.0.0.1:{port}"}
     yield state
     state["server"].stop()

@@ -47,11 +47,11 @@ class Rig:
 
     def __init__(self, where: str, cluster: Cluster, worker: Any) -> None:
         import boto3
-        from moto.server import ThreadedMotoServer
+
+        from tests.helpers import start_moto
 
         port = free_port()
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-        self.server.start()
+        self.server = start_moto(port)
         endpoint = f"http://127.0.0.1:{port}"
         boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="thinkray")
         self.root = f"s3://thinkray/fleet?endpoint_override={endpoint}"

@@ -185,3 +185,30 @@ def free_port() -> int:
                 continue
             return port
     raise RuntimeError("no free loopback port below the ephemeral range")
+
+
+def start_moto(port: int) -> Any:
+    """moto's threaded S3 server on loopback ``port``, started, with S3's atomic
+    conditional put. moto checks ``If-None-Match: *`` and then stores the object as two
+    steps while its server runs requests in threads, so two racers' conditional puts of
+    one key could both succeed, which S3 never allows: the lease race in
+    tests/test_objectstore.py saw two winners once on a loaded run. Puts are
+    serialized here, as S3's are atomic per key."""
+    import threading
+
+    from moto.s3.responses import S3Response  # type: ignore[import-untyped]
+    from moto.server import ThreadedMotoServer  # type: ignore[import-untyped]
+
+    if not getattr(S3Response.put_object, "atomic", False):
+        original = S3Response.put_object
+        lock = threading.Lock()
+
+        def put_object(self: Any, *args: Any, **kwargs: Any) -> Any:
+            with lock:
+                return original(self, *args, **kwargs)
+
+        put_object.atomic = True  # type: ignore[attr-defined]
+        S3Response.put_object = put_object
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    return server

@@ -18,16 +18,8 @@ import time
 
 import ray
 
-from tests.helpers import free_port
+from tests.helpers import free_port, start_moto
 from tests.two_node_check import LEASE_TTL
-
-
-def start_moto(port: int):  # type: ignore[no-untyped-def]
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    return server
 
 
 def one_round(kind: str, where: str) -> dict:

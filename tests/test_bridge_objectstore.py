@@ -49,11 +49,11 @@ def one_round(kind: str, where: str, ns_name: str) -> dict:  # pragma: no cover
     server = None
     if kind == "s3":
         import boto3  # type: ignore[import-untyped]
-        from moto.server import ThreadedMotoServer  # type: ignore[import-untyped]
+
+        from tests.helpers import start_moto
 
         port = free_port()
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-        server.start()
+        server = start_moto(port)
         endpoint = f"http://127.0.0.1:{port}"
         boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="thinkray")
         root = f"s3://thinkray/fleet?endpoint_override={endpoint}"

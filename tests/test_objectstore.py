@@ -115,12 +115,9 @@ def test_upload_failure_leaves_previous_generation(root, tmp_path, request, monk
             with pytest.raises(osx.UploadError):
                 a.commit()
         finally:
-            from moto.server import ThreadedMotoServer
+            from tests.helpers import start_moto
 
-            server["server"] = ThreadedMotoServer(
-                ip_address="127.0.0.1", port=server["port"], verbose=False
-            )
-            server["server"].start()
+            server["server"] = start_moto(server["port"])
     else:
         monkeypatch.setattr(a.backend, "upload", _fail)
         with pytest.raises(osx.UploadError):
