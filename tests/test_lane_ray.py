@@ -119,9 +119,9 @@ def test_a_hibernated_agent_is_found_again_over_the_lane(namespace_factory):
 def test_a_caller_that_leaves_early_detaches_and_the_turn_completes(namespace_factory):
     ns = _ns(namespace_factory, "hosts", agent_kwargs={"chunks": 20, "delay": 0.02})
     handle = ns.get("d")
-    stream = iter(handle.stream_chat.remote("leave early"))
-    next(stream)
-    del stream  # the connection closes; the run goes on
+    stream = handle.stream_chat.remote("leave early")
+    next(iter(stream))
+    stream.close()  # the connection closes; the run goes on
 
     def answer() -> str:
         history = handle.get_history.remote().result()
