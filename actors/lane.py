@@ -89,18 +89,19 @@ def _frame(kind: int, payload: bytes) -> bytes:
 
 
 def _pack_items(item: Any) -> bytes:
-    """One stream item as a frame: msgpack, or pickle for what msgpack cannot carry
-    (the caller trusts the actor's pickles exactly as it trusts Ray's)."""
+    """One stream item as a frame: msgpack, or what msgpack cannot carry pickled by
+    Ray's cloudpickle, as Ray would send it (the caller trusts the actor's pickles
+    exactly as it trusts Ray's)."""
     try:
         return _frame(ITEM, msgpack.packb(item, use_bin_type=True, strict_types=True))
     except (TypeError, ValueError, OverflowError):
-        return _frame(ITEM_PICKLED, pickle.dumps(item, protocol=5))
+        return _frame(ITEM_PICKLED, ray.cloudpickle.dumps(item, protocol=5))
 
 
 def _pack_error(exc: BaseException) -> bytes:
     text = "".join(traceback.format_exception(exc))
     try:
-        body = pickle.dumps((exc, text), protocol=5)
+        body = ray.cloudpickle.dumps((exc, text), protocol=5)
     except Exception:  # an exception that does not pickle: its text, as Ray would
         body = pickle.dumps((RuntimeError(f"{type(exc).__name__}: {exc}"), text))
     return _frame(ERROR, body)
@@ -111,7 +112,9 @@ def _pack_error(exc: BaseException) -> bytes:
 
 def _socket_folder() -> str:
     """A fresh folder only this user can enter, short enough for a socket path: in
-    Ray's session folder (removed with it), else the system's temp folder."""
+    Ray's session folder beside Ray's own sockets (an actor killed by SIGKILL leaves
+    its empty folder and dead socket there, as Ray's own workers leave theirs), else
+    the system's temp folder."""
     base = None
     with contextlib.suppress(Exception):  # Ray's internals: any failure, the temp folder
         node = ray._private.worker.global_worker.node

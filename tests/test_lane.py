@@ -176,3 +176,18 @@ def test_only_a_caller_on_the_actors_node_uses_its_lane(served, monkeypatch):
     assert lane._usable({"path": server.path}) is None  # not an address at all
     server.close()
     assert lane._usable(server.address) is None  # its socket is gone
+
+
+def test_an_item_only_cloudpickle_can_carry_arrives():
+    """Ray sends items with cloudpickle: an instance of a class defined in a function
+    (plain pickle refuses it) still arrives over the lane."""
+
+    class Local:
+        def __init__(self, value: int) -> None:
+            self.value = value
+
+    frame = lane._pack_items([Local(7)])
+    size, kind = struct.unpack(">IB", frame[:5])
+    assert kind == lane.ITEM_PICKLED and size == len(frame) - 5
+    (item,) = lane._decode(kind, frame[5:])
+    assert type(item).__name__ == "Local" and item.value == 7
