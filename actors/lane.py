@@ -59,6 +59,11 @@ ENV = "THINKRAY_STREAM_LANE"
 MAX_REQUEST = 8 << 20
 """Largest request frame an actor reads (bytes): a bigger one closes the connection."""
 SECRET_BYTES = 32
+BACKLOG = 1024
+"""Connections a lane's socket queues before the actor accepts them. A caller's burst
+of streams (an ingress taking 200 chats at once) connects faster than one loop
+accepts; asyncio's default of 100 made the excess fail to connect (they then went
+through Ray)."""
 REQUEST_TIMEOUT = 10.0
 """Seconds a connection has to send its request (a caller sends it with the connect):
 one that idles is closed, so idle connections cannot pile up in the actor."""
@@ -154,7 +159,9 @@ class LaneServer:
 
     async def start(self) -> LaneAddress:
         """Listen (the socket readable and writable by this user only)."""
-        self._server = await asyncio.start_unix_server(self._connection, path=self.path)
+        self._server = await asyncio.start_unix_server(
+            self._connection, path=self.path, backlog=BACKLOG
+        )
         os.chmod(self.path, 0o600)
         return self.address
 
@@ -408,6 +415,33 @@ class SyncLaneStream:
         self._sock.close()
 
 
+CONNECT_RETRIES = (0.001, 0.002, 0.005, 0.01, 0.02)
+"""Pauses (s) between connects to a lane whose backlog is full, before Ray is used."""
+
+
+async def _connected(path: str) -> socket.socket:
+    """A connected, non-blocking Unix socket to ``path``.
+
+    asyncio's own connect takes a full backlog's EAGAIN for a connect in progress and
+    then reports success on an unconnected socket; the first write fails, which reads
+    as a dead actor (a turn reported interrupted that never reached it). Here EAGAIN is
+    retried briefly, then raised (an OSError: the call goes through Ray)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    try:
+        for pause in CONNECT_RETRIES:
+            try:
+                sock.connect(path)
+                return sock
+            except BlockingIOError:
+                await asyncio.sleep(pause)
+        sock.connect(path)
+        return sock
+    except BaseException:
+        sock.close()
+        raise
+
+
 class AsyncLaneStream:
     """A stream's items from an asyncio connection: ``await anext_item()`` until
     StopAsyncIteration."""
@@ -419,8 +453,8 @@ class AsyncLaneStream:
     @classmethod
     async def open(cls, path: str, request: bytes) -> AsyncLaneStream:
         """Connect to the socket at ``path`` and send ``request``; OSError if it is
-        not there."""
-        reader, writer = await asyncio.open_unix_connection(path)
+        not there or still refuses (its backlog full) after a few retries."""
+        reader, writer = await asyncio.open_unix_connection(sock=await _connected(path))
         writer.write(request)
         return cls(reader, writer)
 
@@ -503,8 +537,10 @@ class StreamCall:
         if address is not None and request is not None:
             try:
                 return SyncLaneStream(address.path, request)
-            except OSError:  # the socket is gone (its actor died or restarted)
-                forget(actor)
+            except (FileNotFoundError, ConnectionRefusedError):  # the socket is gone
+                forget(actor)  # (its actor died or restarted): ask it again next time
+            except OSError:  # busy: Ray this time, the lane next time
+                pass
         return self._ray(actor)
 
     async def open_async(self, actor: Any) -> AsyncLaneStream | RayItems:
@@ -514,6 +550,8 @@ class StreamCall:
         if address is not None and request is not None:
             try:
                 return await AsyncLaneStream.open(address.path, request)
-            except OSError:
+            except (FileNotFoundError, ConnectionRefusedError):
                 forget(actor)
+            except OSError:
+                pass
         return self._ray(actor)

@@ -191,3 +191,78 @@ def test_an_item_only_cloudpickle_can_carry_arrives():
     assert kind == lane.ITEM_PICKLED and size == len(frame) - 5
     (item,) = lane._decode(kind, frame[5:])
     assert type(item).__name__ == "Local" and item.value == 7
+
+
+def test_a_burst_of_connections_waits_for_a_busy_actor_instead_of_failing(served):
+    """300 streams opened at once while the actor's loop is busy (it accepts none):
+    they queue in the socket's backlog and are all served once it is free. With
+    asyncio's default backlog of 100, the excess failed to connect."""
+    import time
+
+    server, _, loop = served
+    loop.call_soon_threadsafe(time.sleep, 1.0)  # the actor's loop, busy for 1 s
+
+    async def burst() -> list[Any]:
+        async def one() -> Any:
+            stream = await lane.AsyncLaneStream.open(server.path, _request(server, items=[[1]]))
+            return await stream.anext_item()
+
+        return await asyncio.gather(*(one() for _ in range(300)), return_exceptions=True)
+
+    results = asyncio.run(burst())
+    assert results == [[1]] * 300
+
+
+class _FakeActor:
+    """What StreamCall needs of an actor handle to fall back to Ray."""
+
+    def __init__(self) -> None:
+        self._actor_id = bytes.fromhex("ab" * 16)
+        self.ray_calls = 0
+        outer = self
+
+        class _Method:
+            def remote(self, *args: Any) -> Any:
+                outer.ray_calls += 1
+                return iter(())
+
+        self.invoke_stream = _Method()
+
+
+def test_a_lane_that_cannot_be_reached_sends_the_call_through_ray(tmp_path, monkeypatch):
+    """A socket that is gone: the call goes through Ray and the address is asked again
+    next time. A socket that refuses for now (its backlog full): Ray this time, and the
+    address is kept."""
+    actor = _FakeActor()
+    gone = lane.LaneAddress("node-1", str(tmp_path / "gone"), b"s" * lane.SECRET_BYTES)
+    monkeypatch.setattr(lane, "_node", ["node-1"])
+    lane._remember(actor, gone)
+    call = lane.StreamCall("a", "count", (), {}, None)
+    monkeypatch.setattr(lane, "_usable", lambda found: found)
+    assert isinstance(call.open_sync(actor), lane.RayItems)
+    assert actor.ray_calls == 1 and lane._known(actor) == (False, None)
+
+    busy_path = str(tmp_path / "busy")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(busy_path)
+    listener.listen(0)
+    held = []
+    for _ in range(64):  # fill the backlog (nothing accepts) until a connect is refused
+        extra = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        extra.setblocking(False)
+        held.append(extra)
+        try:
+            extra.connect(busy_path)
+        except OSError:
+            break
+    busy = lane.LaneAddress("node-1", busy_path, b"s" * lane.SECRET_BYTES)
+    lane._remember(actor, busy)
+
+    async def open_it() -> Any:
+        return await call.open_async(actor)
+
+    assert isinstance(asyncio.run(open_it()), lane.RayItems)
+    assert actor.ray_calls == 2 and lane._known(actor) == (True, busy)
+    for sock in (*held, listener):
+        sock.close()
+    lane.forget(actor)
