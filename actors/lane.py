@@ -154,7 +154,7 @@ class LaneServer:
         self.path = os.path.join(self._folder, "lane")
         self.node_id = node_id
         self._server: asyncio.AbstractServer | None = None
-        self.streams = 0  # streams served (tests and ``thinkray top``)
+        self.streams = 0  # streams served (the actor's ready() reports it)
         self.refused = 0  # connections closed for a bad secret or request
 
     async def start(self) -> LaneAddress:
@@ -175,9 +175,10 @@ class LaneServer:
         their actor's would: the caller sees the connection close)."""
         if self._server is not None:
             self._server.close()
-        for leftover in (self.path, self._folder):
-            with contextlib.suppress(OSError):
-                (os.unlink if leftover == self.path else os.rmdir)(leftover)
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        with contextlib.suppress(OSError):
+            os.rmdir(self._folder)
 
     async def _request(self, reader: asyncio.StreamReader) -> dict[str, Any] | None:
         """The connection's one request, or None (and counted) if it is not valid."""
@@ -226,7 +227,7 @@ class LaneServer:
                 writer.write(_pack_items(item))
                 await writer.drain()
             writer.write(_frame(END, b""))
-        except (ConnectionError, asyncio.CancelledError):
+        except ConnectionError:  # the caller left: not an error of the stream's
             raise
         except Exception as exc:
             writer.write(_pack_error(exc))
@@ -238,18 +239,16 @@ class LaneServer:
 async def start_lane(serve: Serve, node_id: str, owner: str) -> LaneServer | None:
     """A started lane serving ``serve`` on the running loop, or None (logged: callers
     then use Ray) when the socket cannot be made. ``owner`` names the actor in logs."""
+    lane = None
     try:
         lane = LaneServer(serve, node_id)
-    except OSError as exc:
-        log.warning("%s: no stream lane: %s", owner, exc)
-        return None
-    try:
         await lane.start()
+        return lane
     except OSError as exc:
         log.warning("%s: no stream lane: %s", owner, exc)
-        lane.close()
+        if lane is not None:
+            lane.close()
         return None
-    return lane
 
 
 # -- the caller's side -----------------------------------------------------------------
