@@ -34,7 +34,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -247,14 +247,27 @@ def ingress(args: argparse.Namespace, config: Any) -> Iterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def http_client(args: argparse.Namespace) -> AsyncIterator[Any]:
+async def browsers(args: argparse.Namespace) -> AsyncIterator[Callable[[str], Any]]:
+    """A function giving each chat its own HTTP client (one connection), as each user's
+    browser has its own: one shared client's pool of 200 connections cost its process
+    a scan of the pool per request and response (httpcore), which saturated a core
+    here and showed as the server's first-chunk latency."""
+    import ssl
+
     import httpx
 
-    limits = httpx.Limits(
-        max_connections=args.streams + 16, max_keepalive_connections=args.streams + 16
-    )
-    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(args.timeout)) as client:
-        yield client
+    clients: dict[str, Any] = {}
+    tls = ssl.create_default_context()  # made once: httpx makes one per client otherwise
+
+    def of(chat_id: str) -> Any:
+        if chat_id not in clients:
+            clients[chat_id] = httpx.AsyncClient(verify=tls, timeout=httpx.Timeout(args.timeout))
+        return clients[chat_id]
+
+    try:
+        yield of
+    finally:
+        await asyncio.gather(*(c.aclose() for c in clients.values()), return_exceptions=True)
 
 
 def report(args: argparse.Namespace, http: Phase, direct: Phase) -> int:
@@ -313,10 +326,11 @@ def report(args: argparse.Namespace, http: Phase, direct: Phase) -> int:
 
 async def measure(args: argparse.Namespace, base: str, ns: Any) -> tuple[Phase, Phase]:
     http, direct = Phase(), Phase()
-    async with http_client(args) as client:
+    async with browsers(args) as browser:
 
         async def via_http(name: str, chat_id: str, message_id: str, out: Phase) -> None:
-            await http_turn(client, f"{base}/agents/chat/{name}/chat", chat_id, message_id, out)
+            url = f"{base}/agents/chat/{name}/chat"
+            await http_turn(browser(chat_id), url, chat_id, message_id, out)
 
         async def via_actor(name: str, chat_id: str, message_id: str, out: Phase) -> None:
             await direct_turn(ns, name, chat_id, message_id, out)
