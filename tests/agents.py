@@ -305,6 +305,28 @@ class CrashAgent(ScriptAgent):
         return {"get_weather": logged_weather}
 
 
+class SessionCallsAgent(ScriptAgent):
+    """A ScriptAgent that counts the session lookups and creations callers ask of it
+    (``session_calls()``): what a chat turn costs the actor besides the turn."""
+
+    def __init__(self, store: Any = None, **kwargs: Any) -> None:
+        self.session_calls_seen = {"get_session": 0, "create_session": 0}
+        super().__init__(store, **kwargs)
+
+    def get_session(self, session_id: str | None = None) -> Any:
+        self.session_calls_seen["get_session"] += 1
+        return super().get_session(session_id)
+
+    def create_session(self, name: str = "New Chat", **kwargs: Any) -> Any:
+        self.session_calls_seen["create_session"] += 1
+        return super().create_session(name, **kwargs)
+
+    @idempotent
+    @remote
+    def session_calls(self) -> dict[str, int]:
+        return dict(self.session_calls_seen)
+
+
 class AlarmAgent(ScriptAgent):
     """Records when each alarm fired (epoch seconds), in its own database."""
 

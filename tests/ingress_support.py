@@ -127,6 +127,10 @@ class IngressApps:
     def root_of(self, base: str) -> Path:
         return self._roots[base]
 
+    def namespace_of(self, base: str, slug: str = "chat") -> Any:
+        """The namespace the app at ``base`` serves ``slug`` from (opened by then)."""
+        return self._live[base].state.agents._namespaces[slug]
+
     def hibernate_all(self) -> None:
         for app in self._live.values():
             hibernate_agents(app)

@@ -56,6 +56,19 @@ def test_a_chat_streams_the_ui_message_stream_and_stores_the_message(server):
         assert [m["id"] for m in again if m["role"] == "user"] == ["u1"]
 
 
+def test_a_chat_turn_asks_the_actor_for_the_turn_only(server):
+    """A chat's first message finds no session and creates it; every later turn is one
+    call to the actor (no session lookup before each turn: a round trip per turn)."""
+    with server(agent_cls="tests.agents:SessionCallsAgent") as base:
+        path = "/agents/chat/alice-calls/chat"
+        for i in range(3):
+            assert post_chat(base, path, chat_body("c1", "hi", f"u{i}"), ALICE)[-1] == "[DONE]"
+        handle = server.namespace_of(base).get("alice-calls")
+        assert handle.session_calls.remote().result() == {"get_session": 0, "create_session": 1}
+        stored = httpx.get(f"{base}{path}/c1/messages", headers=ALICE).json()
+        assert [m["id"] for m in stored if m["role"] == "user"] == ["u0", "u1", "u2"]
+
+
 def test_regenerate_replaces_the_last_answer(server):
     with server() as base:
         path = "/agents/chat/alice-2/chat"
@@ -308,6 +321,35 @@ def test_a_busy_session_refuses_a_second_chat_with_409(server):
         time.sleep(0.1)
         stored = httpx.get(f"{base}{path}/c1/messages", headers=ALICE).json()
         assert [m["id"] for m in stored if m["role"] == "user"] == ["u1"]
+
+
+def test_two_first_messages_of_one_new_chat_at_once_make_one_session(server):
+    """Both find no session and both create it: one creation wins, the other request
+    finds the session made meanwhile and sends its turn (answered, or 409 while the
+    first runs). Nothing fails, and the chat is one session."""
+    with server(agent_kwargs=SLOW) as base:
+        path = "/agents/chat/alice-race/chat"
+        start = threading.Barrier(2)
+        codes: list[int] = []
+
+        def send(message_id: str) -> None:
+            start.wait()
+            body = chat_body("c1", "go", message_id)
+            with httpx.Client(timeout=30) as client:
+                with client.stream("POST", f"{base}{path}", json=body, headers=ALICE) as r:
+                    codes.append(r.status_code)
+                    r.read()
+
+        senders = [threading.Thread(target=send, args=(f"u{i}",)) for i in range(2)]
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            sender.join(60)
+        assert 200 in codes and set(codes) <= {200, 409}, codes
+        listed = httpx.get(f"{base}/agents/chat/alice-race/sessions", headers=ALICE).json()
+        assert [s["id"] for s in listed["sessions"]] == ["c1"]
+        stored = httpx.get(f"{base}{path}/c1/messages", headers=ALICE).json()
+        assert len([m for m in stored if m["role"] == "user"]) == codes.count(200)
 
 
 def test_a_client_that_stops_reading_is_dropped_and_the_run_completes(server, caplog):

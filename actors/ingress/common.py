@@ -211,15 +211,33 @@ def parse_turn(body: dict[str, Any]) -> Turn:
     return Turn(message, on_busy=on_busy)
 
 
-async def ensure_session(handle: Any, chat_id: str) -> None:
-    """The AI SDK's chat id names the session: create it on its first message."""
+async def start_turn(handle: Any, chat_id: str, turn: Turn) -> Any:
+    """``turn``'s stream on session ``chat_id``, started (the actor's checks raise here,
+    before any byte). The AI SDK's chat id names the session: a chat's first message
+    finds none (the actor writes nothing then) and creates it. So a turn costs the
+    actor one call, not a lookup first."""
+
+    def send() -> Any:
+        return handle.stream_chat.remote(turn.message, session_id=chat_id, on_busy=turn.on_busy)
+
+    stream = send()
     try:
-        await handle.get_session.remote(chat_id)
+        await stream.start()
     except NotFoundError:
-        try:
-            await handle.create_session.remote("New Chat", session_id=chat_id)
-        except UserError:
-            await handle.get_session.remote(chat_id)  # created meanwhile: fine
+        if turn.message is None:  # a regenerate needs the chat's history: none here
+            raise
+        await create_session(handle, chat_id)
+        stream = send()
+        await stream.start()
+    return stream
+
+
+async def create_session(handle: Any, chat_id: str) -> None:
+    """Create session ``chat_id`` (created meanwhile by another request: fine)."""
+    try:
+        await handle.create_session.remote("New Chat", session_id=chat_id)
+    except UserError:
+        await handle.get_session.remote(chat_id)
 
 
 def regenerate_target(history: list[dict[str, Any]], message_id: str | None) -> str:

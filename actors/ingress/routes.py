@@ -34,7 +34,6 @@ from thinkray.actors.ingress.auth import Principal
 from thinkray.actors.ingress.common import (
     HTTPError,
     Turn,
-    ensure_session,
     error_response,
     jsonable,
     need_dict,
@@ -43,6 +42,7 @@ from thinkray.actors.ingress.common import (
     parse_turn,
     read_json,
     rewind_for_regenerate,
+    start_turn,
 )
 from thinkray.actors.response import AgentResponseStream
 from thinkray.runtime.chunks import SSE_DONE, SSE_HEADERS, to_sse
@@ -210,10 +210,7 @@ async def chat(
     turn = chat.turn
     if turn.message is None:
         await rewind_for_regenerate(handle, chat.chat_id, turn.regenerate_id)
-    else:
-        await ensure_session(handle, chat.chat_id)
-    stream = handle.stream_chat.remote(turn.message, session_id=chat.chat_id, on_busy=turn.on_busy)
-    await stream.start()  # busy and the actor's own checks answer 4xx, before any byte
+    stream = await start_turn(handle, chat.chat_id, turn)  # the actor's checks: 4xx here
     return SSEResponse(sse_stream(stream), ing.config.slow_consumer_timeout)
 
 

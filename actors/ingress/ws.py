@@ -665,8 +665,9 @@ async def start_turn(conn: Connection, run_id: str, body: dict[str, Any]) -> Any
     turn = parse_turn(body)  # all of it checked before anything is claimed or written
     handle = await agent_of(conn.state, conn.slug, conn.name, conn.principal, claim=turn.claims)
     conn.hub.join(conn)  # its principal owns the name now
-    session_id = await handle.get_current_session_id.remote()
+    session_id = None  # a submit runs in the agent's current session (made if none)
     if turn.message is None:
+        session_id = await handle.get_current_session_id.remote()
         if session_id is None:
             raise HTTPError(400, "nothing to regenerate: no conversation yet")
         await rewind_for_regenerate(handle, session_id, turn.regenerate_id)
