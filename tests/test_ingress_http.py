@@ -335,10 +335,12 @@ def test_two_first_messages_of_one_new_chat_at_once_make_one_session(server):
         def send(message_id: str) -> None:
             start.wait()
             body = chat_body("c1", "go", message_id)
-            with httpx.Client(timeout=30) as client:
-                with client.stream("POST", f"{base}{path}", json=body, headers=ALICE) as r:
-                    codes.append(r.status_code)
-                    r.read()
+            with (
+                httpx.Client(timeout=30) as client,
+                client.stream("POST", f"{base}{path}", json=body, headers=ALICE) as r,
+            ):
+                codes.append(r.status_code)
+                r.read()
 
         senders = [threading.Thread(target=send, args=(f"u{i}",)) for i in range(2)]
         for sender in senders:
