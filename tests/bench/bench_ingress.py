@@ -19,7 +19,9 @@ exceptions, clients unfinished at ``--timeout``), which must be 0: the exit code
 otherwise; and the CPU the server spends per relayed text chunk (the machine's busy CPU
 over each phase minus this process's, whose clients read the streams). ``--via serve`` (default) goes through Ray Serve's proxy and ``--replicas``
 replicas, as ``thinkray serve`` does; ``--via uvicorn`` runs the app in this process
-(lighter; what the test runs). This machine has 2 cores and is noisy: read medians and
+(lighter; what the test runs). Under Serve it then measures Serve's own floor: the same
+burst of clients against an app that does nothing but stream (first write, and the
+server's CPU per request), so what Serve costs and what thinkray adds read apart. This machine has 2 cores and is noisy: read medians and
 p95, compare ratios.
 """
 
@@ -239,6 +241,7 @@ def ingress(args: argparse.Namespace, config: Any) -> Iterator[str]:
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
         serve.run(ingress_app(config, args.replicas), name=APP_NAME, route_prefix="/")
+        serve.run(floor_app(), name="floor", route_prefix="/floor")
         yield f"http://127.0.0.1:{port}"
     finally:
         with contextlib.suppress(Exception):
@@ -268,6 +271,73 @@ async def browsers(args: argparse.Namespace) -> AsyncIterator[Callable[[str], An
         yield of
     finally:
         await asyncio.gather(*(c.aclose() for c in clients.values()), return_exceptions=True)
+
+
+# Serve's own floor: the same burst against an app that does nothing but stream. Its
+# writes: what a turn's stream made under this load (~20 a second: the actor's relay
+# batches what the model produced while the previous write was out).
+FLOOR_WRITES, FLOOR_PAUSE = 20, 0.05
+
+
+def floor_app() -> Any:
+    """A Serve app whose POST streams FLOOR_WRITES small SSE writes FLOOR_PAUSE apart."""
+    from fastapi import FastAPI
+    from fastapi.responses import StreamingResponse
+    from ray import serve
+
+    app = FastAPI()
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
+    @serve.ingress(app)
+    class Floor:
+        @app.post("/", response_model=None)
+        async def stream(self) -> Any:
+            async def writes() -> AsyncIterator[str]:
+                for i in range(FLOOR_WRITES):
+                    yield f"data: {i}\n\n"
+                    await asyncio.sleep(FLOOR_PAUSE)
+
+            return StreamingResponse(writes(), media_type="text/event-stream")
+
+    return Floor.bind()
+
+
+async def measure_floor(args: argparse.Namespace, url: str) -> Phase:
+    """``args.streams`` clients at once against the floor app, ``args.rounds`` times."""
+    out = Phase()
+    async with browsers(args) as browser:
+
+        async def one(i: int) -> None:
+            t0, first = time.perf_counter(), None
+            async with browser(f"floor-{i}").stream("POST", url) as r:
+                async for text in r.aiter_lines():
+                    if text and first is None:
+                        first = time.perf_counter() - t0
+            if first is None:
+                out.errors.append(f"floor stream {i}: no write")
+            else:
+                out.ttfc.append(first)
+
+        for _ in range(args.rounds):
+            busy0, own0 = machine_busy(), time.process_time()
+            t0 = time.perf_counter()
+            await asyncio.gather(*(one(i) for i in range(args.streams)))
+            out.wall += time.perf_counter() - t0
+            out.server_cpu += (machine_busy() - busy0) - (time.process_time() - own0)
+            out.all_turns += args.streams
+    return out
+
+
+def report_floor(floor: Phase) -> None:
+    print(
+        f"Serve alone (the same burst, an app that only streams {FLOOR_WRITES} writes "
+        f"{FLOOR_PAUSE * 1000:.0f} ms apart):"
+    )
+    line(
+        "first write p50 / p95",
+        f"{pct(floor.ttfc, 0.5) * 1000:.1f} / {pct(floor.ttfc, 0.95) * 1000:.1f} ms",
+    )
+    line("server CPU per request", f"{floor.server_cpu / floor.all_turns * 1000:.1f} ms")
 
 
 def report(args: argparse.Namespace, http: Phase, direct: Phase) -> int:
@@ -394,10 +464,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         with ingress(args, config) as base:
             http, direct = asyncio.run(measure(args, base, ns))
+            if args.via == "serve":
+                floor = asyncio.run(measure_floor(args, f"{base}/floor/"))
     finally:
         with contextlib.suppress(Exception):  # the in-process ingress may have stopped it
             ns.shutdown()
-    return report(args, http, direct)
+    code = report(args, http, direct)
+    if args.via == "serve":
+        report_floor(floor)
+    return code or (1 if args.via == "serve" and floor.errors else 0)
 
 
 def main(argv: list[str] | None = None) -> int:
