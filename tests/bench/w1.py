@@ -61,6 +61,7 @@ from tests.bench.workloads import (
     WorkloadAgent,
     in_process_w1,
     w1_text_chunks,
+    w1_turn,
 )
 
 __all__ = [
@@ -466,6 +467,57 @@ async def _concurrent(
     return out
 
 
+class _Paired:
+    """In-process agents, in a process of their own, that take the same W1 turns as the
+    actors, each right after its actor's: the actor / in-process ratio from turns
+    measured in the same seconds (this VM's speed drifts by up to 1.5x between the
+    in-process run at the start and the actor runs minutes later). A process of their
+    own keeps their CPU (and their flushes' after each turn) out of the driver's, and
+    is a process without Ray, as in-process users run agents."""
+
+    def __init__(self, folder: Path, sessions: int) -> None:
+        import multiprocessing
+
+        self._conn, child = multiprocessing.Pipe()
+        # spawn: a fork of a process connected to Ray is not safe
+        self._process = multiprocessing.get_context("spawn").Process(
+            target=_paired_agents, args=(child, str(folder), sessions), daemon=True
+        )
+        self._process.start()
+        self.latency: list[float] = []
+        self.wall = 0.0  # spent here, for the actors' turns/s to leave out
+
+    def turn(self, index: int, turn: int) -> None:
+        """W1's turn ``turn`` on in-process agent ``index`` (its latency recorded)."""
+        t0 = time.perf_counter()
+        self._conn.send((index, turn))
+        self.latency.append(self._conn.recv())
+        self.wall += time.perf_counter() - t0
+
+    def __enter__(self) -> _Paired:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._conn.send(None)
+        self._process.join(30)
+
+
+def _paired_agents(conn: Any, folder: str, sessions: int) -> None:
+    """:class:`_Paired`'s process: a W1 turn per ``(index, turn)`` received, answered
+    with its latency, until None."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    agents = [WorkloadAgent(Path(folder) / f"s{i:03d}.duckdb") for i in range(sessions)]
+    loop = asyncio.new_event_loop()
+    try:
+        while (asked := conn.recv()) is not None:
+            index, turn = asked
+            conn.send(loop.run_until_complete(w1_turn(agents[index], turn))[1])
+    finally:
+        for agent in agents:
+            agent.close()
+        loop.close()
+
+
 def _pids(ns: Any, names: list[str]) -> list[int]:
     pids = []
     for name in names:
@@ -498,6 +550,7 @@ class _ActorFigures:
     w2_actor_cpu: float = 0.0
     w2_counters: dict[str, int] = field(default_factory=dict)
     placement: str = "dedicated"
+    paired_latency: list[float] = field(default_factory=list)  # in process, interleaved
     live_agents: int = 0  # live agents the USS figures cover (hosts: several per pid)
     fresh: _Turns | None = None  # first turns of new sessions, one after another
 
@@ -536,14 +589,16 @@ def _run_actors(root: Path, s: _Settings, placement: str = "dedicated") -> _Acto
             progress.step()
     pids = _pids(ns, names)
     sequential = _Turns()
+    paired = _Paired(root / f"inproc-paired-{placement}", len(names))
     cpu0 = _cpu_of(pids) + time.process_time()
     t0 = time.perf_counter()
-    with Progress(s.seq_turns * len(names), "turns", enabled=s.bars) as progress:
+    with Progress(s.seq_turns * len(names), "turns", enabled=s.bars) as progress, paired:
         for turn in range(1, s.seq_turns + 1):
-            for name in names:
+            for index, name in enumerate(names):
                 sequential.add(turn, *_turn_sync(ns.get(name), turn))
+                paired.turn(index, turn)
                 progress.step()
-    sequential.wall = time.perf_counter() - t0
+    sequential.wall = time.perf_counter() - t0 - paired.wall
     seq_cpu = (_cpu_of(pids) + time.process_time() - cpu0) / max(1, len(sequential.latency))
     # -- new sessions arriving one after another: each first turn binds its agent --
     _progress(f"{s.seq_sessions} new sessions one after another, one turn each")
@@ -600,6 +655,7 @@ def _run_actors(root: Path, s: _Settings, placement: str = "dedicated") -> _Acto
         sequential, seq_cpu, cold, cold_counters, warm, warm_counters, uss, idle
     )
     figures.placement = placement
+    figures.paired_latency = paired.latency
     figures.live_agents = len(names)
     figures.fresh = fresh
     if s.w2:
@@ -912,9 +968,11 @@ def _report_actors(
         _pair(q.latency),
         _ratio(p50(q.latency), p50(best.latency.latency) if best else None),
     )
-    turn_ratio = p50(q.latency) / p50(seq.latency)
+    inproc = a.paired_latency or seq.latency
+    rep.row("turn latency p50 / p95, in process, interleaved", "", _pair(inproc))
+    turn_ratio = p50(q.latency) / p50(inproc)
     rep.row(
-        "turn latency p50, actor / in-process",
+        "turn latency p50, actor / in-process (interleaved)",
         "",
         f"{turn_ratio:.2f}x",
         "",

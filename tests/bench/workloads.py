@@ -208,6 +208,26 @@ class _Watch:
         self.error = error
 
 
+async def w1_turn(agent: Think, turn: int) -> tuple[float, float]:
+    """W1's turn ``turn`` on an in-process agent: (TTFC, latency) in seconds, from
+    calling ``chat`` to the first text chunk the stream callback sees, and to its end.
+
+    Raises:
+        RuntimeError: the turn did not complete or streamed the wrong number of chunks.
+    """
+    watch = _Watch()
+    t0 = time.perf_counter()
+    result = await agent.chat(f"turn {turn}", watch)
+    t1 = time.perf_counter()
+    if result.status != "completed" or watch.error:
+        raise RuntimeError(f"W1 turn {turn} ended {result.status}: {watch.error}")
+    if watch.texts != w1_text_chunks(turn) or watch.first is None:
+        raise RuntimeError(
+            f"W1 turn {turn} streamed {watch.texts} text chunks, expected {w1_text_chunks(turn)}"
+        )
+    return watch.first - t0, t1 - t0
+
+
 async def in_process_w1(
     root: str | os.PathLike[str],
     sessions: int,
@@ -235,19 +255,9 @@ async def in_process_w1(
     try:
         for turn in range(1, turns + 1):
             for index, agent in enumerate(agents):
-                watch = _Watch()
-                t0 = time.perf_counter()
-                result = await agent.chat(f"turn {turn}", watch)
-                t1 = time.perf_counter()
-                if result.status != "completed" or watch.error:
-                    raise RuntimeError(f"W1 turn {turn} ended {result.status}: {watch.error}")
-                if watch.texts != w1_text_chunks(turn) or watch.first is None:
-                    raise RuntimeError(
-                        f"W1 turn {turn} streamed {watch.texts} text chunks, "
-                        f"expected {w1_text_chunks(turn)}"
-                    )
-                figures.ttfc.append(watch.first - t0)
-                figures.latency.append(t1 - t0)
+                ttfc, latency = await w1_turn(agent, turn)
+                figures.ttfc.append(ttfc)
+                figures.latency.append(latency)
                 figures.turns += 1
                 if index == 0 and turn in sizes_at:
                     figures.sizes[turn] = file_bytes(paths[0])
