@@ -36,7 +36,8 @@ SLOW = {"chunks": 100, "delay": 0.02}
 
 def make_config(root: str, namespace: str, **overrides: Any) -> IngressConfig:
     agent_kwargs = overrides.pop("agent_kwargs", {"chunks": 5})
-    agent_cls = overrides.pop("agent_cls", "tests.agents:ScriptAgent")
+    # ScriptAgent's answers; it also counts the session calls a turn costs its agent
+    agent_cls = overrides.pop("agent_cls", "tests.agents:SessionCallsAgent")
     fields: dict[str, Any] = {
         "storage_root": root,
         "agents": {

@@ -59,7 +59,7 @@ def test_a_chat_streams_the_ui_message_stream_and_stores_the_message(server):
 def test_a_chat_turn_asks_the_actor_for_the_turn_only(server):
     """A chat's first message finds no session and creates it; every later turn is one
     call to the actor (no session lookup before each turn: a round trip per turn)."""
-    with server(agent_cls="tests.agents:SessionCallsAgent") as base:
+    with server() as base:
         path = "/agents/chat/alice-calls/chat"
         for i in range(3):
             assert post_chat(base, path, chat_body("c1", "hi", f"u{i}"), ALICE)[-1] == "[DONE]"
