@@ -21,8 +21,8 @@ over each phase minus this process's, whose clients read the streams). ``--via s
 replicas, as ``thinkray serve`` does; ``--via uvicorn`` runs the app in this process
 (lighter; what the test runs). Under Serve it then measures Serve's own floor: the same
 burst of clients against an app that does nothing but stream (first write, and the
-server's CPU per request), so what Serve costs and what thinkray adds read apart. This machine has 2 cores and is noisy: read medians and
-p95, compare ratios.
+server's CPU per request), so what Serve costs and what thinkray adds read apart. This
+machine has 2 cores and is noisy: read medians and p95, compare ratios.
 """
 
 from __future__ import annotations
@@ -461,6 +461,7 @@ def run(args: argparse.Namespace) -> int:
         slow_consumer_timeout=args.timeout,
     )
     print(f"thinkray ingress benchmark (storage root {root}, via {args.via})", flush=True)
+    floor: Phase | None = None
     try:
         with ingress(args, config) as base:
             http, direct = asyncio.run(measure(args, base, ns))
@@ -470,9 +471,9 @@ def run(args: argparse.Namespace) -> int:
         with contextlib.suppress(Exception):  # the in-process ingress may have stopped it
             ns.shutdown()
     code = report(args, http, direct)
-    if args.via == "serve":
+    if floor is not None:
         report_floor(floor)
-    return code or (1 if args.via == "serve" and floor.errors else 0)
+    return code or (1 if floor is not None and floor.errors else 0)
 
 
 def main(argv: list[str] | None = None) -> int:

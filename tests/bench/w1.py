@@ -472,7 +472,7 @@ class _Paired:
     actors, each right after its actor's: the actor / in-process ratio from turns
     measured in the same seconds (this VM's speed drifts by up to 1.5x between the
     in-process run at the start and the actor runs minutes later). A process of their
-    own keeps their CPU (and their flushes' after each turn) out of the driver's, and
+    own keeps their CPU, the flushes after each turn included, out of the driver's, and
     is a process without Ray, as in-process users run agents."""
 
     def __init__(self, folder: Path, sessions: int) -> None:
@@ -502,8 +502,11 @@ class _Paired:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._conn.send(None)
+        with contextlib.suppress(OSError):  # it failed a turn and exited: said already
+            self._conn.send(None)
         self._process.join(30)
+        if self._process.is_alive():
+            self._process.kill()
 
 
 def _paired_agents(conn: Any, folder: str, sessions: int) -> None:
