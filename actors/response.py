@@ -14,9 +14,10 @@ Exactly once from the caller's side:
   lane's connection closed: :class:`~thinkray.actors.lane.LaneLost`): an
   ``@idempotent`` method is re-sent to the woken agent. A turn (``chat``/``stream_chat``)
   carries a user message id the handle assigned before sending: if the woken agent has
-  no message with that id, the turn never started and is re-sent; nor when the message is in the agent's queue of
-  messages sent while a turn ran (the woken agent answers it once: the resend follows
-  that answer, see :mod:`thinkray.runtime.agents.midturn`); otherwise it raises
+  no message with that id, the turn never started and is re-sent; nor when the message
+  is in the agent's queue of messages sent while a turn ran (the woken agent answers it
+  once: the resend follows that answer, see :mod:`thinkray.runtime.agents.midturn`);
+  otherwise it raises
   :class:`~thinkray.runtime.errors.RunInterruptedError` (the agent marks the partial
   answer ``interrupted`` when it wakes). Any other call raises
   :class:`~thinkray.runtime.errors.CallInterruptedError`: it is never re-run silently.

@@ -226,13 +226,13 @@ async def start_turn(handle: Any, chat_id: str, turn: Turn) -> Any:
     except NotFoundError:
         if turn.message is None:  # a regenerate needs the chat's history: none here
             raise
-        await create_session(handle, chat_id)
+        await create_chat_session(handle, chat_id)
         stream = send()
         await stream.start()
     return stream
 
 
-async def create_session(handle: Any, chat_id: str) -> None:
+async def create_chat_session(handle: Any, chat_id: str) -> None:
     """Create session ``chat_id`` (created meanwhile by another request: fine)."""
     try:
         await handle.create_session.remote("New Chat", session_id=chat_id)
