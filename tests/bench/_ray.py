@@ -24,8 +24,8 @@ def start_local_ray() -> bool:
 
     if ray.is_initialized():
         return False
-    before = {key: os.environ.get(key) for key in (*_RAY_ENV, "PYTHONPATH")}
-    os.environ.update(_RAY_ENV)
+    before = {key: os.environ.get(key) for key in (*RAY_ENV, "PYTHONPATH")}
+    os.environ.update(RAY_ENV)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, before["PYTHONPATH"]) if p)
     try:
         # "local": a Ray of its own, never another instance on the machine
@@ -40,7 +40,7 @@ def start_local_ray() -> bool:
 
 
 # Read from the environment by the processes the start launches:
-_RAY_ENV = {
+RAY_ENV = {
     # Ray runs its workers at nice 15, so that a busy node's workers yield to the raylet
     # and the GCS. Here they also yield to every nice-0 process: the test processes
     # beside them, a benchmark's driver and its peer. Under such load a session actor
