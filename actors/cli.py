@@ -2,8 +2,10 @@
 
 ``thinkray demo`` starts a local Ray (or joins ``RAY_ADDRESS``), streams a two-turn
 chat with a tool call from a session actor to the terminal, hibernates the actor,
-wakes it and shows the history rebuilt from its DuckDB file. ``thinkray serve`` runs the HTTP ingress (:mod:`thinkray.actors.ingress`) on Ray Serve:
-the AI SDK chat stream, resume, sessions and the web chat page, behind bearer tokens.
+wakes it and shows the history rebuilt from its DuckDB file. ``thinkray serve`` runs the
+HTTP ingress (:mod:`thinkray.actors.ingress`) on Ray Serve, or with ``--direct`` under
+uvicorn in its own process: the AI SDK chat stream, resume, sessions and the web chat
+page, behind bearer tokens.
 ``thinkray sessions ls|show|export|rm`` and ``thinkray stats`` read the fleet index
 (:mod:`thinkray.actors.fleet_cli`) without waking any agent. ``thinkray top`` shows the
 live agents of a running cluster, refreshed (:mod:`thinkray.actors.top`). ``thinkray acp``
@@ -318,7 +320,7 @@ def serve(args: argparse.Namespace) -> int:
     proxy, until Ctrl-C or SIGTERM. Returns the exit code (2 for bad options)."""
     import ray
     from pydantic import ValidationError
-    from thinkray.actors.ingress.deploy import serve_local
+    from thinkray.actors.ingress.deploy import serve_direct, serve_local
 
     try:
         config, generated = serve_config(args)
@@ -327,6 +329,9 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     if args.replicas < 1:
         print("thinkray serve: --replicas must be at least 1", file=sys.stderr)
+        return 2
+    if args.direct and args.replicas != 1:
+        print("thinkray serve: --direct serves from this one process: no --replicas", file=sys.stderr)  # fmt: skip
         return 2
     if not os.environ.get("RAY_ADDRESS") and not ray.is_initialized():
         # Workers import `--agent module:Class` from here, as this process does. Through
@@ -347,7 +352,10 @@ def serve(args: argparse.Namespace) -> int:
         print(f"agent class {slug!r}: {route.agent_cls} at /agents/{slug}/<name>/chat")
     if generated:
         print(f"no token configured: principal 'user' has bearer token {generated}")
-    serve_local(config, host=args.host, port=args.port, replicas=args.replicas, blocking=True)
+    if args.direct:
+        serve_direct(config, host=args.host, port=args.port)
+    else:
+        serve_local(config, host=args.host, port=args.port, replicas=args.replicas, blocking=True)
     return 0
 
 
@@ -363,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p_demo.set_defaults(func=demo)
     p_serve = sub.add_parser(
-        "serve", help="the HTTP ingress (AI SDK chat stream, sessions, web page) on Ray Serve"
+        "serve",
+        help="the HTTP ingress (AI SDK chat stream, sessions, web page) on Ray Serve or --direct",
     )
     p_serve.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p_serve.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
@@ -386,6 +395,12 @@ def main(argv: list[str] | None = None) -> int:
     # Refused with a pointer to --token-file: argv is visible to every user (ps).
     p_serve.add_argument("--token", action="append", help=argparse.SUPPRESS)
     p_serve.add_argument("--replicas", type=int, default=1, help="ingress replicas (default 1)")
+    p_serve.add_argument(
+        "--direct",
+        action="store_true",
+        help="serve from this process under uvicorn, without Ray Serve's proxy and "
+        "replicas: less CPU and latency per stream, one process (README, 'Serving')",
+    )
     p_serve.add_argument(
         "--cors-origin",
         action="append",

@@ -1,7 +1,10 @@
-"""The ingress as a Ray Serve application.
+"""The ingress as a Ray Serve application, or served directly.
 
 - ``thinkray serve``: :func:`serve_local` starts a local Ray (or joins one), Serve's
   HTTP proxy on a port, and the app.
+- ``thinkray serve --direct``: :func:`serve_direct` runs the app under uvicorn in the
+  command's own process, connected to Ray: no proxy and no replica between a client and
+  its agent (one process, one node's worth of clients).
 - On a cluster: ``serve run`` / ``serve deploy`` with a config file whose application
   has ``import_path: thinkray.actors.ingress.deploy:app_builder`` and the
   :class:`IngressConfig` fields (plus ``replicas``) as ``args`` (README, "Serving").
@@ -9,6 +12,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -18,6 +23,7 @@ from thinkray.actors.ingress.app import build_app, ticket_key
 from thinkray.actors.ingress.config import TOKENS_ENV, IngressConfig
 
 DEPLOYMENT = "thinkray-ingress"
+GRACE = 10.0  # seconds open streams get to end when a direct ingress stops
 APP_NAME = "thinkray"
 
 
@@ -104,3 +110,56 @@ def serve_local(
         finally:
             signal.signal(signal.SIGTERM, previous)
     return url
+
+
+def serve_direct(config: IngressConfig, *, host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Serve the ingress app under uvicorn in this process (connected to Ray) until
+    SIGINT or SIGTERM, without Serve.
+
+    Through Serve a request crosses two processes before the app sees it (the proxy,
+    then a replica) and each streamed write crosses them back: ~15 ms of CPU per
+    streamed turn here, more than the turn itself. Served directly the app relays the
+    agent's stream straight to the socket. What it gives up: one process (no replicas,
+    no autoscaling, no Serve config on a cluster); a restart drops the open streams
+    (they resume from the agent's replay, as through a new replica). The agents are
+    Ray actors either way; a WebSocket ticket this process issued opens only here.
+
+    Raises:
+        SystemExit: uvicorn could not bind ``host:port`` (it logs why).
+    """
+    import uvicorn
+
+    app = build_app(config)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            lifespan="off",
+            timeout_graceful_shutdown=GRACE,
+        )
+    )
+
+    async def run() -> None:
+        serving = asyncio.ensure_future(server.serve())
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.05)
+        if server.started:
+            url = f"http://{host}:{port}"
+            print(f"thinkray ingress on {url} (direct, no Serve; Ctrl-C stops it)", flush=True)
+        await serving
+
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM (open streams get up to
+    # GRACE seconds to end; a client resumes a cut one from the agent's replay), then
+    # raises the signal again for the handler it found: here both end as a
+    # KeyboardInterrupt, a clean stop (Ray's own SIGTERM handler exits with status 15).
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(run())
+    finally:
+        signal.signal(signal.SIGTERM, previous)

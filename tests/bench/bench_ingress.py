@@ -3,7 +3,7 @@ the HTTP ingress on this machine (loopback only), beside the same turns called o
 session actors directly (``ns.get(name).stream_chat.remote``) on the same agents.
 
     python tests/bench/bench_ingress.py [--streams 200] [--rounds 2] [--turns 1] [--agents 8]
-        [--chunks 20] [--delay 0.01] [--via serve|uvicorn] [--replicas 1] [--quick]
+        [--chunks 20] [--delay 0.01] [--via serve|direct|uvicorn] [--replicas 1] [--quick]
         [--placement dedicated|hosts]
 
 Issue 22's row (200 streams, 200 chunks over 1 s of model time each, as ``thinkray
@@ -18,8 +18,9 @@ what the ingress adds, and errors (non-200, error chunks, streams without ``[DON
 exceptions, clients unfinished at ``--timeout``), which must be 0: the exit code is 1
 otherwise; and the CPU the server spends per relayed text chunk (the machine's busy CPU
 over each phase minus this process's, whose clients read the streams). ``--via serve`` (default) goes through Ray Serve's proxy and ``--replicas``
-replicas, as ``thinkray serve`` does; ``--via uvicorn`` runs the app in this process
-(lighter; what the test runs). Under Serve it then measures Serve's own floor: the same
+replicas, as ``thinkray serve`` does; ``--via direct`` runs ``thinkray serve --direct``'s
+server (the app under uvicorn, no Serve) in a process of its own; ``--via uvicorn`` runs
+the app in this process, beside the clients (lighter; what the test runs). Under Serve it then measures Serve's own floor: the same
 burst of clients against an app that does nothing but stream (first write, and the
 server's CPU per request), so what Serve costs and what thinkray adds read apart. This
 machine has 2 cores and is noisy: read medians and p95, compare ratios.
@@ -91,7 +92,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--agents", type=int, default=8, help="agents the chats spread over (8)")
     parser.add_argument("--chunks", type=int, default=20, help="text chunks per answer (20)")
     parser.add_argument("--delay", type=float, default=0.01, help="model delay per chunk, s")
-    parser.add_argument("--via", choices=("serve", "uvicorn"), default="serve")
+    parser.add_argument("--via", choices=("serve", "direct", "uvicorn"), default="serve")
     parser.add_argument("--replicas", type=int, default=1, help="Serve replicas (--via serve)")
     parser.add_argument("--timeout", type=float, default=150.0, help="bound per phase, s")
     parser.add_argument("--root", help="storage root (default: a temp folder)")
@@ -227,7 +228,12 @@ async def run_phase(
 
 @contextlib.contextmanager
 def ingress(args: argparse.Namespace, config: Any) -> Iterator[str]:
-    """The ingress for ``config``, through Serve's proxy or in-process uvicorn."""
+    """The ingress for ``config``, through Serve's proxy, served directly in a process of
+    its own, or in-process uvicorn."""
+    if args.via == "direct":
+        with direct_ingress(config) as base:
+            yield base
+        return
     if args.via == "uvicorn":
         from tests.ingress_support import serve_app
 
@@ -247,6 +253,50 @@ def ingress(args: argparse.Namespace, config: Any) -> Iterator[str]:
         with contextlib.suppress(Exception):
             serve.delete(APP_NAME)
         serve.shutdown()
+
+
+@contextlib.contextmanager
+def direct_ingress(config: Any) -> Iterator[str]:
+    """``thinkray serve --direct``'s server (:func:`serve_direct`) in a process of its
+    own joined to this Ray; stopped with SIGTERM, as the command is."""
+    import multiprocessing
+
+    import ray
+
+    port = free_port()
+    address = ray.get_runtime_context().gcs_address
+    # spawn: a fork of a process connected to Ray is not safe
+    process = multiprocessing.get_context("spawn").Process(
+        target=_serve_direct, args=(address, config.model_dump_json(), port), daemon=True
+    )
+    process.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not _accepts(port):
+            if not process.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the direct ingress did not start (exit {process.exitcode})")
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.join(30)
+        if process.is_alive():
+            process.kill()
+
+
+def _serve_direct(address: str, config_json: str, port: int) -> None:
+    import ray
+    from thinkray.actors.ingress.config import IngressConfig
+    from thinkray.actors.ingress.deploy import serve_direct
+
+    ray.init(address=address, log_to_driver=False)
+    serve_direct(IngressConfig.model_validate_json(config_json), port=port)
+
+
+def _accepts(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+        return True
+    return False
 
 
 @contextlib.asynccontextmanager
