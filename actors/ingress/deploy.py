@@ -23,7 +23,7 @@ from thinkray.actors.ingress.app import build_app, ticket_key
 from thinkray.actors.ingress.config import TOKENS_ENV, IngressConfig
 
 DEPLOYMENT = "thinkray-ingress"
-GRACE = 10.0  # seconds open streams get to end when a direct ingress stops
+GRACE = 10  # seconds open streams get to end when a direct ingress stops
 APP_NAME = "thinkray"
 
 
