@@ -1,12 +1,12 @@
 """The ingress benchmark (tests/bench/bench_ingress.py) keeps running: a few concurrent
-streams through the in-process ingress and directly, with every figure printed and no
-errors. No timing assertions: figures belong to the benchmark, never to unit tests."""
+streams through the in-process ingress (and through ``thinkray serve --direct``'s server
+in a process of its own) and directly, with every figure printed and no errors. No
+timing assertions: figures belong to the benchmark, never to unit tests."""
 
 from __future__ import annotations
 
 import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,20 +17,18 @@ BENCH = Path(__file__).resolve().parent / "bench" / "bench_ingress.py"
 
 
 def _load_bench():
-    spec = importlib.util.spec_from_file_location("bench_ingress", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    # By its module name: --via direct's server process imports its function by name.
+    return importlib.import_module("tests.bench.bench_ingress")
 
 
-def test_bench_ingress_small(ray_local, tmp_path, capsys):
+@pytest.mark.parametrize("via", ["uvicorn", "direct"])
+def test_bench_ingress_small(ray_local, tmp_path, capsys, via):
     bench = _load_bench()
-    argv = ["--via", "uvicorn", "--streams", "6", "--agents", "2", "--rounds", "2"]
+    argv = ["--via", via, "--streams", "6", "--agents", "2", "--rounds", "2"]
     argv += ["--turns", "1", "--chunks", "5", "--delay", "0", "--root", str(tmp_path)]
     assert bench.main(argv) == 0
     out = capsys.readouterr().out
+    assert f"via {via}" in out
     assert "6 concurrent streams x 2 rounds x 1 turns" in out
     for way in ("through the ingress (HTTP/SSE):", "direct (actor):"):
         section = out.split(way, 1)[1]
