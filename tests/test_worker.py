@@ -352,9 +352,12 @@ async def test_signal_aborts_a_direct_run():
 
 async def test_timeout(tmp_path):
     model = ScriptedModel([reply("a", pause(30), "b")])
-    worker = WorkerAgent("w", instructions="W.", model=model, timeout=0.2)
+    # The timeout counts from the run's start: 0.2 s was sometimes spent before "a" was
+    # streamed while four xdist workers loaded both cores (the run then recorded an
+    # empty text part, truthfully, and the check below failed). 2 s leaves room.
+    worker = WorkerAgent("w", instructions="W.", model=model, timeout=2.0)
     store = DuckDBSessionStore(tmp_path / "trace.duckdb")
-    # the model pauses 30 s between "a" and "b": the 0.2 s timeout ends the run there
+    # the model pauses 30 s between "a" and "b": the 2 s timeout ends the run there
     with pytest.raises(WorkerTimeoutError, match="timed out"):
         await worker.run("x", session_store=store)
     [trace] = store.list_sessions(include_ephemeral=True)
