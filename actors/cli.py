@@ -353,7 +353,11 @@ def serve(args: argparse.Namespace) -> int:
     if generated:
         print(f"no token configured: principal 'user' has bearer token {generated}")
     if args.direct:
-        serve_direct(config, host=args.host, port=args.port)
+        try:
+            serve_direct(config, host=args.host, port=args.port)
+        except OSError as exc:
+            print(f"thinkray serve: {exc}", file=sys.stderr)
+            return 1
     else:
         serve_local(config, host=args.host, port=args.port, replicas=args.replicas, blocking=True)
     return 0

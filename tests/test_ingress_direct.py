@@ -1,8 +1,8 @@
 """``thinkray serve --direct``: the ingress under uvicorn in the command's own process,
 without Ray Serve (issue 22: Serve's proxy and replica cost ~15 ms of CPU per streamed
 turn). It joins the running Ray (``RAY_ADDRESS``, the suite's), answers a chat behind
-its bearer token, refuses ``--replicas`` and stops on SIGTERM; the agents it made stay
-in their namespace for the next ingress."""
+its bearer token, refuses ``--replicas``, reports a port in use and stops on SIGTERM;
+the agents it made stay in their namespace for the next ingress."""
 
 from __future__ import annotations
 
@@ -46,6 +46,22 @@ def test_direct_refuses_replicas(tmp_path):
     )  # fmt: skip
     assert run.returncode == 2
     assert "--direct serves from this one process: no --replicas" in run.stderr
+
+
+def test_direct_reports_a_port_in_use_and_exits_1(ray_local, tmp_path):
+    import socket
+
+    env = dict(os.environ, RAY_ADDRESS=ray_local.get_runtime_context().gcs_address)
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        run = subprocess.run(
+            [sys.executable, "-m", "thinkray.actors.cli", "serve", "--direct", "--port",
+             str(port), "--storage-root", str(tmp_path)],
+            capture_output=True, text=True, cwd=ROOT, env=env, timeout=120,
+        )  # fmt: skip
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert "thinkray serve: " in run.stderr and "Address already in use" in run.stderr
+    assert "Traceback" not in run.stderr and "thinkray ingress on" not in run.stdout
 
 
 def test_thinkray_serve_direct_answers_a_chat_and_stops_on_sigterm(ray_local, tmp_path):

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import time
 from typing import Any
 
@@ -125,10 +126,14 @@ def serve_direct(config: IngressConfig, *, host: str = "127.0.0.1", port: int = 
     Ray actors either way; a WebSocket ticket this process issued opens only here.
 
     Raises:
-        SystemExit: uvicorn could not bind ``host:port`` (it logs why).
+        OSError: it could not listen on ``host:port`` (taken, or not this machine's).
     """
     import uvicorn
 
+    # Bound here, not by uvicorn: a port in use is then a plain OSError for the caller
+    # to report (uvicorn logs it and calls sys.exit from inside the event loop).
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    listener = socket.create_server((host, port), family=family)
     app = build_app(config)
     server = uvicorn.Server(
         uvicorn.Config(
@@ -141,14 +146,18 @@ def serve_direct(config: IngressConfig, *, host: str = "127.0.0.1", port: int = 
         )
     )
 
-    async def run() -> None:
-        serving = asyncio.ensure_future(server.serve())
-        while not server.started and not serving.done():
+    async def announce() -> None:
+        while not server.started:
             await asyncio.sleep(0.05)
-        if server.started:
-            url = f"http://{host}:{port}"
-            print(f"thinkray ingress on {url} (direct, no Serve; Ctrl-C stops it)", flush=True)
-        await serving
+        url = f"http://{host}:{port}"
+        print(f"thinkray ingress on {url} (direct, no Serve; Ctrl-C stops it)", flush=True)
+
+    async def run() -> None:
+        announcing = asyncio.ensure_future(announce())
+        try:
+            await server.serve(sockets=[listener])
+        finally:
+            announcing.cancel()
 
     # uvicorn shuts down gracefully on SIGINT/SIGTERM (open streams get up to
     # GRACE seconds to end; a client resumes a cut one from the agent's replay), then
@@ -163,3 +172,4 @@ def serve_direct(config: IngressConfig, *, host: str = "127.0.0.1", port: int = 
             asyncio.run(run())
     finally:
         signal.signal(signal.SIGTERM, previous)
+        listener.close()
