@@ -317,7 +317,8 @@ def serve_config(args: argparse.Namespace) -> tuple[IngressConfig, str | None]:
 
 def serve(args: argparse.Namespace) -> int:
     """``thinkray serve``: the ingress on ``args.host:args.port`` through Ray Serve's
-    proxy, until Ctrl-C or SIGTERM. Returns the exit code (2 for bad options)."""
+    proxy (``--direct``: under uvicorn in this process), until Ctrl-C or SIGTERM.
+    Returns the exit code (2 for bad options, 1 when ``--direct`` cannot listen)."""
     import ray
     from pydantic import ValidationError
     from thinkray.actors.ingress.deploy import serve_direct, serve_local

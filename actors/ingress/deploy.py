@@ -130,14 +130,9 @@ def serve_direct(config: IngressConfig, *, host: str = "127.0.0.1", port: int = 
     """
     import uvicorn
 
-    # Bound here, not by uvicorn: a port in use is then a plain OSError for the caller
-    # to report (uvicorn logs it and calls sys.exit from inside the event loop).
-    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-    listener = socket.create_server((host, port), family=family)
-    app = build_app(config)
     server = uvicorn.Server(
         uvicorn.Config(
-            app,
+            build_app(config),
             host=host,
             port=port,
             log_level="warning",
@@ -166,6 +161,10 @@ def serve_direct(config: IngressConfig, *, host: str = "127.0.0.1", port: int = 
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
+    # Bound here, not by uvicorn: a port in use is then a plain OSError for the caller
+    # to report (uvicorn logs it and calls sys.exit from inside the event loop).
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    listener = socket.create_server((host, port), family=family)
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         with contextlib.suppress(KeyboardInterrupt):
