@@ -5,15 +5,12 @@ timing assertions: figures belong to the benchmark, never to unit tests."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import re
-from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.ray
-
-BENCH = Path(__file__).resolve().parent / "bench" / "bench_ingress.py"
 
 
 def _load_bench():

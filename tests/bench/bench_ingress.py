@@ -17,13 +17,15 @@ through the ingress, TTFC (to the first text chunk) and turn latency p50/p95 bot
 what the ingress adds, and errors (non-200, error chunks, streams without ``[DONE]``,
 exceptions, clients unfinished at ``--timeout``), which must be 0: the exit code is 1
 otherwise; and the CPU the server spends per relayed text chunk (the machine's busy CPU
-over each phase minus this process's, whose clients read the streams). ``--via serve`` (default) goes through Ray Serve's proxy and ``--replicas``
-replicas, as ``thinkray serve`` does; ``--via direct`` runs ``thinkray serve --direct``'s
-server (the app under uvicorn, no Serve) in a process of its own; ``--via uvicorn`` runs
-the app in this process, beside the clients (lighter; what the test runs). Under Serve it then measures Serve's own floor: the same
-burst of clients against an app that does nothing but stream (first write, and the
-server's CPU per request), so what Serve costs and what thinkray adds read apart. This
-machine has 2 cores and is noisy: read medians and p95, compare ratios.
+over each phase minus this process's, whose clients read the streams).
+
+``--via serve`` (default) goes through Ray Serve's proxy and ``--replicas`` replicas, as
+``thinkray serve`` does; ``--via direct`` runs ``thinkray serve --direct``'s server (the
+app under uvicorn, no Serve) in a process of its own; ``--via uvicorn`` runs the app in
+this process, beside the clients (lighter). Under Serve it then measures Serve's own
+floor: the same burst of clients against an app that does nothing but stream (first
+write, and the server's CPU per request), so what Serve costs and what thinkray adds
+read apart. This machine has 2 cores and is noisy: read medians and p95, compare ratios.
 """
 
 from __future__ import annotations
