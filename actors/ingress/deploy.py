@@ -147,7 +147,7 @@ def serve_direct(config: IngressConfig, *, host: str = "127.0.0.1", port: int = 
         url = f"http://{host}:{port}"
         print(f"thinkray ingress on {url} (direct, no Serve; Ctrl-C stops it)", flush=True)
 
-    async def run() -> None:
+    async def run(listener: socket.socket) -> None:
         announcing = asyncio.ensure_future(announce())
         try:
             await server.serve(sockets=[listener])
@@ -168,7 +168,7 @@ def serve_direct(config: IngressConfig, *, host: str = "127.0.0.1", port: int = 
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(run())
+            asyncio.run(run(listener))
     finally:
         signal.signal(signal.SIGTERM, previous)
         listener.close()
