@@ -147,7 +147,7 @@ class AgentHost:
         self._claim_main()
         if self._warm_up_pending:
             self._warm_up_pending = False
-            scratch = SessionActor((), True, None)
+            scratch = SessionActor((), True, None, hosted=True)
             try:
                 await scratch.ready()
             except Exception as exc:  # a cold host still works
@@ -204,7 +204,7 @@ class AgentHost:
             raise ActorBusyError(current.state, spec.name)
         if len(self.activations) >= self.capacity:
             raise ActorBusyError("full", spec.name)
-        activation = SessionActor((), False, None)
+        activation = SessionActor((), False, None, hosted=True)
         self.activations[spec.name] = activation
         try:
             info = await activation.bind(spec, trace)

@@ -151,6 +151,7 @@ class SessionActor:
         warm_up: bool = True,
         agent_module: str | None = None,
         serves_lane: bool = False,
+        hosted: bool = False,
     ) -> None:
         for module in preload:
             importlib.import_module(module)
@@ -182,6 +183,9 @@ class SessionActor:
         # A dedicated actor serves its streams to callers on its node over a Unix
         # socket (thinkray.actors.lane); a host's activations are served by the host's.
         self._serves_lane = serves_lane
+        # An agent host's activation: its agents share the host's event loop, so their
+        # turns sync the disk off it (Think.syncs_off_loop).
+        self._hosted = hosted
         self._lane: LaneServer | None = None
         install_ray_metrics()  # the runtime's metrics go to Ray's Prometheus endpoint
 
@@ -329,6 +333,8 @@ class SessionActor:
             )
             with constructing(context):
                 agent = agent_class(spec.agent_cls)(store, **spec.agent_kwargs)
+            if self._hosted and agent.syncs_off_loop is None:
+                agent.syncs_off_loop = True
         except BaseException:
             if store is not None:
                 store.close()

@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
+import threading
 import zlib
 from pathlib import Path
 from typing import Any
@@ -128,8 +129,8 @@ def read_records(path: str | os.PathLike[str]) -> list[Any]:
 
 
 class Journal:
-    """The append side of one journal file. Not thread-safe: the store calls it under
-    its database's lock.
+    """The append side of one journal file. Not thread-safe, except :meth:`sync`: the
+    store calls the rest under its database's lock.
 
     Contract: :meth:`append` returns once the record is durable (``fdatasync``, and
     the folder's entry when the append created the file), or with ``sync=False`` once
@@ -138,7 +139,13 @@ class Journal:
     :meth:`clear` forgets every
     record (called once they were folded and that fold committed) and removes the
     file, so an agent that is not writing holds no descriptor for it; :meth:`close`
-    is idempotent and keeps a non-empty file (the next open replays it)."""
+    is idempotent and keeps a non-empty file (the next open replays it).
+
+    :meth:`sync` makes everything appended so far durable and may run in another
+    thread while appends go on (an agent host syncs off its event loop, so that one
+    agent's wait for the disk never stalls its siblings): it syncs a duplicate of the
+    descriptor, so a :meth:`close` or :meth:`clear` meanwhile cannot make it sync
+    another file, and it never lowers :attr:`synced`."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -146,12 +153,18 @@ class Journal:
         self.size = 0  # bytes in the file (as this process wrote them)
         self.synced = 0  # bytes of it known durable (see the module: frames say it)
         self.syncs = 0  # fdatasync calls (a seam for tests)
+        # sync() from another thread: the lock guards size/synced/_opened; _opened
+        # counts opens, so a sync that outlived its file (cleared, closed) changes nothing.
+        self._sync_lock = threading.Lock()
+        self._opened = 0
 
     def _open(self) -> int:
         if self._fd is None:
             created = not self.path.exists()
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            self.size = os.fstat(self._fd).st_size
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            with self._sync_lock:
+                self._fd, self._opened = fd, self._opened + 1
+                self.size = os.fstat(fd).st_size
             if created:  # the new name must survive a power loss with what it holds
                 folder = os.open(self.path.parent, os.O_RDONLY)
                 try:
@@ -166,6 +179,29 @@ class Journal:
     def _sync(self, fd: int) -> None:
         os.fdatasync(fd)
         self.syncs += 1
+
+    def open(self) -> None:
+        """Open (creating) the file now: a new journal's name is synced to its folder
+        here rather than by the first append (the store opens a new agent's journal
+        with its file, off the caller's event loop)."""
+        self._open()
+
+    def sync(self) -> None:
+        """Make every record appended before this call durable (a no-op when they are).
+        Safe from another thread while the owner appends (see the class)."""
+        with self._sync_lock:
+            fd, target, opened = self._fd, self.size, self._opened
+            if fd is None or self.synced >= target:
+                return
+            fd = os.dup(fd)  # the file stays open for this sync whatever the owner does
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        with self._sync_lock:
+            self.syncs += 1
+            if self._opened == opened and self._fd is not None:
+                self.synced = max(self.synced, target)
 
     def append(self, record: Any, *, sync: bool = True) -> None:
         """Append one record; durable when this returns, or with ``sync=False``
@@ -185,20 +221,23 @@ class Journal:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, self.size)
             raise
-        self.size += len(data)
-        if sync:
-            self.synced = self.size
+        with self._sync_lock:
+            self.size += len(data)
+            if sync:
+                self.synced = self.size
 
     def clear(self) -> None:
         """Drop every record (they are in the database now) and the file."""
         self.close()
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
-        self.size = self.synced = 0
+        with self._sync_lock:
+            self.size = self.synced = 0
 
     def close(self) -> None:
         """Close the file (idempotent); an empty journal is removed."""
-        fd, self._fd = self._fd, None
+        with self._sync_lock:
+            fd, self._fd = self._fd, None
         if fd is not None:
             try:
                 if self.synced < self.size:  # kept for the next open: whole on disk

@@ -134,6 +134,24 @@ class SessionStore(Protocol):
         is :meth:`transaction`. Nested blocks join an open batch or transaction."""
         ...
 
+    def defer_syncs(self) -> AbstractContextManager[None]:
+        """A block whose writes are not yet durable when their calls return: they are
+        written (reads see them, a crash of the process keeps them, their order holds)
+        and become durable at the next :meth:`sync_deferred` call, or with any durable
+        write after them. The caller owes that call before it relies on them (before
+        a model call, a tool's effect, a client's ``finish``). Blocks nest. Where the
+        store does not journal its writes, every write is durable as it returns and
+        the block changes nothing. Never ``await`` inside it."""
+        ...
+
+    def sync_deferred(self) -> None:
+        """Make durable every write a :meth:`defer_syncs` block left pending before
+        this call; a no-op when there is none. The one method callable from another
+        thread while the owner goes on using the store: an agent host runs it off its
+        event loop, so one agent's wait for the disk never stalls its siblings. Raises
+        the disk's error (``OSError``) when the sync fails."""
+        ...
+
     def stores(self) -> Stores:
         """The other stores of this store's database (fibers, jobs, inbox, registry,
         key/value, workspace). They share its transaction scope and its lifetime: they

@@ -996,7 +996,7 @@ def _append_batch(state: _StoreState, *, ending: bool) -> None:
         return
     assert state.journal is not None and state.pending is not None
     try:
-        state.journal.append(records[0] if len(records) == 1 else {"b": records})
+        _append(state, records[0] if len(records) == 1 else {"b": records}, sync=True)
     except BaseException:
         _discard_batch(state)
         raise
@@ -1085,10 +1085,21 @@ def _journal_write(
     if state.batch is not None:
         state.batch.append(record)
         return
-    state.journal.append(record, sync=sync)
+    _append(state, record, sync=sync)
     state.pending.add(record)
     if not sync:
         state.pending.progress += 1
+
+
+def _append(state: _StoreState, record: dict[str, Any], *, sync: bool) -> None:
+    """The journal append of a record or batch frame; a durable one written unsynced
+    and owed (see :meth:`DuckDBSessionStore.defer_syncs`) while syncs are deferred."""
+    assert state.journal is not None
+    if sync and state.deferring:
+        state.journal.append(record, sync=False)
+        state.owed = True
+    else:
+        state.journal.append(record, sync=sync)
 
 
 @dataclass
@@ -1124,6 +1135,9 @@ class _StoreState:
     # The sessions table was empty at open and no session was made since (a clone
     # needs a parent, so only create_session ends it).
     no_sessions: bool = False
+    # Open defer_syncs() blocks, and whether a durable write since awaits sync_deferred().
+    deferring: int = 0
+    owed: bool = False
 
 
 @dataclass
@@ -1241,6 +1255,8 @@ class DuckDBSessionStore(SessionStore):
                 state.no_sessions = row[2] is None
                 if replayed is not None:
                     state.journal, state.next_n, state.marked = replayed
+                    if db_.fresh:  # a new agent: its journal's name is synced with its file
+                        state.journal.open()
                     state.pending = Pending()
                     db_.before_close(_JOURNAL, lambda: _close_journal(db_, state))
                     db_.state[SINK_KEY] = _Sink(db_, state)
@@ -1306,6 +1322,35 @@ class DuckDBSessionStore(SessionStore):
         if isinstance(sink, _Sink):
             return sink.batch()
         return self.transaction()
+
+    @override
+    @contextmanager
+    def defer_syncs(self) -> Iterator[None]:
+        """Journal appends inside are written but not synced: call
+        :meth:`sync_deferred` (from any thread) before relying on them. Nests; a no-op
+        where the store does not journal (its writes commit, durable, as they go)."""
+        state = self._state
+        state.deferring += 1
+        try:
+            yield
+        finally:
+            state.deferring -= 1
+
+    @override
+    def sync_deferred(self) -> None:
+        """Make durable every write a :meth:`defer_syncs` block left unsynced before
+        this call (one ``fdatasync``; none when nothing is owed). Thread-safe: an agent
+        host calls it in a worker thread while its event loop goes on."""
+        state = self._state
+        journal = state.journal
+        if journal is None or not state.owed:
+            return
+        state.owed = False  # a write after this point is owed again: the next call syncs it
+        try:
+            journal.sync()
+        except BaseException:
+            state.owed = True
+            raise
 
     @override
     def stores(self) -> DuckDBStores:

@@ -113,8 +113,13 @@ class ScriptAgent(Think):
     @idempotent
     @remote
     def whoami(self) -> dict[str, Any]:
-        """This instance's construction token and process id."""
-        return {"incarnation": self.incarnation, "pid": os.getpid()}
+        """This instance's construction token, process id and whether its turns sync
+        the disk off the event loop (agent hosts)."""
+        return {
+            "incarnation": self.incarnation,
+            "pid": os.getpid(),
+            "syncs_off_loop": self.syncs_off_loop,
+        }
 
     async def count_to(self, payload: dict[str, Any], ctx: Any) -> int:
         """A fiber: counts to ``payload['n']`` stashing progress; resumes from a stash."""
@@ -563,6 +568,12 @@ class GateToolAgent(ScriptAgent):
             if "gate" in text:
                 return reply(tool_call("wait_for_gate", {}))
         return super()._step(request, step)
+
+
+class InPlaceSyncScriptAgent(ScriptAgent):
+    """A ScriptAgent that syncs the disk on its event loop even in an agent host."""
+
+    syncs_off_loop = False
 
 
 class DedicatedScriptAgent(ScriptAgent):

@@ -61,6 +61,8 @@ def test_agents_share_a_host_process_with_their_own_files(namespace_factory):
     assert stats["placement"] == "hosts"
     (host,) = stats["hosts"].values()
     assert host["live"] == 4 and host["capacity"] == 8
+    # Siblings on one loop: each agent's turns wait for the disk off that loop.
+    assert ns.get("a0").whoami.remote().result()["syncs_off_loop"] is True
 
 
 def test_agents_spread_over_a_host_per_core_started_ahead(namespace_factory):
@@ -248,6 +250,17 @@ def test_an_agent_class_may_require_a_dedicated_actor(namespace_factory):
     assert ns.stats()["placement"] == "dedicated"
     ns.get("alone").chat.remote("hi").result()
     assert ns.where("alone")["placement"] == "dedicated"
+    # Alone on its loop, it syncs in place (a thread hop would cost more than it saves).
+    assert ns.get("alone").whoami.remote().result()["syncs_off_loop"] is None
+
+
+def test_an_agent_class_may_sync_in_place_in_a_host(namespace_factory):
+    from tests.agents import InPlaceSyncScriptAgent
+
+    ns = hosts_ns(namespace_factory, InPlaceSyncScriptAgent)
+    assert ns.get("own").chat.remote("hi").result().status == "completed"
+    assert ns.where("own")["placement"] == "hosts"
+    assert ns.get("own").whoami.remote().result()["syncs_off_loop"] is False
 
 
 def test_a_host_answers_every_call_a_dedicated_actor_answers():

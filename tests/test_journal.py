@@ -540,3 +540,111 @@ def test_a_wakes_open_generations_read_leaves_the_run_id_check_nothing_to_read(
         assert count.statements == 0
     finally:
         again.close()
+
+
+# -- deferred syncs (agent hosts sync off their event loop) ------------------------------
+
+
+def test_a_deferred_write_is_read_back_at_once_and_synced_by_sync_deferred(
+    tmp_path: Path,
+) -> None:
+    store, sid = _started(tmp_path / "a.duckdb")
+    try:
+        journal = store._state.journal  # noqa: SLF001
+        store.sync_deferred()  # nothing owed: no sync
+        synced = journal.syncs
+        with store.defer_syncs(), store.defer_syncs():  # blocks nest
+            store.append_message(sid, _msg("u0"))
+        assert journal.syncs == synced  # written to the OS, not synced
+        assert journal.synced < journal.size
+        assert len(read_records(journal.path)) == 1
+        assert _ids(store, sid) == ["u0"]  # reads see it at once
+        store.append_message(sid, _msg("u1"))  # outside the block: durable as before
+        assert journal.syncs == synced + 1 and journal.synced == journal.size
+        store.sync_deferred()  # the durable write took the deferred one along: no sync
+        assert journal.syncs == synced + 1
+        with store.defer_syncs():
+            store.flush_stream(_reply(sid, 1, "u1"))
+        store.sync_deferred()
+        assert journal.syncs == synced + 2 and journal.synced == journal.size
+        store.sync_deferred()  # owed nothing any more
+        assert journal.syncs == synced + 2
+    finally:
+        store.close()
+
+
+_DEFERRED_CHILD = """
+import os, signal, sys
+sys.path.insert(0, {repo!r})
+from tests.test_journal import _msg, _started
+store, sid = _started({path!r})
+with store.defer_syncs():
+    store.append_message(sid, _msg("u0"))
+print("acknowledged", flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_deferred_write_survives_a_sigkill_of_its_process(tmp_path: Path) -> None:
+    path = tmp_path / "a.duckdb"
+    sigkilled_child(_DEFERRED_CHILD, path=str(path))
+    store = DuckDBSessionStore(path)
+    try:
+        assert _ids(store, "s1") == ["u0"]  # in the OS's hands: a process crash keeps it
+    finally:
+        store.close()
+
+
+def test_a_failed_deferred_sync_raises_and_stays_owed(tmp_path: Path, monkeypatch) -> None:
+    store, sid = _started(tmp_path / "a.duckdb")
+    try:
+        journal = store._state.journal  # noqa: SLF001
+        with store.defer_syncs():
+            store.append_message(sid, _msg("u0"))
+        real = os.fdatasync
+
+        def failing(fd: int) -> None:
+            raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr(os, "fdatasync", failing)
+        with pytest.raises(OSError, match="Input/output"):
+            store.sync_deferred()
+        assert journal.synced < journal.size
+        monkeypatch.setattr(os, "fdatasync", real)
+        store.sync_deferred()  # still owed: the next call syncs it
+        assert journal.synced == journal.size
+    finally:
+        store.close()
+
+
+def test_a_sync_that_outlives_its_journal_changes_nothing(tmp_path: Path, monkeypatch) -> None:
+    """sync() may run in a worker thread while the owner folds and clears the journal:
+    the sync finishes on its own descriptor and leaves the new file's marks alone."""
+    import threading
+
+    store, sid = _started(tmp_path / "a.duckdb")
+    try:
+        journal = store._state.journal  # noqa: SLF001
+        with store.defer_syncs():
+            store.append_message(sid, _msg("u0"))
+        entered, release = threading.Event(), threading.Event()
+        real = os.fdatasync
+
+        def held(fd: int) -> None:
+            entered.set()
+            assert release.wait(10)
+            real(fd)
+
+        monkeypatch.setattr(os, "fdatasync", held)
+        worker = threading.Thread(target=store.sync_deferred)
+        worker.start()
+        assert entered.wait(10)
+        monkeypatch.setattr(os, "fdatasync", real)
+        store.close()  # folds and clears the journal under the sync in flight
+        release.set()
+        worker.join(10)
+        assert not worker.is_alive()
+        assert journal.size == 0 and journal.synced == 0  # not raised past the file
+    finally:
+        release.set()
+        store.close()

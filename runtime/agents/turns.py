@@ -25,7 +25,8 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from thinkray.runtime.abort import AbortController, AbortError, AbortSignal, abortable
 from thinkray.runtime.agents import model_switch
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
     from thinkray.runtime.agents.think import Think
 
 log = logging.getLogger("thinkray.think")
+T = TypeVar("T")
 
 # How many chunk logs beyond keep_chunk_logs may wait for the next pruning.
 PRUNE_SLACK = 2
@@ -267,7 +269,10 @@ class TurnRunner:
         if user_msg is not None:
             check_message_size(user_msg, agent.max_user_message_bytes)
         if session_id is None and agent.sessions.current_id is None:
-            session_id = agent.sessions.create().id
+            # Off the loop, the new session is made durable with the user message's
+            # write (_prepare): one sync for both, awaited before the model is called.
+            with self._deferred(user_msg is not None):
+                session_id = agent.sessions.create().id
         sid = agent.sessions.resolve(session_id)
         agent.store.get_session(sid)  # unknown id: a clear error, never a silent create
         if user_msg is not None:
@@ -466,7 +471,8 @@ class TurnRunner:
         # context window before the message lands, so a refused switch writes nothing.
         run.model, run.model_selection = await model_switch.prepare_turn_model(agent, sid, user_msg)
         if user_msg is not None:
-            _store_user_message(store, sid, user_msg)
+            # Durable before the model is called: the turn's exactly-once anchor.
+            await self._durably(lambda: _store_user_message(store, sid, user_msg))
         history = store.get_history(sid)
         if self.finalize_orphaned_tool_calls(sid, history):
             history = store.get_history(sid)
@@ -579,7 +585,28 @@ class TurnRunner:
         # The final commit blocks this loop for a few ms: let relays send what is
         # buffered (the stream's last chunks) first.
         await t.run.stream.delivered()
-        return self._finish_recorder(t.recorder, t.run, t.final_metadata, t.stale)
+        recorder, metadata = t.recorder, t.final_metadata
+        return await self._durably(
+            lambda: self._finish_recorder(recorder, t.run, metadata, t.stale)
+        )
+
+    def _deferred(self, defer: bool = True) -> AbstractContextManager[None]:
+        """The store's :meth:`~thinkray.storage.protocols.SessionStore.defer_syncs`
+        when this agent syncs off its loop (and ``defer``), else nothing."""
+        if defer and self.agent.syncs_off_loop:
+            return self.agent.store.defer_syncs()
+        return contextlib.nullcontext()
+
+    async def _durably(self, write: Callable[[], T]) -> T:
+        """``write()``, durable once this returns. With ``syncs_off_loop`` its journal
+        syncs (and any an earlier deferred write owes) run in a worker thread: the
+        other agents on this loop go on meanwhile."""
+        if not self.agent.syncs_off_loop:
+            return write()
+        with self.agent.store.defer_syncs():
+            result = write()
+        await asyncio.to_thread(self.agent.store.sync_deferred)
+        return result
 
     async def _end_turn(self, t: _Turn) -> None:
         """After the final persist: made durable (the held finish released), the run

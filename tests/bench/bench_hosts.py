@@ -8,7 +8,11 @@
   directory round trip + bind), p50 / p95;
 - a sibling's first-chunk p95 while one agent of its host runs a 2 s blocking sync
   ``@remote`` method (on the host's loop), then a turn whose plain ``def`` tool blocks
-  2 s (in a thread), each against the same with the blocker idle.
+  2 s (in a thread), each against the same with the blocker idle;
+- a burst of ``--burst`` brand-new sessions (W2's model) on a disk whose syncs take
+  ``--sync-delay`` ms longer (a networked disk), into hosts whose agents sync the disk
+  off the loop (their default) and in place, rounds alternating: the first turns'
+  first chunk beyond the model's own 0.5 s, p50 / p95 of each.
 
 Timings are this loaded 2-core machine's; read them beside each other, not alone.
 """
@@ -195,19 +199,87 @@ def _while(blocking: Any, measure: Any) -> list[float]:
         thread.join()
 
 
-def main() -> int:
+def slow_disk(root: str, sessions: int, delay_ms: float, rounds: int) -> None:
+    """The slow-disk burst (see the module): W2's first turns, syncing off the host's
+    loop against in place."""
+    from thinkray.actors.namespace import AgentNamespace
+
+    from tests.bench.w1 import _concurrent
+    from tests.bench.workloads import W2_CHUNKS, W2_FIRST, SlowDiskAgent, SlowDiskInPlaceAgent
+
+    ways: list[tuple[str, type]] = [
+        ("off the loop (hosts' default)", SlowDiskAgent),
+        ("in place (on the host's loop)", SlowDiskInPlaceAgent),
+    ]
+    added: dict[str, list[float]] = {title: [] for title, _ in ways}
+    errors: list[str] = []
+    names = [f"d{i:03d}" for i in range(sessions)]
+    for r in range(rounds):
+        for i, (title, cls) in enumerate(ways if r % 2 == 0 else ways[::-1]):
+            ns: Any = AgentNamespace(
+                f"bench-hosts-disk-{r}-{i}",
+                cls,
+                storage_root=root,
+                placement="hosts",
+                host_capacity=64,
+                max_live=max(64, sessions),
+                idle_timeout=None,
+                detached=False,
+            )
+            try:
+                turns = asyncio.run(
+                    _concurrent(ns, names, 2, lambda turn: W2_CHUNKS, False, "slow disk")
+                )
+            finally:
+                ns.shutdown()
+            added[title] += [t - W2_FIRST for t in turns.first_ttfc]
+            errors += turns.errors
+    print(
+        f"\n{sessions} brand-new sessions at once (W2's model, 2 turns each, {rounds} rounds "
+        f"alternating), every sync {delay_ms:g} ms slower: first turns' first chunk "
+        f"beyond the model's {W2_FIRST * 1000:.0f} ms"
+    )
+    for title, values in added.items():
+        if values:
+            line(
+                f"p50 / p95, syncs {title}",
+                f"{pct(values, 0.5) * 1000:.0f} / {pct(values, 0.95) * 1000:.0f} ms",
+            )
+    off, in_place = (added[title] for title, _ in ways)
+    if off and in_place and pct(off, 0.95) > 0:
+        line("p95, in place / off the loop", f"{pct(in_place, 0.95) / pct(off, 0.95):.2f}x")
+    line("turns failed", str(len(errors)), "0", not errors)
+    if errors:
+        print(f"  first: {errors[0]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tests.bench.workloads import SYNC_DELAY_ENV
+
     parser = argparse.ArgumentParser(prog="bench_hosts")
     parser.add_argument("--agents", type=int, default=1000)
     parser.add_argument("--capacity", type=int, default=250)
     parser.add_argument("--skip-sibling", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
-    args = parser.parse_args()
+    parser.add_argument("--skip-wake", action="store_true", help="no wake or sibling rows")
+    parser.add_argument("--burst", type=int, default=100, help="slow-disk burst sessions")
+    parser.add_argument("--rounds", type=int, default=2, help="slow-disk rounds (2)")
+    parser.add_argument(
+        "--sync-delay", type=float, default=5.0, help="ms added to every sync (5; 0: skip)"
+    )
+    args = parser.parse_args(argv)
+    # Before Ray starts: the actor processes inherit it (a Ray already running keeps
+    # its environment, and the syncs their real speed).
+    os.environ[SYNC_DELAY_ENV] = str(args.sync_delay / 1000)
     _init_ray()
     with tempfile.TemporaryDirectory(prefix="thinkray-hosts-") as root:
         print(f"bench_hosts: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
         if not args.skip_memory:
             memory(root, args.agents, args.capacity)
-        wake_and_sibling(root, args.skip_sibling)
+        if not args.skip_wake:
+            wake_and_sibling(root, args.skip_sibling)
+        if args.sync_delay > 0:
+            slow_disk(root, args.burst, args.sync_delay, args.rounds)
     return 0
 
 

@@ -149,6 +149,48 @@ class WorkloadAgent(Think):
         return {"lookup": lookup}
 
 
+SYNC_DELAY_ENV = "THINKRAY_BENCH_SYNC_DELAY"
+"""Seconds every ``fsync``/``fdatasync`` of a :class:`SlowDiskAgent`'s process takes
+longer: a networked disk's latency on this machine's local one. The benchmark sets it
+before Ray starts, so the actor processes inherit it."""
+_slowed: list[bool] = []
+
+
+def _slow_the_disk() -> None:
+    """Slow this process's syncs by :data:`SYNC_DELAY_ENV` seconds (once; none unset)."""
+    delay = float(os.environ.get(SYNC_DELAY_ENV) or 0)
+    if _slowed or delay <= 0:
+        return
+    _slowed.append(True)
+    fsync, fdatasync = os.fsync, os.fdatasync
+
+    def slow_fsync(fd: int) -> None:
+        time.sleep(delay)
+        fsync(fd)
+
+    def slow_fdatasync(fd: int) -> None:
+        time.sleep(delay)
+        fdatasync(fd)
+
+    os.fsync, os.fdatasync = slow_fsync, slow_fdatasync
+
+
+class SlowDiskAgent(WorkloadAgent):
+    """The W2 agent on a slow disk (:data:`SYNC_DELAY_ENV`); its turns sync where the
+    placement says (off an agent host's loop)."""
+
+    def __init__(self, store: Any = None, *, workload: Workload = "w2") -> None:
+        _slow_the_disk()
+        super().__init__(store, workload=workload)
+
+
+class SlowDiskInPlaceAgent(SlowDiskAgent):
+    """:class:`SlowDiskAgent` syncing on its event loop even in a host (as hosts did
+    before they synced off it)."""
+
+    syncs_off_loop = False
+
+
 def file_bytes(path: str | os.PathLike[str]) -> int:
     """Bytes on disk of a database file and its logs (``.wal`` and ``.journal`` for
     thinkray's DuckDB files, ``-wal`` for SQLite), whichever exist."""
