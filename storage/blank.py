@@ -81,9 +81,17 @@ def _build(components: Components) -> bytes:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def create(path: str | os.PathLike[str], components: Components) -> bool:
+def create(
+    path: str | os.PathLike[str],
+    components: Components,
+    companions: Sequence[str | os.PathLike[str]] = (),
+) -> bool:
     """Create ``path`` as a copy of the blank database of ``components``; False (and
-    nothing written) if ``path`` exists. See the module for the contract."""
+    nothing written) if ``path`` exists. See the module for the contract.
+
+    ``companions``: files to create empty beside it (those not there yet) before the
+    folder is synced, so that one folder sync makes all their names durable (the
+    store's journal: its first record is synced with the file it belongs to)."""
     target = Path(path)
     if target.exists():
         return False
@@ -101,6 +109,9 @@ def create(path: str | os.PathLike[str], components: Components) -> bool:
             return False
         except OSError:  # a file system without hard links: DuckDB creates the file
             return False
+        for companion in companions:
+            with contextlib.suppress(FileExistsError):
+                os.close(os.open(companion, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         sync_folder(target.parent)
         return True
     finally:

@@ -918,6 +918,13 @@ def _opening_row(db: Database) -> tuple[Any, ...]:
     return row[:4]
 
 
+def _holds_bytes(path: os.PathLike[str]) -> bool:
+    try:
+        return os.stat(path).st_size > 0
+    except FileNotFoundError:
+        return False
+
+
 def _replay_journal(db: Database) -> tuple[Journal, int, bool]:
     """Fold what a previous owner journaled and did not fold (a crash, or a close whose
     fold failed) into the file, then empty the journal. Returns the journal, the next
@@ -1221,7 +1228,10 @@ class DuckDBSessionStore(SessionStore):
             self._owns = False
         else:
             # A new agent's tables are copied from the blank: its wake reads nothing.
-            new = str(db) != MEMORY_PATH and _blank.create(db, _NEW_FILE_COMPONENTS)
+            # Its journal's name is created with it, under one folder sync.
+            new = str(db) != MEMORY_PATH and _blank.create(
+                db, _NEW_FILE_COMPONENTS, (journal_path(db),) if journal else ()
+            )
             self._database = Database(
                 db,
                 lock_retry_seconds=lock_retry_seconds,
@@ -1237,8 +1247,9 @@ class DuckDBSessionStore(SessionStore):
             state = db_.state.get(COMPONENT)
             if state is None:
                 use_journal = journal and self._owns and db_.path != MEMORY_PATH
-                # A journal left behind (a crash) is replayed before anything is read.
-                left = use_journal and journal_path(db_.path).exists()
+                # A journal left behind (a crash) is replayed before anything is read
+                # (an empty one holds nothing: a new file's own, made with it).
+                left = use_journal and _holds_bytes(journal_path(db_.path))
                 replayed = _replay_journal(db_) if left else None
                 row = (None, None, None, None) if db_.fresh else _opening_row(db_)
                 if use_journal and replayed is None:  # no journal: the mark says where to go on
@@ -1255,7 +1266,7 @@ class DuckDBSessionStore(SessionStore):
                 state.no_sessions = row[2] is None
                 if replayed is not None:
                     state.journal, state.next_n, state.marked = replayed
-                    if db_.fresh:  # a new agent: its journal's name is synced with its file
+                    if db_.fresh:  # a new agent: its journal was made with its file
                         state.journal.open()
                     state.pending = Pending()
                     db_.before_close(_JOURNAL, lambda: _close_journal(db_, state))

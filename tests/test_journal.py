@@ -648,3 +648,55 @@ def test_a_sync_that_outlives_its_journal_changes_nothing(tmp_path: Path, monkey
     finally:
         release.set()
         store.close()
+
+
+def _count_folder_syncs(monkeypatch) -> list[str]:
+    """Every fsync of a folder from now on (by the blank's copy or the journal)."""
+    import stat
+
+    seen: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            seen.append("folder")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return seen
+
+
+def test_a_new_file_and_its_journal_are_named_under_one_folder_sync(
+    tmp_path: Path, monkeypatch
+) -> None:
+    folder_syncs = _count_folder_syncs(monkeypatch)
+    path = tmp_path / "new.duckdb"
+    store = DuckDBSessionStore(path)
+    try:
+        assert folder_syncs == ["folder"]  # the file and its journal's name, together
+        assert journal_path(path).exists()
+        sid = store.create_session().id  # a new agent's first turn writes the journal
+        store.append_message(sid, _msg("u0"))
+        assert folder_syncs == ["folder"]  # and syncs no folder again
+        assert len(read_records(journal_path(path))) == 2
+    finally:
+        store.close()
+    again = DuckDBSessionStore(path)
+    try:
+        assert _ids(again, sid) == ["u0"]
+    finally:
+        again.close()
+
+
+def test_an_empty_journal_beside_a_file_is_not_replayed(tmp_path: Path) -> None:
+    store, sid = _started(tmp_path / "a.duckdb")
+    _turns(store, sid, range(2))
+    store.close()
+    journal_path(tmp_path / "a.duckdb").touch()  # a crash between its creation and a write
+    again = DuckDBSessionStore(tmp_path / "a.duckdb")
+    try:
+        assert _ids(again, sid) == ["u0", "a0", "u1", "a1"]
+        _turns(again, sid, range(2, 3))
+        assert _ids(again, sid)[-2:] == ["u2", "a2"]
+    finally:
+        again.close()
