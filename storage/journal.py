@@ -41,6 +41,7 @@ import contextlib
 import os
 import struct
 import threading
+import time
 import zlib
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,24 @@ def read_records(path: str | os.PathLike[str]) -> list[Any]:
     return records
 
 
+_SYNC_WEIGHT = 0.2
+_typical_sync = [0.0]  # this process's syncs' recent duration (seconds), weighted
+
+
+def typical_sync_seconds() -> float:
+    """How long this process's journal syncs took lately (an exponentially weighted
+    mean of their durations, 0 before the first): what a caller deciding whether to
+    wait for the disk off its event loop weighs against a thread hop."""
+    return _typical_sync[0]
+
+
+def _timed_fdatasync(fd: int) -> None:
+    started = time.perf_counter()
+    os.fdatasync(fd)
+    took = time.perf_counter() - started
+    _typical_sync[0] += _SYNC_WEIGHT * (took - _typical_sync[0])
+
+
 class Journal:
     """The append side of one journal file. Not thread-safe, except :meth:`sync`: the
     store calls the rest under its database's lock.
@@ -177,7 +196,7 @@ class Journal:
         return self._fd
 
     def _sync(self, fd: int) -> None:
-        os.fdatasync(fd)
+        _timed_fdatasync(fd)
         self.syncs += 1
 
     def open(self) -> None:
@@ -195,7 +214,7 @@ class Journal:
                 return
             fd = os.dup(fd)  # the file stays open for this sync whatever the owner does
         try:
-            os.fdatasync(fd)
+            _timed_fdatasync(fd)
         finally:
             os.close(fd)
         with self._sync_lock:

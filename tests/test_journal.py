@@ -700,3 +700,25 @@ def test_an_empty_journal_beside_a_file_is_not_replayed(tmp_path: Path) -> None:
         assert _ids(again, sid)[-2:] == ["u2", "a2"]
     finally:
         again.close()
+
+
+def test_the_typical_sync_follows_how_long_syncs_take(tmp_path: Path, monkeypatch) -> None:
+    import time
+
+    from thinkray.storage import journal as journal_module
+
+    monkeypatch.setattr(journal_module, "_typical_sync", [0.0])
+    real = os.fdatasync
+
+    def slow(fd: int) -> None:
+        time.sleep(0.005)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", slow)
+    store, sid = _started(tmp_path / "a.duckdb")
+    try:
+        for turn in range(10):
+            store.append_message(sid, _msg(f"u{turn}"))  # a synced append each
+        assert journal_module.typical_sync_seconds() >= 0.001  # a sleep never ends early
+    finally:
+        store.close()

@@ -25,7 +25,6 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from thinkray.runtime.abort import AbortController, AbortError, AbortSignal, abortable
@@ -59,6 +58,7 @@ from thinkray.runtime.turn.persistence import (
 from thinkray.runtime.turn.recorder import TERMINAL_CHUNKS, Recorder
 from thinkray.runtime.turn.stream import RunStream
 from thinkray.runtime.usage import Usage
+from thinkray.storage.journal import typical_sync_seconds
 from thinkray.storage.types import ChunkPrune, PartWrite, StreamFlush
 
 if TYPE_CHECKING:
@@ -66,6 +66,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("thinkray.think")
 T = TypeVar("T")
+
+OFF_LOOP_SYNC = 0.001
+"""Seconds a journal sync takes (lately, in this process) from which a turn that
+syncs off its loop does (see ``TurnRunner._durably``)."""
+
+_live_turns = [0]
+"""Turns running in this process (their tasks not done): every agent's, on the one loop
+an agent host runs them on."""
+
+
+def _turn_done(task: asyncio.Future[Any]) -> None:
+    _live_turns[0] -= 1
+
 
 # How many chunk logs beyond keep_chunk_logs may wait for the next pruning.
 PRUNE_SLACK = 2
@@ -269,9 +282,9 @@ class TurnRunner:
         if user_msg is not None:
             check_message_size(user_msg, agent.max_user_message_bytes)
         if session_id is None and agent.sessions.current_id is None:
-            # Off the loop, the new session is made durable with the user message's
-            # write (_prepare): one sync for both, awaited before the model is called.
-            with self._deferred(user_msg is not None):
+            # A new session is made durable with the user message's write (_prepare):
+            # one sync for both, before the model is called.
+            with agent.store.defer_syncs() if user_msg is not None else contextlib.nullcontext():
                 session_id = agent.sessions.create().id
         sid = agent.sessions.resolve(session_id)
         agent.store.get_session(sid)  # unknown id: a clear error, never a silent create
@@ -333,6 +346,8 @@ class TurnRunner:
         self.session_runs[sid] = run.run_id
         self.status.busy(sid, run.run_id)
         run.task = asyncio.ensure_future(self._turn(run, user_msg, callback, tools))
+        _live_turns[0] += 1
+        run.task.add_done_callback(_turn_done)
 
     def _holder(self, sid: str) -> str | None:
         """What holds a busy session: its run, its reservation, or its first waiting
@@ -590,18 +605,19 @@ class TurnRunner:
             lambda: self._finish_recorder(recorder, t.run, metadata, t.stale)
         )
 
-    def _deferred(self, defer: bool = True) -> AbstractContextManager[None]:
-        """The store's :meth:`~thinkray.storage.protocols.SessionStore.defer_syncs`
-        when this agent syncs off its loop (and ``defer``), else nothing."""
-        if defer and self.agent.syncs_off_loop:
-            return self.agent.store.defer_syncs()
-        return contextlib.nullcontext()
-
     async def _durably(self, write: Callable[[], T]) -> T:
-        """``write()``, durable once this returns. With ``syncs_off_loop`` its journal
-        syncs (and any an earlier deferred write owes) run in a worker thread: the
-        other agents on this loop go on meanwhile."""
-        if not self.agent.syncs_off_loop:
+        """``write()``, durable once this returns (with what earlier deferred writes
+        owe). With ``syncs_off_loop``, another turn running in this process and a disk
+        whose syncs take :data:`OFF_LOOP_SYNC` or more, the journal's sync runs in a
+        worker thread, so the other agents on this loop go on meanwhile. Otherwise it
+        syncs in place: the hop costs ~0.2 ms and more when the thread pool is busy (a
+        lone in-process turn took 0.4 ms longer, a tenth; on this machine's ~0.3 ms
+        syncs, W2's bound turns 40-90 ms longer at p95 with 100 of them at once)."""
+        if not (
+            self.agent.syncs_off_loop
+            and _live_turns[0] > 1
+            and typical_sync_seconds() >= OFF_LOOP_SYNC
+        ):
             return write()
         with self.agent.store.defer_syncs():
             result = write()
