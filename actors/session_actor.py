@@ -183,8 +183,8 @@ class SessionActor:
         # A dedicated actor serves its streams to callers on its node over a Unix
         # socket (thinkray.actors.lane); a host's activations are served by the host's.
         self._serves_lane = serves_lane
-        # An agent host's activation: its agents share the host's event loop, so their
-        # turns sync the disk off it (Think.syncs_off_loop).
+        # An agent host's activation: its agents share the host's event loop, so on a
+        # slow disk their turns sync off it (Think.syncs_off_loop).
         self._hosted = hosted
         self._lane: LaneServer | None = None
         install_ray_metrics()  # the runtime's metrics go to Ray's Prometheus endpoint

@@ -200,9 +200,9 @@ class Journal:
         self.syncs += 1
 
     def open(self) -> None:
-        """Open (creating) the file now: a new journal's name is synced to its folder
-        here rather than by the first append (the store opens a new agent's journal
-        with its file, off the caller's event loop)."""
+        """Open the file now rather than at the first append (creating it, and syncing
+        its folder, if it is not there): the store opens a new agent's journal with
+        its file, off the caller's event loop."""
         self._open()
 
     def sync(self) -> None:

@@ -165,11 +165,12 @@ class Think(metaclass=_StartsAfterInit):
     # the call's row with them) before they are committed and sent on their own: a
     # model that pauses after a call must not hide it from clients. Seconds.
     tool_input_gate: float = 0.05
-    # True: a turn's durable points (its user message, its final persist) wait for the
-    # disk in a worker thread instead of on the event loop, so agents sharing a loop
-    # never wait on each other's fdatasync. None: the placement decides (agent hosts
+    # True: on a slow disk, with other turns running in the process, a turn's durable
+    # points (its user message, its final persist) wait for the disk in a worker
+    # thread instead of on the event loop, so agents sharing a loop never wait on each
+    # other's fdatasync (TurnRunner._durably). None: the placement decides (agent hosts
     # set True on the agents they run; alone on a loop, in place: a thread hop costs
-    # more than it saves there).
+    # more than it saves there). False: always in place.
     syncs_off_loop: bool | None = None
 
     def __init__(
