@@ -19,7 +19,9 @@ by id and by session, so turns of different sessions on one agent run side by si
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import contextvars
 import inspect
 import logging
 import time
@@ -78,6 +80,19 @@ an agent host runs them on."""
 
 def _turn_done(task: asyncio.Future[Any]) -> None:
     _live_turns[0] -= 1
+
+
+SYNC_THREADS = 8
+"""Threads that wait for the disk for turns syncing off their loop (per process)."""
+_sync_pools: list[concurrent.futures.ThreadPoolExecutor] = []
+
+
+def _sync_pool() -> concurrent.futures.ThreadPoolExecutor:
+    if not _sync_pools:
+        _sync_pools.append(
+            concurrent.futures.ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="thinkray-sync")
+        )
+    return _sync_pools[0]
 
 
 # How many chunk logs beyond keep_chunk_logs may wait for the next pruning.
@@ -621,7 +636,11 @@ class TurnRunner:
             return write()
         with self.agent.store.defer_syncs():
             result = write()
-        await asyncio.to_thread(self.agent.store.sync_deferred)
+        # A pool of its own: in the default one, a host's syncs queued behind its binds'
+        # file opens and its blocking tools.
+        await asyncio.get_running_loop().run_in_executor(
+            _sync_pool(), contextvars.copy_context().run, self.agent.store.sync_deferred
+        )
         return result
 
     async def _end_turn(self, t: _Turn) -> None:
