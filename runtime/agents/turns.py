@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import contextvars
+import functools
 import inspect
 import logging
 import time
@@ -70,8 +70,8 @@ log = logging.getLogger("thinkray.think")
 T = TypeVar("T")
 
 OFF_LOOP_SYNC = 0.001
-"""Seconds a journal sync takes (lately, in this process) from which a turn that
-syncs off its loop does (see ``TurnRunner._durably``)."""
+"""How long this process's journal syncs must have taken lately (seconds) for a turn
+of an agent with ``syncs_off_loop`` to sync in a worker thread (``TurnRunner._durably``)."""
 
 _live_turns = [0]
 """Turns running in this process (their tasks not done): every agent's, on the one loop
@@ -84,15 +84,11 @@ def _turn_done(task: asyncio.Future[Any]) -> None:
 
 SYNC_THREADS = 8
 """Threads that wait for the disk for turns syncing off their loop (per process)."""
-_sync_pools: list[concurrent.futures.ThreadPoolExecutor] = []
 
 
+@functools.cache
 def _sync_pool() -> concurrent.futures.ThreadPoolExecutor:
-    if not _sync_pools:
-        _sync_pools.append(
-            concurrent.futures.ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="thinkray-sync")
-        )
-    return _sync_pools[0]
+    return concurrent.futures.ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="thinkray-sync")
 
 
 # How many chunk logs beyond keep_chunk_logs may wait for the next pruning.
@@ -639,7 +635,7 @@ class TurnRunner:
         # A pool of its own: in the default one, a host's syncs queued behind its binds'
         # file opens and its blocking tools.
         await asyncio.get_running_loop().run_in_executor(
-            _sync_pool(), contextvars.copy_context().run, self.agent.store.sync_deferred
+            _sync_pool(), self.agent.store.sync_deferred
         )
         return result
 
