@@ -127,6 +127,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from thinkray.actors import pool_policy as policy
 from thinkray.actors.errors import ActorBusyError, InvalidStateError, NotBoundError, WakeError
 from thinkray.actors.handles import NamedHandle
+from thinkray.actors.host_binds import HostBinds
 from thinkray.actors.metrics import install_ray_metrics
 from thinkray.actors.pool_policy import (
     FRESH_GRACE,
@@ -205,6 +206,12 @@ class HostRecord:
     draining: bool = False
     empty_since: float | None = None
     bindings: int = 0  # agents it hosted so far (recycled at recycle_after x capacity)
+    binds: HostBinds | None = None  # its binds, coalesced (made on the first)
+
+
+def _queued(record: HostRecord) -> int:
+    """Binds to ``record``'s host waiting for a call (see :mod:`host_binds`)."""
+    return record.binds.queued if record.binds is not None else 0
 
 
 def _transient(info: dict[str, Any]) -> bool:
@@ -1252,7 +1259,7 @@ class Directory:
             # now, so that such a report is kept, and put back if the bind fails.
             held_alarm = self.alarms.pop(name, None)
             try:
-                info = await actor.handle.bind.remote(spec, trace)
+                info = await self._bind_on(actor, spec, trace)
             except BaseException as exc:
                 error = exc
             self.binding -= 1
@@ -1301,6 +1308,20 @@ class Directory:
             raise error
         self._note_error("bind", name, f"could not bind: {last_error}")
         raise InvalidStateError(f"could not bind {name!r}: {last_error}")
+
+    def _bind_on(self, actor: PooledActor, spec: BindSpec, trace: dict[str, str] | None) -> Any:
+        """Bind ``spec`` on ``actor``: through its host's coalescer on an agent host (a
+        burst's binds to one host share few calls), a call of its own otherwise."""
+        record = self.hosts.get(actor.actor_id)
+        if record is None:
+            return actor.handle.bind.remote(spec, trace)
+        if record.binds is None:
+            record.binds = HostBinds(record.handle, on_call=self._count_bind_call)
+        return record.binds.bind(spec, trace)
+
+    def _count_bind_call(self, binds: int) -> None:
+        self.counters["host_bind_calls"] += 1
+        self.counters["host_binds_coalesced"] += binds - 1
 
     async def _abandon_slot(self, slot: PooledActor, name: str) -> None:
         """A bind on a host was cancelled mid-way: hibernate whatever it bound (once
@@ -1740,6 +1761,7 @@ class Directory:
                 "live": live[load.host_id],
                 "free": load.free,
                 "draining": load.draining,
+                "binds_queued": _queued(self.hosts[load.host_id]),
             }
             for load in self._host_loads()
         }

@@ -41,7 +41,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import ray
-from thinkray.actors.errors import ActorBusyError
+from ray import cloudpickle as ray_pickle
+from thinkray.actors.errors import ActorBusyError, InvalidStateError
 from thinkray.actors.lane import LaneAddress, LaneServer, start_lane
 from thinkray.actors.metrics import install_ray_metrics
 from thinkray.actors.relay import NotBoundError
@@ -231,6 +232,19 @@ class AgentHost:
         info["state"] = "bound"
         return info
 
+    async def bind_many(
+        self, binds: list[tuple[BindSpec, dict[str, str] | None]]
+    ) -> list[tuple[bool, Any]]:
+        """:meth:`bind` for each ``(spec, trace)``, concurrently, in one call (see
+        :mod:`thinkray.actors.host_binds`): per bind, ``(True, reply)`` or ``(False,
+        error)``, in the order given."""
+        outcomes = await asyncio.gather(
+            *(self.bind(spec, trace) for spec, trace in binds), return_exceptions=True
+        )
+        return [
+            (False, _portable(o)) if isinstance(o, BaseException) else (True, o) for o in outcomes
+        ]
+
     async def _hibernate_main(self, name: str, force: bool) -> dict[str, Any]:
         activation = self.activations.get(name)
         if activation is None:
@@ -409,6 +423,17 @@ class AgentHost:
         """The host at a glance: capacity, agents hosted and busy, loop lag (the most
         over the last ``LAG_WINDOW`` seconds), pid. Answers from the control thread."""
         return {**self._info(), **self._status()}
+
+
+def _portable(error: BaseException) -> BaseException:
+    """``error`` if it survives a pickle round trip (a reply of ``bind_many`` carries
+    it as a value); otherwise an :class:`InvalidStateError` that says what it was, so
+    one agent's odd error does not fail its siblings' reply."""
+    try:
+        ray_pickle.loads(ray_pickle.dumps(error))
+    except Exception:  # noqa: BLE001 - any failure to travel
+        return InvalidStateError(f"bind failed: {type(error).__name__}: {error}")
+    return error
 
 
 async def _retrying(read: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:

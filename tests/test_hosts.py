@@ -422,3 +422,59 @@ def test_a_bind_reply_says_which_host_not_every_agent_on_it(namespace_factory, t
         assert set(ray.get(host.ready.remote(), timeout=60)["agents"]) == {"one", "two", "side"}
     finally:
         ray.get(host.hibernate.remote("side", True), timeout=60)
+
+
+def test_a_burst_of_binds_shares_calls_to_its_host_and_each_fails_alone(
+    namespace_factory, ray_local, tmp_path
+):
+    """Binds that meet the host's calls in flight go to it together in one
+    ``bind_many`` call (thinkray.actors.host_binds), and each keeps its own outcome: a
+    wake whose hook raises fails its own caller only."""
+    import uuid
+    from concurrent.futures import ThreadPoolExecutor
+
+    from thinkray.actors.errors import WakeError
+
+    from tests.sec_pool_agents import Gate, PoolProbeAgent
+
+    gate_name = f"gate-{uuid.uuid4().hex[:8]}"
+    gate = (
+        ray_local.remote(Gate)
+        .options(name=gate_name, namespace="thinkray-tests", max_concurrency=100)
+        .remote()
+    )
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    (flags / "fail-wake-bad").touch()
+    ns = hosts_ns(
+        namespace_factory,
+        PoolProbeAgent,
+        agent_kwargs={"flags": str(flags), "gate": gate_name, "gate_namespace": "thinkray-tests"},
+    )
+
+    def chat(name: str) -> str:
+        return str(ns.get(name).chat.remote(f"hello {name}").result().status)
+
+    def queued() -> int:
+        return sum(h["binds_queued"] for h in ns.stats()["hosts"].values())
+
+    try:
+        ray_local.get([gate.hold.remote("wake:g1"), gate.hold.remote("wake:g2")])
+        with ThreadPoolExecutor(6) as pool:
+            held = [pool.submit(chat, n) for n in ("g1", "g2")]  # a call each, held
+            ray_local.get([gate.arrived.remote("wake:g1"), gate.arrived.remote("wake:g2")])
+            later = {n: pool.submit(chat, n) for n in ("a1", "a2", "bad", "a3")}
+            wait_until(lambda: queued() == 4, timeout=60)
+            ray_local.get([gate.release.remote("wake:g1"), gate.release.remote("wake:g2")])
+            assert [f.result(timeout=60) for f in held] == ["completed", "completed"]
+            for name in ("a1", "a2", "a3"):
+                assert later[name].result(timeout=60) == "completed"
+            with pytest.raises(WakeError) as failed:
+                later["bad"].result(timeout=60)
+        assert failed.value.name == "bad"
+        counters = ns.stats()["counters"]
+        # g1's call, g2's call, then one for the four that waited behind them
+        assert counters["host_bind_calls"] == 3 and counters["host_binds_coalesced"] == 3
+        assert sorted(ns.stats()["live"]) == ["a1", "a2", "a3", "g1", "g2"]
+    finally:
+        ray_local.kill(gate)

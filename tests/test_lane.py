@@ -266,3 +266,38 @@ def test_a_lane_that_cannot_be_reached_sends_the_call_through_ray(tmp_path, monk
     for sock in (*held, listener):
         sock.close()
     lane.forget(actor)
+
+
+def test_concurrent_callers_ask_an_actor_for_its_lane_once(monkeypatch):
+    """A burst of first turns to one host: the callers waiting for its lane address
+    share one ``lane()`` call (it cost each of them a Ray round trip)."""
+    address = lane.LaneAddress("node-1", "/nowhere", b"s" * lane.SECRET_BYTES)
+    monkeypatch.setattr(lane, "_usable", lambda found: found)
+    asked: list[int] = []
+
+    class _Asked:
+        def remote(self) -> Any:
+            asked.append(1)
+
+            async def answer() -> lane.LaneAddress:
+                await asyncio.sleep(0.01)
+                return address
+
+            return answer()
+
+    actor = _FakeActor()
+    actor._actor_id = bytes.fromhex("cd" * 16)
+    actor.lane = _Asked()  # type: ignore[attr-defined]
+
+    async def burst() -> list[Any]:
+        return await asyncio.gather(*(lane.address_async(actor) for _ in range(20)))
+
+    try:
+        assert asyncio.run(burst()) == [address] * 20
+        assert len(asked) == 1
+        assert asyncio.run(burst()) == [address] * 20 and len(asked) == 1  # known now
+        lane.forget(actor)
+        assert asyncio.run(burst()) == [address] * 20 and len(asked) == 2
+        assert not lane._asking  # nothing left behind
+    finally:
+        lane.forget(actor)
