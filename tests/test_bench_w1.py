@@ -77,3 +77,25 @@ def test_bench_beside_langgraph(tmp_path, capsys):
     turns = _rows(out)["turns/s"]
     assert turns[0] > 0 and turns[2] == pytest.approx(turns[1] / turns[0], rel=0.02, abs=0.01)
     assert "sync (graph.stream, SqliteSaver)" in out
+
+
+async def test_w2_in_process_times_brand_new_agents_from_before_their_file_opens(tmp_path):
+    """The W2 floor row: each agent's file is new, a first turn's TTFC counts from
+    before the open (as an actor's first turn counts its bind), later turns from the
+    call."""
+    from thinkray.runtime import Think
+
+    from tests.bench.workloads import in_process_w2, w2_model
+
+    class Quick(Think):
+        def get_model(self):
+            return w2_model(first=0.05, span=0.02, chunks=4)
+
+    figures = await in_process_w2(tmp_path, 3, 2, agent_factory=Quick, chunks=4)
+    assert sorted(turn for turn, _, _ in figures) == [1, 1, 1, 2, 2, 2]
+    assert all(0.05 <= ttfc <= latency for _, ttfc, latency in figures)
+    assert sorted(p.parent.name for p in tmp_path.glob("*/db.duckdb")) == [
+        "w2-000",
+        "w2-001",
+        "w2-002",
+    ]

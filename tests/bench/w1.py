@@ -525,6 +525,27 @@ def _paired_agents(conn: Any, folder: str, sessions: int) -> None:
         loop.close()
 
 
+def _w2_in_process(folder: Path, sessions: int, turns: int) -> _Turns:
+    """W2 on brand-new in-process agents (:func:`~tests.bench.workloads.in_process_w2`)
+    in a process of its own, without Ray, as in-process users run agents."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # spawn: a fork of a process connected to Ray is not safe
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        figures = pool.submit(_w2_in_process_child, str(folder), sessions, turns).result()
+    out = _Turns()
+    for turn, ttfc, latency in figures:
+        out.add(turn, ttfc, latency)
+    return out
+
+
+def _w2_in_process_child(folder: str, sessions: int, turns: int) -> list[tuple[int, float, float]]:
+    from tests.bench.workloads import in_process_w2
+
+    return asyncio.run(in_process_w2(folder, sessions, turns))
+
+
 def _pids(ns: Any, names: list[str]) -> list[int]:
     pids = []
     for name in names:
@@ -556,6 +577,7 @@ class _ActorFigures:
     w2_machine: tuple[float, float] | None = None  # busy core-seconds, wall seconds
     w2_actor_cpu: float = 0.0
     w2_counters: dict[str, int] = field(default_factory=dict)
+    w2_in_process: _Turns | None = None  # the same W2, no Ray (the floor)
     placement: str = "dedicated"
     # in process, interleaved: TTFC, latency
     paired: tuple[list[float], list[float]] = field(default_factory=lambda: ([], []))
@@ -677,6 +699,8 @@ def _run_w2(root: Path, s: _Settings, tag: str, figures: _ActorFigures) -> None:
     def AgentNamespace(*args: Any, **kwargs: Any) -> Any:  # noqa: N802  (the class, placed)
         return _Namespace(*args, **kwargs, **_placed(figures.placement, s))
 
+    _progress(f"W2 in process (no Ray): {s.w2_sessions} brand-new agents at once")
+    figures.w2_in_process = _w2_in_process(root / f"w2-inproc{tag}", s.w2_sessions, s.w2_turns)
     _progress(f"W2: {s.w2_sessions} sessions at once x {s.w2_turns} turns (4.5 s each)")
     ns: Any = AgentNamespace(
         f"w2{tag}",
@@ -1125,6 +1149,11 @@ def _report_actors(
                 sum(a.idle_cpu) / a.live_agents < IDLE_CPU_BEFORE,
             )
 
+    _report_w2(rep, s, a)
+
+
+def _report_w2(rep: Report, s: _Settings, a: _ActorFigures) -> None:
+    """The W2 section of one placement's actor figures."""
     if a.w2 is None or a.w2_machine is None:
         return
     t = a.w2
@@ -1168,6 +1197,18 @@ def _report_actors(
             f"p95 <= {TARGET_W2_ADDED_P95 * 1000:.0f} ms" if head else "",
             pct(added_end, 0.95) <= TARGET_W2_ADDED_P95 if head else None,
         )
+    floor = a.w2_in_process
+    if floor is not None:
+        rep.note(
+            "the same W2 with no Ray (brand-new agents in one process, each opening its "
+            "file in a thread and waking, as a bind does): the floor a file per agent sets"
+        )
+        for title, ttfc in (
+            ("in process: first turns: added TTFC p50 / p95", floor.first_ttfc),
+            ("in process: later turns: added TTFC p50 / p95", floor.later_ttfc),
+        ):
+            if ttfc:
+                rep.row(title, "", _pair(added(ttfc, W2_FIRST)))
     busy, wall = a.w2_machine
     cores = os.cpu_count() or 1
     rep.row(

@@ -270,6 +270,51 @@ async def w1_turn(agent: Think, turn: int) -> tuple[float, float]:
     return watch.first - t0, t1 - t0
 
 
+async def in_process_w2(
+    root: str | os.PathLike[str],
+    sessions: int,
+    turns: int,
+    *,
+    agent_factory: Callable[[Any], Think] | None = None,
+    chunks: int = W2_CHUNKS,
+) -> list[tuple[int, float, float]]:
+    """W2 with no Ray: ``sessions`` brand-new agents at once in this process, each
+    opening its new DuckDB file under ``root`` in a worker thread and waking (what an
+    agent host's bind does), then taking ``turns`` turns. Returns ``(turn, TTFC,
+    latency)`` per turn, in seconds; a first turn's are counted from before its file
+    was opened, as an actor's first turn includes its bind. The floor a file per
+    agent sets for the actor runs' first turns on this machine. ``agent_factory``
+    (store → agent) and ``chunks`` (text chunks a turn streams): for tests.
+
+    Raises:
+        RuntimeError: a turn did not complete or streamed the wrong number of chunks.
+    """
+    from thinkray.storage.session_store import DuckDBSessionStore
+
+    async def session(index: int) -> list[tuple[int, float, float]]:
+        began = time.perf_counter()
+        path = Path(root) / f"w2-{index:03d}" / "db.duckdb"
+        store = await asyncio.to_thread(DuckDBSessionStore, path)
+        agent = agent_factory(store) if agent_factory else WorkloadAgent(store, workload="w2")
+        figures = []
+        try:
+            await agent.on_wake()
+            for turn in range(1, turns + 1):
+                watch = _Watch()
+                t0 = began if turn == 1 else time.perf_counter()
+                result = await agent.chat(f"turn {turn}", watch)
+                t1 = time.perf_counter()
+                if result.status != "completed" or watch.first is None or watch.texts != chunks:
+                    raise RuntimeError(f"W2 turn {turn} ended {result.status}: {watch.error}")
+                figures.append((turn, watch.first - t0, t1 - t0))
+        finally:
+            agent.close()
+        return figures
+
+    done = await asyncio.gather(*(session(i) for i in range(sessions)))
+    return [figure for figures in done for figure in figures]
+
+
 async def in_process_w1(
     root: str | os.PathLike[str],
     sessions: int,
