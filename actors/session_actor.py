@@ -488,8 +488,12 @@ class SessionActor:
                 # (thinkray.storage.vacuum, ~6 ms). A run in flight (or work a stuck
                 # hook left) is first stopped by agent.close, on the loop, which then
                 # closes the file.
-                await asyncio.to_thread(agent.store.close)
-            agent.close()
+                try:
+                    await asyncio.to_thread(agent.store.close)
+                finally:  # a close that failed: the agent's timers and tasks stop all the same
+                    agent.close()
+            else:
+                agent.close()
         local = self._remote.local_path if self._remote is not None else None
         size = _file_bytes(local or Path(spec.path)) if spec is not None else None
         if self._remote is not None and spec is not None:

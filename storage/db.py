@@ -56,6 +56,29 @@ from thinkray.storage.errors import (  # re-exported: the errors live in thinkra
 
 _log = logging.getLogger(__name__)
 
+CHECKPOINT_RETRIES = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3)
+"""Pauses (seconds) between the attempts of a close's ``CHECKPOINT`` that DuckDB
+refused for a moment (see :func:`_checkpoint`)."""
+
+
+def _checkpoint(con: duckdb.DuckDBPyConnection) -> None:
+    """``CHECKPOINT`` the cursor's file, retried while DuckDB refuses it for another
+    transaction's commit on it: a plain checkpoint only tries the file's checkpoint
+    lock, and agents of one host close files of one instance from several threads at
+    once (seen in a host's shutdown). ``FORCE CHECKPOINT`` is no way out: from a cursor
+    whose own transaction holds that lock it waits forever. Still refused after the
+    retries: raised (nothing is lost: the WAL stays and is replayed on the next open)."""
+    for pause in CHECKPOINT_RETRIES:
+        try:
+            con.execute("CHECKPOINT")
+            return
+        except duckdb.TransactionException as exc:
+            if "other write transactions" not in str(exc):
+                raise
+            time.sleep(pause)
+    con.execute("CHECKPOINT")
+
+
 BLOCK_SIZE = _instance.BLOCK_SIZE
 MEMORY_PATH = _instance.MEMORY_PATH
 AGENT_FILE_SUFFIX = ".duckdb"
@@ -287,7 +310,7 @@ class Database:
                         _log.warning("a write before closing %s failed", self.path, exc_info=True)
             con, self._con = self._con, None
             try:
-                con.execute("CHECKPOINT")
+                _checkpoint(con)
             finally:
                 _instance.detach(self._held)
 

@@ -8,6 +8,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
@@ -419,3 +420,61 @@ def test_lock_released_within_the_window_is_waited_for(tmp_path: Path) -> None:
         db.close()
     finally:
         proc.wait(timeout=10)
+
+
+class _RefusingCheckpoints:
+    """A cursor whose first ``refusals`` CHECKPOINTs DuckDB refuses, as it does while
+    another transaction commits to the file (a plain checkpoint only tries its lock)."""
+
+    def __init__(self, inner: Any, refusals: int) -> None:
+        self._inner = inner
+        self.refusals = refusals
+        self.attempts = 0
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        if sql == "CHECKPOINT":
+            self.attempts += 1
+            if self.refusals:
+                self.refusals -= 1
+                raise duckdb.TransactionException(
+                    "TransactionContext Error: Cannot CHECKPOINT: there are other write "
+                    "transactions active. Try using FORCE CHECKPOINT to wait until all active "
+                    "transactions are finished"
+                )
+        return self._inner.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def test_a_close_retries_a_checkpoint_refused_for_a_moment(tmp_path):
+    """Agents of one host close files of one DuckDB instance from several threads: a
+    close whose checkpoint DuckDB refuses for a moment tries again, and leaves the file
+    whole, with no WAL (an object-store root ships the file alone)."""
+    path = tmp_path / "a.duckdb"
+    db = Database(path)
+    db.execute("CREATE TABLE t (x INTEGER)")
+    db.execute("INSERT INTO t VALUES (1)")
+    refusing = _RefusingCheckpoints(db._con, refusals=3)
+    db._con = refusing  # type: ignore[assignment]
+    db.close()
+    assert refusing.attempts == 4
+    assert not Path(f"{path}.wal").exists()
+    with Database(path) as again:
+        assert again.fetchall("SELECT x FROM t") == [(1,)]
+
+
+def test_a_checkpoint_refused_for_good_fails_the_close_and_loses_nothing(tmp_path, monkeypatch):
+    from thinkray.storage import db as db_module
+
+    monkeypatch.setattr(db_module, "CHECKPOINT_RETRIES", (0.0, 0.0))
+    path = tmp_path / "b.duckdb"
+    db = Database(path)
+    db.execute("CREATE TABLE t (x INTEGER)")
+    db.execute("INSERT INTO t VALUES (2)")
+    db._con = _RefusingCheckpoints(db._con, refusals=10)  # type: ignore[assignment]
+    with pytest.raises(duckdb.TransactionException):
+        db.close()
+    assert db.closed
+    with Database(path) as again:  # the file was let go of; its WAL is replayed
+        assert again.fetchall("SELECT x FROM t") == [(2,)]
