@@ -84,11 +84,16 @@ async def test_a_call_carries_at_most_batch_binds():
     assert [await t for t in tasks] == [f"bound {s}" for s in "abcde"]
 
 
-async def test_one_binds_failure_is_its_own():
+async def _a_then_b_and_c() -> tuple[FakeHost, list[asyncio.Task[Any]]]:
+    """Three binds on one call in flight: ``a`` in the first, ``b`` and ``c`` waiting."""
     host = FakeHost()
-    binds = HostBinds(host, in_flight=1)
-    tasks = _start(binds, "a", "b", "c")
+    tasks = _start(HostBinds(host, in_flight=1), "a", "b", "c")
     await _settle()
+    return host, tasks
+
+
+async def test_one_binds_failure_is_its_own():
+    host, tasks = await _a_then_b_and_c()
     host.answer(0)
     await _settle()
     host.answer(1, fail={"b"})
@@ -99,10 +104,7 @@ async def test_one_binds_failure_is_its_own():
 
 
 async def test_a_failed_call_fails_its_binds_and_the_next_call_goes():
-    host = FakeHost()
-    binds = HostBinds(host, in_flight=1)
-    tasks = _start(binds, "a", "b", "c")
-    await _settle()
+    host, tasks = await _a_then_b_and_c()
     host.calls[0][1].set_exception(ConnectionError("the host died"))
     await _settle()
     with pytest.raises(ConnectionError):
@@ -113,10 +115,7 @@ async def test_a_failed_call_fails_its_binds_and_the_next_call_goes():
 
 
 async def test_a_cancelled_caller_leaves_the_call_and_its_siblings():
-    host = FakeHost()
-    binds = HostBinds(host, in_flight=1)
-    tasks = _start(binds, "a", "b", "c")
-    await _settle()
+    host, tasks = await _a_then_b_and_c()
     host.answer(0)
     await _settle()
     tasks[1].cancel()  # its bind is on the way (the directory undoes it)
