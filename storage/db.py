@@ -65,9 +65,10 @@ def _checkpoint(con: duckdb.DuckDBPyConnection) -> None:
     """``CHECKPOINT`` the cursor's file, retried while DuckDB refuses it for another
     transaction's commit on it: a plain checkpoint only tries the file's checkpoint
     lock, and agents of one host close files of one instance from several threads at
-    once (seen in a host's shutdown). ``FORCE CHECKPOINT`` is no way out: from a cursor
-    whose own transaction holds that lock it waits forever. Still refused after the
-    retries: raised (nothing is lost: the WAL stays and is replayed on the next open)."""
+    once (seen in a host's shutdown). Not ``FORCE CHECKPOINT``: it waits, without a
+    bound, until every other transaction on the file has ended, holding new ones back
+    meanwhile. Still refused after the retries: raised (nothing is lost: the WAL stays
+    and is replayed on the next open)."""
     for pause in CHECKPOINT_RETRIES:
         try:
             con.execute("CHECKPOINT")
