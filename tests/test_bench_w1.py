@@ -94,7 +94,7 @@ async def test_w2_in_process_times_brand_new_agents_from_before_their_file_opens
     figures = await in_process_w2(tmp_path, 3, 2, agent_factory=Quick, chunks=4)
     assert sorted(turn for turn, _, _ in figures) == [1, 1, 1, 2, 2, 2]
     assert all(0.05 <= ttfc <= latency for _, ttfc, latency in figures)
-    assert sorted(p.parent.name for p in tmp_path.glob("*/db.duckdb")) == [
+    assert sorted(p.parent.name for p in tmp_path.glob("w2-*/db.duckdb")) == [
         "w2-000",
         "w2-001",
         "w2-002",

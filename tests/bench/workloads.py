@@ -311,8 +311,27 @@ async def in_process_w2(
             agent.close()
         return figures
 
+    await _warm_up(Path(root) / "warm-up")  # as an agent host warms up when it starts
     done = await asyncio.gather(*(session(i) for i in range(sessions)))
     return [figure for figures in done for figure in figures]
+
+
+class _WarmUpAgent(Think):
+    def get_model(self) -> Model:
+        return w2_model(first=0.0, span=0.0, chunks=1)
+
+
+async def _warm_up(folder: Path) -> None:
+    """One throwaway agent and turn: what a process pays once (pydantic finishing its
+    models, reading its plugins' entry points: ~70 ms here) is not a burst's."""
+    from thinkray.storage.session_store import DuckDBSessionStore
+
+    agent = _WarmUpAgent(DuckDBSessionStore(folder / "db.duckdb"))
+    try:
+        await agent.on_wake()
+        await agent.chat("warm up", _Watch())
+    finally:
+        agent.close()
 
 
 async def in_process_w1(
