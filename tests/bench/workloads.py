@@ -322,8 +322,8 @@ class _WarmUpAgent(Think):
 
 
 async def _warm_up(folder: Path) -> None:
-    """One throwaway agent and turn: what a process pays once (pydantic finishing its
-    models, reading its plugins' entry points: ~70 ms here) is not a burst's."""
+    """One throwaway agent and turn: what a process pays once (pydantic completing its
+    models and reading its plugins' entry points: tens of ms here) is not a burst's."""
     from thinkray.storage.session_store import DuckDBSessionStore
 
     agent = _WarmUpAgent(DuckDBSessionStore(folder / "db.duckdb"))
