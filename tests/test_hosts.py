@@ -458,14 +458,19 @@ def test_a_burst_of_binds_shares_calls_to_its_host_and_each_fails_alone(
     def queued() -> int:
         return sum(h["binds_queued"] for h in ns.stats()["hosts"].values())
 
+    def release() -> None:
+        ray_local.get([gate.release.remote("wake:g1"), gate.release.remote("wake:g2")])
+
     try:
         ray_local.get([gate.hold.remote("wake:g1"), gate.hold.remote("wake:g2")])
         with ThreadPoolExecutor(6) as pool:
             held = [pool.submit(chat, n) for n in ("g1", "g2")]  # a call each, held
-            ray_local.get([gate.arrived.remote("wake:g1"), gate.arrived.remote("wake:g2")])
-            later = {n: pool.submit(chat, n) for n in ("a1", "a2", "bad", "a3")}
-            wait_until(lambda: queued() == 4, timeout=60)
-            ray_local.get([gate.release.remote("wake:g1"), gate.release.remote("wake:g2")])
+            try:
+                ray_local.get([gate.arrived.remote("wake:g1"), gate.arrived.remote("wake:g2")])
+                later = {n: pool.submit(chat, n) for n in ("a1", "a2", "bad", "a3")}
+                wait_until(lambda: queued() == 4, timeout=60)
+            finally:  # the held calls end either way (the pool waits for them)
+                release()
             assert [f.result(timeout=60) for f in held] == ["completed", "completed"]
             for name in ("a1", "a2", "a3"):
                 assert later[name].result(timeout=60) == "completed"
