@@ -580,3 +580,28 @@ class DedicatedScriptAgent(ScriptAgent):
     """A ScriptAgent that asks for a Ray actor of its own even under placement hosts."""
 
     dedicated_actor = True
+
+
+class CloseFailsOnceAgent(ScriptAgent):
+    """A ScriptAgent whose store's first close raises (a checkpoint DuckDB refused for
+    good, a disk gone), and whose own ``close`` leaves ``<flags>/closed-<name>``: a
+    test sees whether a hibernation that failed to close the file still stopped the
+    agent (its timers and tasks)."""
+
+    def __init__(self, store: Any = None, *, flags: str = "", **kwargs: Any) -> None:
+        super().__init__(store, **kwargs)
+        self.flags = flags
+        real_close = self.store.close
+        failed: list[bool] = []
+
+        def close_failing_once() -> None:
+            if not failed:
+                failed.append(True)
+                raise RuntimeError("the disk went away")
+            real_close()
+
+        self.store.close = close_failing_once  # type: ignore[method-assign]
+
+    def close(self) -> None:
+        Path(self.flags, f"closed-{self.agent_name}").touch()
+        super().close()

@@ -483,3 +483,21 @@ def test_a_burst_of_binds_shares_calls_to_its_host_and_each_fails_alone(
         assert sorted(ns.stats()["live"]) == ["a1", "a2", "a3", "g1", "g2"]
     finally:
         ray_local.kill(gate)
+
+
+def test_a_hibernation_whose_file_close_fails_still_stops_the_agent(namespace_factory, tmp_path):
+    """The store's close raised in its thread: the agent is closed all the same (its
+    timers and tasks stopped, the file closed on the second try), and it wakes again
+    with its history."""
+    import contextlib
+
+    from tests.agents import CloseFailsOnceAgent
+
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    ns = hosts_ns(namespace_factory, CloseFailsOnceAgent, agent_kwargs={"flags": str(flags)})
+    assert ns.get("fragile").chat.remote("hello").result().status == "completed"
+    with contextlib.suppress(Exception):  # the close's error may reach the caller
+        ns.hibernate("fragile")
+    assert (flags / "closed-fragile").exists()
+    assert ns.get("fragile").message_count.remote().result() == 2
