@@ -483,16 +483,14 @@ class SessionActor:
                     " and ".join(stuck),
                     self.hibernate_timeout,
                 )
-            if not agent.turns.runs and not stuck:
-                # The file's close off the loop too: its vacuum rewrites a small file
-                # (thinkray.storage.vacuum, ~6 ms). A run in flight (or work a stuck
-                # hook left) is first stopped by agent.close, on the loop, which then
-                # closes the file.
-                try:
+            try:
+                if not agent.turns.runs and not stuck:
+                    # The file's close off the loop too: its vacuum rewrites a small file
+                    # (thinkray.storage.vacuum, ~6 ms). A run in flight (or work a stuck
+                    # hook left) is first stopped by agent.close, on the loop, which then
+                    # closes the file.
                     await asyncio.to_thread(agent.store.close)
-                finally:  # a close that failed: the agent's timers and tasks stop all the same
-                    agent.close()
-            else:
+            finally:  # a close that failed: the agent's timers and tasks stop all the same
                 agent.close()
         local = self._remote.local_path if self._remote is not None else None
         size = _file_bytes(local or Path(spec.path)) if spec is not None else None
