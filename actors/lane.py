@@ -4,7 +4,8 @@ Unix socket, instead of a Ray streaming call.
 Why: a Ray streaming call costs ~2.5 ms of latency and ~3 ms of CPU (both sides) for a
 call and two items on a 2-core machine: more than a whole W1 turn (~3.7 ms in
 process). A turn through an actor took 2.4-2.7x its in-process time, nearly all of it
-Ray's transport. Over a Unix socket the same stream costs a connect and a few frames.
+Ray's transport. Over a Unix socket the same stream costs a few frames (and a connect,
+unless the caller kept one: :mod:`~thinkray.actors.lane_pool`).
 
 What travels the lane, and what does not:
 
@@ -20,13 +21,14 @@ The contract of a lane stream is the Ray stream's: the same items in the same or
 (:func:`_raise_remote`), and a lost connection is a dead actor
 (:class:`LaneLost`, a ``RayActorError``), so the handle's exactly-once rules apply
 unchanged. Leaving early closes the connection: the run goes on (detach, never abort),
-as when a Ray stream's consumer leaves.
+as when a Ray stream's consumer leaves. A connection read to its stream's end is
+kept for the caller's next stream to the actor.
 
 Security: the socket lives in a folder only the actor's user can enter (0700), and
 each connection must open with the actor's 32-byte secret, which only reaches callers
-through a Ray call to the actor (never argv, URLs or logs). The actor reads one
-request of bounded size per connection, as msgpack (never pickle), and serves only
-what its Ray method would serve.
+through a Ray call to the actor (never argv, URLs or logs). The actor reads requests
+of bounded size, one stream after another on a connection, as msgpack (never
+pickle), checks each one's secret, and serves only what its Ray method would serve.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from typing import Any
 
 import msgpack
 import ray
+from thinkray.actors import lane_pool
 from thinkray.actors.errors import NotBoundError
 from thinkray.runtime.errors import ThinkrayError
 
@@ -65,8 +68,13 @@ of streams (an ingress taking 200 chats at once) connects faster than one loop
 accepts; asyncio's default of 100 made the excess fail to connect (they then went
 through Ray)."""
 REQUEST_TIMEOUT = 10.0
-"""Seconds a connection has to send its request (a caller sends it with the connect):
-one that idles is closed, so idle connections cannot pile up in the actor."""
+"""Seconds a connection has to send its first request (a caller sends it with the
+connect), and any request once its first byte came: one that idles is closed, so
+connections that never ask cannot pile up in the actor."""
+KEPT_IDLE = 300.0
+"""Seconds a connection whose stream ended may idle before its next request (callers
+keep it for :data:`~thinkray.actors.lane_pool.IDLE_SECONDS`, less than this, so none
+sends on a connection the actor is closing)."""
 
 _HEAD = struct.Struct(">IB")  # frame: payload length, kind; then the payload
 ITEM, ITEM_PICKLED, ERROR, END = b"i"[0], b"p"[0], b"e"[0], b"x"[0]
@@ -154,7 +162,9 @@ class LaneServer:
         self.path = os.path.join(self._folder, "lane")
         self.node_id = node_id
         self._server: asyncio.AbstractServer | None = None
+        self._open: set[asyncio.StreamWriter] = set()  # connections being served or kept
         self.streams = 0  # streams served (the actor's ready() reports it)
+        self.connections = 0  # connections accepted (a kept one serves several streams)
         self.refused = 0  # connections closed for a bad secret or request
 
     async def start(self) -> LaneAddress:
@@ -166,25 +176,46 @@ class LaneServer:
         return self.address
 
     @property
+    def serving_connections(self) -> int:
+        """Connections open now: streaming, or kept for their caller's next stream."""
+        return len(self._open)
+
+    @property
     def address(self) -> LaneAddress:
         """What a caller needs to connect: sent only as a Ray call's answer."""
         return LaneAddress(self.node_id, self.path, self._secret)
 
     def close(self) -> None:
-        """Stop listening and remove the socket's folder (streams in flight end as
-        their actor's would: the caller sees the connection close)."""
+        """Stop listening, close every connection and remove the socket's folder
+        (streams in flight end as their actor's would: the caller sees the connection
+        close; a kept one is found closed and not used)."""
         if self._server is not None:
             self._server.close()
+        for writer in list(self._open):
+            writer.close()
         with contextlib.suppress(OSError):
             os.unlink(self.path)
         with contextlib.suppress(OSError):
             os.rmdir(self._folder)
 
-    async def _request(self, reader: asyncio.StreamReader) -> dict[str, Any] | None:
-        """The connection's one request, or None (and counted) if it is not valid."""
+    async def _request(
+        self, reader: asyncio.StreamReader, kept: bool = False
+    ) -> dict[str, Any] | None:
+        """The connection's next request, or None (and counted, if it is not valid).
+        ``kept``: a stream ended on this connection already; its caller may idle up to
+        :data:`KEPT_IDLE` before sending the next request, or close it."""
+        head = None
+        if kept:
+            try:
+                async with asyncio.timeout(KEPT_IDLE):
+                    head = await reader.readexactly(_HEAD.size)
+            except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
+                return None  # the caller closed it, or let it idle: no request
         try:
             async with asyncio.timeout(REQUEST_TIMEOUT):
-                size, kind = _HEAD.unpack(await reader.readexactly(_HEAD.size))
+                if head is None:
+                    head = await reader.readexactly(_HEAD.size)
+                size, kind = _HEAD.unpack(head)
                 if kind != ITEM or size > MAX_REQUEST:
                     raise ValueError("bad request frame")
                 body = await reader.readexactly(size)
@@ -204,14 +235,21 @@ class LaneServer:
             return None
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Serve the connection's streams one after another: its caller keeps it open
+        after a stream's END for its next request (:mod:`~thinkray.actors.lane_pool`).
+        Every request is checked as the first was: its secret and its shape."""
+        self.connections += 1
+        self._open.add(writer)
         try:
             request = await self._request(reader)
-            if request is not None:
+            while request is not None:
                 self.streams += 1
                 await self._stream(request, writer)
+                request = await self._request(reader, kept=True)
         except (ConnectionError, asyncio.CancelledError):
             pass  # the caller left: the run goes on (detached)
         finally:
+            self._open.discard(writer)
             writer.close()
 
     async def _stream(self, request: dict[str, Any], writer: asyncio.StreamWriter) -> None:
@@ -377,10 +415,10 @@ def _decode(kind: int, body: bytes) -> Any:
 
 
 def _settle(stream: SyncLaneStream | AsyncLaneStream, kind: int, body: bytes, end: type) -> Any:
-    """The item a frame carries; at the end (raising ``end``) or on an error the
-    stream is closed first."""
+    """The item a frame carries; at the end (raising ``end``) the connection is kept
+    for the next stream, on an error it is closed first."""
     if kind == END:
-        stream.close()
+        stream.keep()
         raise end
     try:
         return _decode(kind, body)
@@ -390,17 +428,22 @@ def _settle(stream: SyncLaneStream | AsyncLaneStream, kind: int, body: bytes, en
 
 
 class SyncLaneStream:
-    """A stream's items from a blocking socket: ``next_item()`` until StopIteration."""
+    """A stream's items from a blocking socket: ``next_item()`` until StopIteration.
+    The connection is a kept one (:mod:`~thinkray.actors.lane_pool`) when one is
+    idle, else a new one; read to its END it is kept again."""
 
     def __init__(self, path: str, request: bytes) -> None:
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self._sock.connect(path)
-            self._sock.sendall(request)
-        except OSError:
-            self._sock.close()
-            raise
-        self._file = self._sock.makefile("rb")
+        self._path = path
+        kept = lane_pool.SYNC.take(path)
+        if kept is not None:
+            try:
+                kept[0].sendall(request)
+            except OSError:  # the actor closed it as we took it: nothing was read
+                lane_pool._close_sync(kept)
+                kept = None
+        if kept is None:
+            kept = _connect_sync(path, request)
+        self._sock, self._file = kept
         self._done = False
 
     def next_item(self) -> Any:
@@ -419,13 +462,33 @@ class SyncLaneStream:
         except OSError as exc:
             self.close()
             raise LaneLost(error_msg=f"lane failed mid-stream: {exc}") from None
+        except LaneLost:
+            self.close()
+            raise
         return _settle(self, kind, body, StopIteration)
+
+    def keep(self) -> None:
+        """The stream was read to its END: its connection serves the next one."""
+        if not self._done:
+            self._done = True
+            lane_pool.SYNC.put(self._path, (self._sock, self._file))
 
     def close(self) -> None:
         """Close the connection (the actor stops relaying; the run goes on)."""
-        self._done = True
-        self._file.close()
-        self._sock.close()
+        if not self._done:
+            self._done = True
+            lane_pool._close_sync((self._sock, self._file))
+
+
+def _connect_sync(path: str, request: bytes) -> tuple[socket.socket, Any]:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+        sock.sendall(request)
+    except OSError:
+        sock.close()
+        raise
+    return sock, sock.makefile("rb")
 
 
 CONNECT_RETRIES = (0.001, 0.002, 0.005, 0.01, 0.02)
@@ -457,19 +520,30 @@ async def _connected(path: str) -> socket.socket:
 
 class AsyncLaneStream:
     """A stream's items from an asyncio connection: ``await anext_item()`` until
-    StopAsyncIteration."""
+    StopAsyncIteration. Kept and reused as :class:`SyncLaneStream`'s, per event loop."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._reader, self._writer = reader, writer
+    def __init__(
+        self, path: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self._path, self._reader, self._writer = path, reader, writer
         self._done = False
 
     @classmethod
     async def open(cls, path: str, request: bytes) -> AsyncLaneStream:
-        """Connect to the socket at ``path`` and send ``request``; OSError if it is
-        not there or still refuses (its backlog full) after a few retries."""
+        """Send ``request`` to the socket at ``path`` on a kept connection, else a new
+        one; OSError if it is not there or still refuses (its backlog full) after a
+        few retries."""
+        kept = lane_pool.ASYNC.take(path)
+        if kept is not None:
+            reader, writer = kept
+            with contextlib.suppress(OSError):
+                writer.write(request)
+            if not writer.is_closing():  # a failed send closes the transport at once
+                return cls(path, reader, writer)
+            writer.close()  # the actor closed it as we took it: nothing was read
         reader, writer = await asyncio.open_unix_connection(sock=await _connected(path))
         writer.write(request)
-        return cls(reader, writer)
+        return cls(path, reader, writer)
 
     async def anext_item(self) -> Any:
         """:meth:`SyncLaneStream.next_item`, ending with StopAsyncIteration."""
@@ -482,6 +556,12 @@ class AsyncLaneStream:
             self.close()
             raise LaneLost(error_msg=f"lane closed mid-stream: the actor died ({exc})") from None
         return _settle(self, kind, body, StopAsyncIteration)
+
+    def keep(self) -> None:
+        """The stream was read to its END: its connection serves the loop's next one."""
+        if not self._done:
+            self._done = True
+            lane_pool.ASYNC.put(self._path, (self._reader, self._writer))
 
     def close(self) -> None:
         """Close the connection (the actor stops relaying; the run goes on)."""

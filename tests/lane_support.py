@@ -46,6 +46,16 @@ class Served:
             self.closed.set()
 
 
+async def _shut(server: lane.LaneServer) -> None:
+    """Close ``server`` and let its connections' tasks see their connections closed
+    (kept ones wait for a next request)."""
+    server.close()
+    for _ in range(10):
+        await asyncio.sleep(0.01)
+        if not server.serving_connections:
+            return
+
+
 @contextlib.contextmanager
 def serving() -> Iterator[tuple[lane.LaneServer, Served, asyncio.AbstractEventLoop]]:
     """A started LaneServer, its fake, and the loop it runs on (closed after)."""
@@ -56,7 +66,7 @@ def serving() -> Iterator[tuple[lane.LaneServer, Served, asyncio.AbstractEventLo
     server = lane.LaneServer(serve, "node-1")
     asyncio.run_coroutine_threadsafe(server.start(), loop).result(10)
     yield server, serve, loop
-    loop.call_soon_threadsafe(server.close)
+    asyncio.run_coroutine_threadsafe(_shut(server), loop).result(10)
     loop.call_soon_threadsafe(loop.stop)
     thread.join(10)
     loop.close()

@@ -21,7 +21,8 @@ from tests.lane_support import serving
 
 
 def _send(path: str, frame: bytes) -> bytes:
-    """Send ``frame`` and read until the actor closes the connection."""
+    """Send ``frame`` and read until the actor closes the connection, or until the
+    stream's END frame (a served stream's connection stays open for the next)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(10)
         sock.connect(path)
@@ -29,7 +30,20 @@ def _send(path: str, frame: bytes) -> bytes:
         out = b""
         while chunk := sock.recv(65536):
             out += chunk
+            if _ends(out):
+                break
         return out
+
+
+def _ends(frames: bytes) -> bool:
+    """Whether ``frames`` holds whole frames, the last an END."""
+    kind = None
+    while len(frames) >= 5:
+        size, kind = struct.unpack(">IB", frames[:5])
+        if len(frames) < 5 + size:
+            return False
+        frames = frames[5 + size :]
+    return not frames and kind == lane.END
 
 
 def _frame(kind: int, body: bytes) -> bytes:
@@ -61,6 +75,24 @@ def test_a_near_miss_of_the_secret_is_refused():
         assert serve.calls == [] and server.refused == 2
         assert _send(server.path, _request(real, kwargs={"items": [[1]]})) != b""
         assert len(serve.calls) == 1  # the real secret opens it: the test can fail
+
+
+def test_every_request_on_a_kept_connection_needs_the_secret():
+    """A caller keeps a connection whose stream ended for its next stream. One that
+    carried the secret once is not trusted for it: a next request on it with a wrong
+    secret is refused, nothing runs, and the connection is closed."""
+    with serving() as (server, serve, _):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(10)
+            sock.connect(server.path)
+            real = server.address.secret
+            sock.sendall(_request(real, kwargs={"items": [[1]]}))
+            out = b""
+            while not _ends(out):
+                out += sock.recv(65536)
+            sock.sendall(_request(b"x" * lane.SECRET_BYTES, kwargs={"items": [[2]]}))
+            assert sock.recv(65536) == b""  # closed, nothing served
+        assert len(serve.calls) == 1 and server.refused == 1 and server.connections == 1
 
 
 def test_a_pickled_request_is_never_unpickled(tmp_path):
