@@ -71,7 +71,7 @@ from thinkray.actors.session_actor import DEFAULT_PRELOAD, AgentClassRef
 from thinkray.runtime.agents.think import Think
 from thinkray.runtime.messages import new_id, parse_message
 from thinkray.runtime.observability import tracing
-from thinkray.runtime.remote import RemoteMethod, check_arguments, remote_methods
+from thinkray.runtime.remote import RemoteMethod, check_arguments, describe, remote_methods
 from thinkray.storage.layout import ensure_root, list_names, validate_name
 
 __all__ = [
@@ -683,19 +683,22 @@ class HandleMethod:
         """Send the call (what ``.remote(...)`` does); returns an AgentResponse (a stream
         method: an AgentResponseStream). Raises RemoteCallError when the arguments don't
         fit the method's signature; nothing is sent then."""
-        if self.marker is not None:
-            check_arguments(self.marker, args, kwargs)
-            if "callback" in self.marker.signature.parameters:
-                _check_callback(self.marker, self.method, args, kwargs)
         # A handle that does not know the agent's class (``connect``) still knows
         # Think's own methods: their kind, and whether they may be re-sent.
         marker = self.marker or remote_methods(Think).get(self.method)
         turn = None
         if marker is not None and self.method in TURN_METHODS:
-            try:
+            try:  # keying a turn binds its arguments: that is the check as well
                 args, kwargs, turn = _keyed_turn(marker, args, kwargs)
-            except TypeError:  # Think's signature, not the (unknown) class's: the
-                turn = None  # actor checks the arguments; the turn goes unkeyed
+            except TypeError as exc:
+                if self.marker is not None:
+                    raise RemoteCallError(f"{describe(marker)}: {exc}", marker.name) from None
+                turn = None  # Think's signature, not the (unknown) class's: the actor
+                # checks the arguments; the turn goes unkeyed
+        elif self.marker is not None:
+            check_arguments(self.marker, args, kwargs)
+        if self.marker is not None and "callback" in self.marker.signature.parameters:
+            _check_callback(self.marker, self.method, args, kwargs)
         policy = CrashPolicy(self.method, bool(marker and marker.idempotent), turn)
         name, method = self.handle.name, self.method
         # The caller's trace context (None while tracing is off) travels with the call:

@@ -118,6 +118,11 @@ def test_arguments_that_do_not_fit_are_refused_before_anything_runs(shared_names
         agent.get_history.remote(colour="blue")
     with pytest.raises(RemoteCallError, match=r"branch\(parent_session_id: str, from_message_id"):
         agent.branch.remote()
+    # A turn's arguments are checked as the handle keys it (one bind for both).
+    with pytest.raises(RemoteCallError, match=r"chat\(message.*unexpected keyword"):
+        agent.chat.remote("hi", colour="blue")
+    with pytest.raises(RemoteCallError, match=r"stream_chat\(message.*too many"):
+        agent.stream_chat.remote("hi", None, "extra", "args", "beyond", "any")
     assert ns.where("strict") is None  # nothing was sent: the agent never woke
 
 
