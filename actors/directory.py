@@ -1183,6 +1183,7 @@ class Directory:
         caller's trace context (a wake is a span of the caller's trace)."""
         self._owns(name)
         await self._ready()
+        self.counters["resolves"] += 1
         async with self.locks[name]:
             await self._await_settling(name)
             entry = self.entries.get(name)
@@ -1769,14 +1770,20 @@ class Directory:
     async def wake(self, name: str, node_id: str | None = None) -> dict[str, Any]:
         """Bind ``name`` now if it is not live (optionally on a given node) and say
         where it lives: :meth:`resolve` and :meth:`live_actor` in one call."""
-        await self.resolve(name, True, None, node_id)
-        where = await self.live_actor(name)
-        if where is None:  # hibernated again already (idle_timeout 0): bind once more
-            await self.resolve(name, True, None, node_id)
+        return (await self.wake_resolved(name, node_id))[0]
+
+    async def wake_resolved(
+        self, name: str, node_id: str | None = None
+    ) -> tuple[dict[str, Any], Any, str]:
+        """:meth:`wake`, and what :meth:`resolve` answers (the actor and its id): a
+        namespace's ``wake`` gives them to the agent's handle, whose first call then
+        needs no resolve of its own (a round trip to this actor, ~3.6 ms here)."""
+        for _ in range(2):  # hibernated again already (idle_timeout 0): bind once more
+            actor, actor_id = await self.resolve(name, True, None, node_id)
             where = await self.live_actor(name)
-        if where is None:
-            raise NotBoundError(name, None)
-        return where
+            if where is not None and where["actor_id"] == actor_id:
+                return where, actor, actor_id
+        raise NotBoundError(name, None)
 
     async def live_actor(self, name: str) -> dict[str, Any] | None:
         """Where ``name`` runs (``actor_id``, ``node_id``, ``pid``), or None when it is

@@ -429,8 +429,9 @@ class AgentNamespace(Generic[A]):
     def wake(self, name: str, node_id: str | None = None) -> dict[str, Any]:
         """Bind agent ``name`` now (optionally on a given node); returns where it lives."""
         shard = self._router.shard_of(validate_name(name))
-        where: dict[str, Any] = self._call(shard, "wake", name, node_id)
-        return where
+        where, actor, actor_id = self._call(shard, "wake_resolved", name, node_id)
+        self._handle(name, True).resolved(actor, actor_id)
+        return cast(dict[str, Any], where)
 
     def place(
         self, name: str, placement: Placement, timeout: float = 30.0
@@ -623,6 +624,12 @@ class AgentHandle(Generic[A]):
                     self._router.shard_of(self.name), self.directory
                 )
         return 0.2
+
+    def resolved(self, actor: ActorHandle, actor_id: str) -> None:
+        """Where the agent lives, as its directory just said (a wake): the handle's
+        next call goes there without asking. A stale answer costs what a hibernated
+        agent's does: the call finds it gone and the handle asks again."""
+        self._actor, self._actor_id, self._stale = actor, actor_id, False
 
     def _actor_sync(self, stale: bool = False) -> ActorHandle:
         stale = stale or self._stale
