@@ -113,10 +113,15 @@ class AsyncPool:
         self._idle: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, dict[str, list[tuple[float, _Async]]]
         ] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()  # loops in several threads share the map
+
+    def _kept(self, path: str) -> list[tuple[float, _Async]]:
+        with self._lock:
+            return self._idle.setdefault(asyncio.get_running_loop(), {}).setdefault(path, [])
 
     def take(self, path: str) -> _Async | None:
         """An idle connection to ``path`` opened on the running loop, or None."""
-        kept = self._idle.get(asyncio.get_running_loop(), {}).get(path)
+        kept = self._kept(path)  # this loop's alone: only its own thread changes it
         while kept:
             since, (reader, writer) = kept.pop()
             if (
@@ -132,8 +137,7 @@ class AsyncPool:
     def put(self, path: str, conn: _Async) -> None:
         """Keep ``conn`` (its stream read to the end) for the running loop's next
         stream to ``path``."""
-        by_path = self._idle.setdefault(asyncio.get_running_loop(), {})
-        kept = by_path.setdefault(path, [])
+        kept = self._kept(path)
         if len(kept) < PER_LANE and not conn[1].is_closing():
             kept.append((time.monotonic(), conn))
         else:
