@@ -180,6 +180,7 @@ class AgentHost:
             "broken": sorted(self.broken),
             "loop_lag_s": round(self.lag_max, 4),
             "lane_streams": self._lane.streams if self._lane is not None else None,
+            "lane_connections": self._lane.connections if self._lane is not None else None,
         }
 
     def _activation(self, name: str) -> SessionActor:

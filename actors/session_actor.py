@@ -250,6 +250,7 @@ class SessionActor:
             "state": self.state,
             "session": self._session(),
             "lane_streams": self._lane.streams if self._lane is not None else None,
+            "lane_connections": self._lane.connections if self._lane is not None else None,
         }
 
     def _session(self) -> str | None:

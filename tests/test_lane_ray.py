@@ -37,6 +37,38 @@ def _lane_streams(ns: Any, name: str) -> int:
     return int(ray.get(actor.ready.remote())["lane_streams"])
 
 
+def _lane_figures(ns: Any, name: str) -> tuple[int, int]:
+    """Streams and connections the actor hosting ``name`` served over its lane."""
+    import ray
+
+    info = ray.get(ns.get(name)._actor_sync().ready.remote())
+    return int(info["lane_streams"]), int(info["lane_connections"])
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_a_callers_turns_share_one_lane_connection(namespace_factory, placement):
+    """A turn's stream read to its end leaves its connection for the caller's next
+    turn (tests/test_lane_pool.py has the rules): three turns, one connection, from a
+    blocking caller and from an event loop."""
+    import asyncio
+
+    ns = _ns(namespace_factory, placement)
+    handle = ns.get("kept")
+    assert handle.chat.remote("warm").result().status == "completed"  # through Ray
+    streams, connections = _lane_figures(ns, "kept")
+    for turn in range(3):
+        assert list(handle.stream_chat.remote(f"turn {turn}"))[-1]["type"] == "finish"
+    assert _lane_figures(ns, "kept") == (streams + 3, connections + 1)
+
+    async def turns() -> None:
+        for turn in range(3):
+            chunks = [chunk async for chunk in handle.stream_chat.remote(f"async {turn}")]
+            assert chunks[-1]["type"] == "finish"
+
+    asyncio.run(turns())
+    assert _lane_figures(ns, "kept") == (streams + 6, connections + 2)
+
+
 def _shape(chunks: list[dict[str, Any]]) -> list[tuple[str, Any]]:
     """A turn's chunks without their generated ids."""
     return [(c["type"], c.get("delta")) for c in chunks]
