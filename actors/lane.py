@@ -439,7 +439,7 @@ class SyncLaneStream:
             try:
                 kept[0].sendall(request)
             except OSError:  # the actor closed it as we took it: nothing was read
-                lane_pool._close_sync(kept)
+                lane_pool.close_sync(kept)
                 kept = None
         if kept is None:
             kept = _connect_sync(path, request)
@@ -477,7 +477,7 @@ class SyncLaneStream:
         """Close the connection (the actor stops relaying; the run goes on)."""
         if not self._done:
             self._done = True
-            lane_pool._close_sync((self._sock, self._file))
+            lane_pool.close_sync((self._sock, self._file))
 
 
 def _connect_sync(path: str, request: bytes) -> tuple[socket.socket, Any]:

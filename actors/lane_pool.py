@@ -78,7 +78,7 @@ class SyncPool:
                 since, conn = kept.pop()
             if time.monotonic() - since < IDLE_SECONDS and not _readable(conn[0]):
                 return conn
-            _close_sync(conn)
+            close_sync(conn)
 
     def put(self, path: str, conn: _Sync) -> None:
         """Keep ``conn`` (its stream read to the end) for the next stream to ``path``."""
@@ -87,7 +87,7 @@ class SyncPool:
             if len(kept) < PER_LANE and self._pid == os.getpid():
                 kept.append((time.monotonic(), conn))
                 return
-        _close_sync(conn)
+        close_sync(conn)
 
     def clear(self) -> None:
         """Close every idle connection (tests; a process that is done streaming)."""
@@ -95,10 +95,11 @@ class SyncPool:
             idle, self._idle = self._idle, {}
         for kept in idle.values():
             for _, conn in kept:
-                _close_sync(conn)
+                close_sync(conn)
 
 
-def _close_sync(conn: _Sync) -> None:
+def close_sync(conn: _Sync) -> None:
+    """Close a blocking connection (its reader first), whatever state it is in."""
     with contextlib.suppress(OSError):
         conn[1].close()
     with contextlib.suppress(OSError):
