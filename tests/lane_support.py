@@ -46,6 +46,34 @@ class Served:
             self.closed.set()
 
 
+def request_for(server: lane.LaneServer, **kwargs: Any) -> bytes:
+    """A request frame for the fake's ``count`` stream of agent-a, with ``kwargs``."""
+    request = lane.request_bytes(server.address, "agent-a", "count", (1,), kwargs, None)
+    assert request is not None
+    return request
+
+
+def read_all(stream: Any) -> list[Any]:
+    """A blocking lane stream's items, read to its end."""
+    out = []
+    while True:
+        try:
+            out.append(stream.next_item())
+        except StopIteration:
+            return out
+
+
+async def read_all_async(server: lane.LaneServer, request: bytes) -> list[Any]:
+    """Open a stream with ``request`` from the running loop; its items, to its end."""
+    stream = await lane.AsyncLaneStream.open(server.path, request)
+    out = []
+    while True:
+        try:
+            out.append(await stream.anext_item())
+        except StopAsyncIteration:
+            return out
+
+
 async def _shut(server: lane.LaneServer) -> None:
     """Close ``server`` and let its connections' tasks see their connections closed
     (kept ones wait for a next request)."""

@@ -24,28 +24,13 @@ from thinkray.actors import lane
 from thinkray.actors.errors import NotBoundError
 from thinkray.runtime.errors import SessionBusyError
 
-from tests.lane_support import TYPED, Served, serving
+from tests.lane_support import TYPED, Served, read_all, read_all_async, request_for, serving
 
 
 @pytest.fixture
 def served() -> Iterator[tuple[lane.LaneServer, Served, asyncio.AbstractEventLoop]]:
     with serving() as running:
         yield running
-
-
-def _request(server: lane.LaneServer, **kwargs: Any) -> bytes:
-    request = lane.request_bytes(server.address, "agent-a", "count", (1,), kwargs, None)
-    assert request is not None
-    return request
-
-
-def _read_all(stream: Any) -> list[Any]:
-    out = []
-    while True:
-        try:
-            out.append(stream.next_item())
-        except StopIteration:
-            return out
 
 
 def test_items_arrive_in_order_with_their_types(served):
@@ -55,8 +40,8 @@ def test_items_arrive_in_order_with_their_types(served):
         [{"type": "text-delta", "delta": "hé"}, {"type": "text-end"}],
         [b"\x00bytes", 2**63 - 1, -1.5, None, True],
     ]
-    stream = lane.SyncLaneStream(server.path, _request(server, items=items))
-    assert _read_all(stream) == items
+    stream = lane.SyncLaneStream(server.path, request_for(server, items=items))
+    assert read_all(stream) == items
     assert serve.calls == [("agent-a", "count", (1,), {"items": items}, None)]
     assert server.streams == 1
 
@@ -65,7 +50,7 @@ def test_what_msgpack_would_change_travels_pickled(served):
     """msgpack would turn a tuple into a list and refuses a set: those items are
     pickled, so the caller gets what a Ray stream gives it."""
     server, _, _ = served
-    got = _read_all(lane.SyncLaneStream(server.path, _request(server, typed=True)))
+    got = read_all(lane.SyncLaneStream(server.path, request_for(server, typed=True)))
     assert got == TYPED
     assert type(got[0][0]) is tuple and type(got[2][0]["nested"]) is tuple
 
@@ -86,18 +71,18 @@ def test_arguments_that_are_not_plain_data_are_not_sent_over_the_lane(served):
 
 def test_thinkray_errors_arrive_as_themselves_after_the_items_before_them(served):
     server, _, _ = served
-    stream = lane.SyncLaneStream(server.path, _request(server, items=[[1]], **{"raise": "busy"}))
+    stream = lane.SyncLaneStream(server.path, request_for(server, items=[[1]], **{"raise": "busy"}))
     assert stream.next_item() == [1]
     with pytest.raises(SessionBusyError, match="session s1 is busy"):
         stream.next_item()
-    stream = lane.SyncLaneStream(server.path, _request(server, **{"raise": "unbound"}))
+    stream = lane.SyncLaneStream(server.path, request_for(server, **{"raise": "unbound"}))
     with pytest.raises(NotBoundError):
         stream.next_item()
 
 
 def test_other_errors_arrive_as_a_ray_task_error_of_their_class(served):
     server, _, _ = served
-    stream = lane.SyncLaneStream(server.path, _request(server, **{"raise": "value"}))
+    stream = lane.SyncLaneStream(server.path, request_for(server, **{"raise": "value"}))
     with pytest.raises(ray.exceptions.RayTaskError) as caught:
         stream.next_item()
     assert isinstance(caught.value, ValueError)
@@ -132,7 +117,7 @@ def test_a_connection_closed_mid_stream_is_a_dead_actor(tmp_path):
 
 def test_a_caller_that_leaves_detaches_the_served_stream(served):
     server, serve, loop = served
-    stream = lane.SyncLaneStream(server.path, _request(server, items=[[1]], hold=True))
+    stream = lane.SyncLaneStream(server.path, request_for(server, items=[[1]], hold=True))
     assert stream.next_item() == [1]
     stream.close()
     loop.call_soon_threadsafe(serve.release.set)
@@ -142,16 +127,7 @@ def test_a_caller_that_leaves_detaches_the_served_stream(served):
 def test_the_async_client_reads_the_same_stream(served):
     server, _, _ = served
 
-    async def read() -> list[Any]:
-        stream = await lane.AsyncLaneStream.open(server.path, _request(server, typed=True))
-        out = []
-        while True:
-            try:
-                out.append(await stream.anext_item())
-            except StopAsyncIteration:
-                return out
-
-    assert asyncio.run(read()) == TYPED
+    assert asyncio.run(read_all_async(server, request_for(server, typed=True))) == TYPED
 
 
 def test_the_socket_is_private_and_removed_when_closed(served):
@@ -204,7 +180,7 @@ def test_a_burst_of_connections_waits_for_a_busy_actor_instead_of_failing(served
 
     async def burst() -> list[Any]:
         async def one() -> Any:
-            stream = await lane.AsyncLaneStream.open(server.path, _request(server, items=[[1]]))
+            stream = await lane.AsyncLaneStream.open(server.path, request_for(server, items=[[1]]))
             return await stream.anext_item()
 
         return await asyncio.gather(*(one() for _ in range(300)), return_exceptions=True)

@@ -6,7 +6,6 @@ other ending closes it, and a kept connection the actor closed is not used.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +13,8 @@ import pytest
 from thinkray.actors import lane, lane_pool
 from thinkray.runtime.errors import SessionBusyError
 
-from tests.lane_support import Served, serving
+from tests.helpers import wait_until
+from tests.lane_support import Served, read_all, read_all_async, request_for, serving
 
 
 @pytest.fixture
@@ -24,33 +24,11 @@ def served() -> Iterator[tuple[lane.LaneServer, Served, asyncio.AbstractEventLoo
     lane_pool.SYNC.clear()
 
 
-def _request(server: lane.LaneServer, **kwargs: Any) -> bytes:
-    request = lane.request_bytes(server.address, "agent-a", "count", (1,), kwargs, None)
-    assert request is not None
-    return request
-
-
-def _read_all(stream: Any) -> list[Any]:
-    out = []
-    while True:
-        try:
-            out.append(stream.next_item())
-        except StopIteration:
-            return out
-
-
-def _wait_for(check: Any) -> None:
-    deadline = time.monotonic() + 10
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
 def test_streams_read_to_their_end_share_one_connection(served):
     server, serve, _ = served
     for n in range(3):
-        stream = lane.SyncLaneStream(server.path, _request(server, items=[[n], [n + 10]]))
-        assert _read_all(stream) == [[n], [n + 10]]
+        stream = lane.SyncLaneStream(server.path, request_for(server, items=[[n], [n + 10]]))
+        assert read_all(stream) == [[n], [n + 10]]
     assert server.streams == 3 and server.connections == 1
     assert [call[3]["items"][0] for call in serve.calls] == [[0], [1], [2]]
 
@@ -60,21 +38,21 @@ def test_a_stream_left_early_does_not_leave_its_frames_to_the_next(served):
     new one and reads only its own items (a kept connection would still hold the
     first stream's)."""
     server, serve, loop = served
-    stream = lane.SyncLaneStream(server.path, _request(server, items=[[1], [2]], hold=True))
+    stream = lane.SyncLaneStream(server.path, request_for(server, items=[[1], [2]], hold=True))
     assert stream.next_item() == [1]
     stream.close()
     loop.call_soon_threadsafe(serve.release.set)
-    assert _read_all(lane.SyncLaneStream(server.path, _request(server, items=[[7]]))) == [[7]]
+    assert read_all(lane.SyncLaneStream(server.path, request_for(server, items=[[7]]))) == [[7]]
     assert server.connections == 2
 
 
 def test_a_stream_that_ended_on_an_error_closes_its_connection(served):
     server, _, _ = served
-    stream = lane.SyncLaneStream(server.path, _request(server, items=[[1]], **{"raise": "busy"}))
+    stream = lane.SyncLaneStream(server.path, request_for(server, items=[[1]], **{"raise": "busy"}))
     assert stream.next_item() == [1]
     with pytest.raises(SessionBusyError):
         stream.next_item()
-    assert _read_all(lane.SyncLaneStream(server.path, _request(server, items=[[2]]))) == [[2]]
+    assert read_all(lane.SyncLaneStream(server.path, request_for(server, items=[[2]]))) == [[2]]
     assert server.connections == 2
 
 
@@ -82,11 +60,11 @@ def test_a_kept_connection_the_actor_closed_is_not_used(served):
     """The actor closed an idle kept connection (it restarted its lane, or idled it
     out): the caller finds it closed and sends on a new one, with no error."""
     server, _, loop = served
-    assert _read_all(lane.SyncLaneStream(server.path, _request(server, items=[[1]]))) == [[1]]
-    _wait_for(lambda: server.serving_connections == 1)  # kept, waiting for a request
+    assert read_all(lane.SyncLaneStream(server.path, request_for(server, items=[[1]]))) == [[1]]
+    wait_until(lambda: server.serving_connections == 1)  # kept, waiting for a request
     loop.call_soon_threadsafe(lambda: [writer.close() for writer in list(server._open)])
-    _wait_for(lambda: server.serving_connections == 0)
-    assert _read_all(lane.SyncLaneStream(server.path, _request(server, items=[[2]]))) == [[2]]
+    wait_until(lambda: server.serving_connections == 0)
+    assert read_all(lane.SyncLaneStream(server.path, request_for(server, items=[[2]]))) == [[2]]
     assert server.connections == 2 and server.refused == 0
 
 
@@ -94,34 +72,25 @@ def test_an_idle_connection_older_than_the_limit_is_closed_not_used(served, monk
     server, _, _ = served
     monkeypatch.setattr(lane_pool, "IDLE_SECONDS", 0.0)
     for n in range(2):
-        assert _read_all(lane.SyncLaneStream(server.path, _request(server, items=[[n]]))) == [[n]]
+        assert read_all(lane.SyncLaneStream(server.path, request_for(server, items=[[n]]))) == [[n]]
     assert server.connections == 2
-    _wait_for(lambda: server.serving_connections == 1)  # the expired one was closed
+    wait_until(lambda: server.serving_connections == 1)  # the expired one was closed
 
 
 def test_a_caller_keeps_at_most_its_limit_of_idle_connections(served, monkeypatch):
     server, _, _ = served
     monkeypatch.setattr(lane_pool, "PER_LANE", 2)
-    streams = [lane.SyncLaneStream(server.path, _request(server, items=[[n]])) for n in range(4)]
-    assert [_read_all(stream) for stream in streams] == [[[0]], [[1]], [[2]], [[3]]]
+    streams = [lane.SyncLaneStream(server.path, request_for(server, items=[[n]])) for n in range(4)]
+    assert [read_all(stream) for stream in streams] == [[[0]], [[1]], [[2]], [[3]]]
     assert server.connections == 4
-    _wait_for(lambda: server.serving_connections == 2)
+    wait_until(lambda: server.serving_connections == 2)
 
 
 def test_an_event_loops_streams_share_a_connection(served):
     server, _, _ = served
 
-    async def read(n: int) -> list[Any]:
-        stream = await lane.AsyncLaneStream.open(server.path, _request(server, items=[[n]]))
-        out = []
-        while True:
-            try:
-                out.append(await stream.anext_item())
-            except StopAsyncIteration:
-                return out
-
     async def three() -> list[list[Any]]:
-        return [await read(n) for n in range(3)]
+        return [await read_all_async(server, request_for(server, items=[[n]])) for n in range(3)]
 
     assert asyncio.run(three()) == [[[0]], [[1]], [[2]]]
     assert server.streams == 3 and server.connections == 1
