@@ -71,7 +71,12 @@ from thinkray.actors.session_actor import DEFAULT_PRELOAD, AgentClassRef
 from thinkray.runtime.agents.think import Think
 from thinkray.runtime.messages import new_id, parse_message
 from thinkray.runtime.observability import tracing
-from thinkray.runtime.remote import RemoteMethod, check_arguments, describe, remote_methods
+from thinkray.runtime.remote import (
+    RemoteMethod,
+    arguments_error,
+    check_arguments,
+    remote_methods,
+)
 from thinkray.storage.layout import ensure_root, list_names, validate_name
 
 __all__ = [
@@ -699,7 +704,7 @@ class HandleMethod:
                 args, kwargs, turn = _keyed_turn(marker, args, kwargs)
             except TypeError as exc:
                 if self.marker is not None:
-                    raise RemoteCallError(f"{describe(marker)}: {exc}", marker.name) from None
+                    raise arguments_error(marker, exc) from None
                 turn = None  # Think's signature, not the (unknown) class's: the actor
                 # checks the arguments; the turn goes unkeyed
         elif self.marker is not None:

@@ -41,6 +41,7 @@ __all__ = [
     "RemoteStreamMethod",
     "Response",
     "ResponseStream",
+    "arguments_error",
     "check_arguments",
     "idempotent",
     "remote",
@@ -283,7 +284,13 @@ def check_arguments(
     try:
         marker.signature.bind(None, *args, **kwargs)
     except TypeError as exc:
-        raise RemoteCallError(f"{describe(marker)}: {exc}", marker.name) from None
+        raise arguments_error(marker, exc) from None
+
+
+def arguments_error(marker: RemoteMethod[Any, Any, Any, Any], exc: TypeError) -> RemoteCallError:
+    """The :class:`~thinkray.runtime.errors.RemoteCallError` for arguments that do not
+    fit the remote method (``exc``: what binding them to its signature raised)."""
+    return RemoteCallError(f"{describe(marker)}: {exc}", marker.name)
 
 
 def describe(marker: RemoteMethod[Any, Any, Any, Any]) -> str:
