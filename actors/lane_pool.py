@@ -12,7 +12,9 @@ The contract:
   left early, or that ended on an error or a lost connection, is closed, so a reused
   connection never holds a frame of an earlier stream.
 - A connection is taken at most once (last in, first out) and only within
-  :data:`IDLE_SECONDS` of its return; older ones are closed as they are met. At most
+  :data:`IDLE_SECONDS` of its return; older ones are closed as they are met, and
+  those of lanes the caller no longer streams to (a retired host's) by a sweep at
+  most every :data:`IDLE_SECONDS`, as connections are returned. At most
   :data:`PER_LANE` idle connections are kept per lane and process (or event loop).
 - One whose actor closed it while idle (readable: its end of file) is closed, not
   used. A request whose send fails on a kept connection is sent on a fresh one; a
@@ -32,12 +34,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import select
 import socket
 import threading
 import time
 import weakref
-from typing import IO
+from typing import IO, Any
 
 IDLE_SECONDS = 30.0
 """How long a caller keeps an idle connection before closing it."""
@@ -50,12 +51,15 @@ _Async = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 def _readable(sock: socket.socket) -> bool:
     """Whether an idle connection has something to read: only its end of file (the
-    actor closed it) can be there, as the actor sends nothing between streams."""
+    actor closed it) can be there, as the actor sends nothing between streams. (A
+    peek, not ``select``, which refuses descriptors above 1023.)"""
     try:
-        ready, _, _ = select.select([sock], [], [], 0)
-    except (OSError, ValueError):  # closed under us
+        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return False  # open, and nothing sent
+    except OSError:
         return True
-    return bool(ready)
+    return True  # its end of file (or bytes it should not have sent)
 
 
 class SyncPool:
@@ -65,6 +69,7 @@ class SyncPool:
         self._idle: dict[str, list[tuple[float, _Sync]]] = {}
         self._lock = threading.Lock()
         self._pid = os.getpid()
+        self._swept = time.monotonic()
 
     def take(self, path: str) -> _Sync | None:
         """An idle connection to ``path`` that is still open, or None."""
@@ -81,13 +86,22 @@ class SyncPool:
             close_sync(conn)
 
     def put(self, path: str, conn: _Sync) -> None:
-        """Keep ``conn`` (its stream read to the end) for the next stream to ``path``."""
+        """Keep ``conn`` (its stream read to the end) for the next stream to ``path``;
+        close what idled too long on any lane (one this caller no longer streams to:
+        its host retired) at most once per :data:`IDLE_SECONDS`."""
+        now = time.monotonic()
+        expired: list[_Sync] = []
         with self._lock:
+            if now - self._swept >= IDLE_SECONDS:
+                self._swept = now
+                expired = _sweep(self._idle, now)
             kept = self._idle.setdefault(path, [])
             if len(kept) < PER_LANE and self._pid == os.getpid():
-                kept.append((time.monotonic(), conn))
-                return
-        close_sync(conn)
+                kept.append((now, conn))
+            else:
+                expired.append(conn)
+        for old in expired:
+            close_sync(old)
 
     def clear(self) -> None:
         """Close every idle connection (tests; a process that is done streaming)."""
@@ -96,6 +110,20 @@ class SyncPool:
         for kept in idle.values():
             for _, conn in kept:
                 close_sync(conn)
+
+
+def _sweep(idle: dict[str, list[tuple[float, Any]]], now: float) -> list[Any]:
+    """Remove from ``idle`` the connections kept :data:`IDLE_SECONDS` or longer (and
+    the lanes left with none); return them, to be closed."""
+    expired = []
+    for path in list(idle):
+        fresh = [(since, conn) for since, conn in idle[path] if now - since < IDLE_SECONDS]
+        expired += [conn for since, conn in idle[path] if now - since >= IDLE_SECONDS]
+        if fresh:
+            idle[path] = fresh
+        else:
+            del idle[path]
+    return expired
 
 
 def close_sync(conn: _Sync) -> None:
@@ -115,10 +143,18 @@ class AsyncPool:
             asyncio.AbstractEventLoop, dict[str, list[tuple[float, _Async]]]
         ] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()  # loops in several threads share the map
+        self._swept: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, float] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def _loops(self) -> dict[str, list[tuple[float, _Async]]]:
+        """The running loop's idle connections by path (only its own thread changes
+        them)."""
+        with self._lock:
+            return self._idle.setdefault(asyncio.get_running_loop(), {})
 
     def _kept(self, path: str) -> list[tuple[float, _Async]]:
-        with self._lock:
-            return self._idle.setdefault(asyncio.get_running_loop(), {}).setdefault(path, [])
+        return self._loops().setdefault(path, [])
 
     def take(self, path: str) -> _Async | None:
         """An idle connection to ``path`` opened on the running loop, or None."""
@@ -137,10 +173,18 @@ class AsyncPool:
 
     def put(self, path: str, conn: _Async) -> None:
         """Keep ``conn`` (its stream read to the end) for the running loop's next
-        stream to ``path``."""
-        kept = self._kept(path)
+        stream to ``path``, sweeping as :meth:`SyncPool.put` does."""
+        now, loop, by_path = time.monotonic(), asyncio.get_running_loop(), self._loops()
+        with self._lock:
+            due = now - self._swept.setdefault(loop, now) >= IDLE_SECONDS
+            if due:
+                self._swept[loop] = now
+        if due:
+            for _, writer in _sweep(by_path, now):
+                writer.close()
+        kept = by_path.setdefault(path, [])
         if len(kept) < PER_LANE and not conn[1].is_closing():
-            kept.append((time.monotonic(), conn))
+            kept.append((now, conn))
         else:
             conn[1].close()
 

@@ -97,3 +97,40 @@ def test_an_event_loops_streams_share_a_connection(served):
     # Another loop cannot use the first one's connection (its reader is that loop's).
     assert asyncio.run(three()) == [[[0]], [[1]], [[2]]]
     assert server.connections == 2
+
+
+def test_idle_connections_to_a_lane_no_longer_used_are_closed(served, monkeypatch):
+    """A caller that stops streaming to a lane (its host retired) does not keep its
+    connections there: returning one to another lane sweeps the expired ones."""
+    server, _, _ = served
+    with serving() as (other, _, _):
+        assert read_all(lane.SyncLaneStream(server.path, request_for(server, items=[[1]])))
+        wait_until(lambda: server.serving_connections == 1)
+        monkeypatch.setattr(lane_pool, "IDLE_SECONDS", 0.0)
+        assert read_all(lane.SyncLaneStream(other.path, request_for(other, items=[[2]])))
+        wait_until(lambda: server.serving_connections == 0)  # swept, never taken again
+
+        async def one_each() -> None:
+            monkeypatch.setattr(lane_pool, "IDLE_SECONDS", 30.0)
+            assert await read_all_async(server, request_for(server, items=[[3]]))
+            monkeypatch.setattr(lane_pool, "IDLE_SECONDS", 0.0)
+            assert await read_all_async(other, request_for(other, items=[[4]]))
+            for _ in range(100):  # the loop's sweep, as in the blocking pool
+                if server.serving_connections == 0:
+                    return
+                await asyncio.sleep(0.05)
+            raise AssertionError("the idle connection was not swept")
+
+        asyncio.run(one_each())
+
+
+def test_an_idle_connection_is_readable_only_once_its_peer_closed():
+    import socket
+
+    mine, peer = socket.socketpair()
+    try:
+        assert not lane_pool._readable(mine)
+        peer.close()
+        assert lane_pool._readable(mine)
+    finally:
+        mine.close()
