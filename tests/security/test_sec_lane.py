@@ -89,7 +89,9 @@ def test_every_request_on_a_kept_connection_needs_the_secret():
             sock.sendall(_request(real, kwargs={"items": [[1]]}))
             out = b""
             while not _ends(out):
-                out += sock.recv(65536)
+                chunk = sock.recv(65536)
+                assert chunk, "the first stream ended without its END frame"
+                out += chunk
             sock.sendall(_request(b"x" * lane.SECRET_BYTES, kwargs={"items": [[2]]}))
             assert sock.recv(65536) == b""  # closed, nothing served
         assert len(serve.calls) == 1 and server.refused == 1 and server.connections == 1
