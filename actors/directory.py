@@ -1767,17 +1767,11 @@ class Directory:
             for load in self._host_loads()
         }
 
-    async def wake(self, name: str, node_id: str | None = None) -> dict[str, Any]:
-        """Bind ``name`` now if it is not live (optionally on a given node) and say
-        where it lives: :meth:`resolve` and :meth:`live_actor` in one call."""
-        return (await self.wake_resolved(name, node_id))[0]
-
-    async def wake_resolved(
-        self, name: str, node_id: str | None = None
-    ) -> tuple[dict[str, Any], Any, str]:
-        """:meth:`wake`, and what :meth:`resolve` answers (the actor and its id): a
-        namespace's ``wake`` gives them to the agent's handle, whose first call then
-        needs no resolve of its own (a round trip to this actor, ~3.6 ms here)."""
+    async def wake(self, name: str, node_id: str | None = None) -> tuple[dict[str, Any], Any, str]:
+        """Bind ``name`` now if it is not live (optionally on a given node): where it
+        lives (:meth:`live_actor`) and what :meth:`resolve` answers (the actor and its
+        id), in one call. A namespace's ``wake`` gives the actor to the agent's handle,
+        whose first call then needs no resolve of its own (a round trip here, ~3.6 ms)."""
         for _ in range(2):  # hibernated again already (idle_timeout 0): bind once more
             actor, actor_id = await self.resolve(name, True, None, node_id)
             where = await self.live_actor(name)

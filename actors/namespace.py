@@ -434,7 +434,7 @@ class AgentNamespace(Generic[A]):
     def wake(self, name: str, node_id: str | None = None) -> dict[str, Any]:
         """Bind agent ``name`` now (optionally on a given node); returns where it lives."""
         shard = self._router.shard_of(validate_name(name))
-        where, actor, actor_id = self._call(shard, "wake_resolved", name, node_id)
+        where, actor, actor_id = self._call(shard, "wake", name, node_id)
         self._handle(name, True).resolved(actor, actor_id)
         return cast(dict[str, Any], where)
 
