@@ -99,3 +99,88 @@ async def test_w2_in_process_times_brand_new_agents_from_before_their_file_opens
         "w2-001",
         "w2-002",
     ]
+
+
+@pytest.mark.skipif(not _has_langgraph(), reason="the bench extra (LangGraph) is not installed")
+def test_langgraph_w2_runs_new_threads_at_once_with_w2s_timing(tmp_path):
+    """The peer's W2: every thread's turns are recorded by turn number, the first chunk
+    comes no sooner than the model's first-chunk delay, and each turn streams W2's
+    chunks (the peer checks the count and fails otherwise)."""
+    from tests.bench.w1 import _run_peer
+
+    phase = {
+        "phase": "concurrent",
+        "sessions": 3,
+        "turns": 2,
+        "model": "w2",
+        "w2_first": 0.05,
+        "w2_span": 0.02,
+        "w2_chunks": 4,
+    }
+    (run,), _ = _run_peer(tmp_path, [phase])
+    turns = run.by_turn()
+    assert len(turns.first_ttfc) == len(turns.later_ttfc) == 3
+    assert all(
+        0.05 <= ttfc <= latency for ttfc, latency in zip(turns.ttfc, turns.latency, strict=True)
+    )
+    assert all(latency >= 0.07 for latency in turns.latency)  # first + span
+
+
+def test_w2_section_prints_langgraph_beside_thinkray(capsys):
+    """With the peer's W2, each W2 row carries LangGraph's added p50 / p95 and the
+    ratio of the p50s; without it, the LangGraph column stays empty."""
+    from tests.bench.w1 import (
+        W2_FIRST,
+        W2_SPAN,
+        Report,
+        RunFigures,
+        _ActorFigures,
+        _PeerRun,
+        _report_w2,
+        _Settings,
+        _Turns,
+    )
+
+    ours = _Turns()
+    for turn, extra in ((1, 0.2), (1, 0.3), (2, 0.004), (2, 0.006)):
+        ours.add(turn, W2_FIRST + extra, W2_FIRST + W2_SPAN + extra)
+    figures = _ActorFigures(
+        sequential=_Turns(),
+        seq_cpu_per_turn=0.0,
+        cold=_Turns(),
+        cold_counters={},
+        warm=_Turns(),
+        warm_counters={},
+        uss=[],
+        idle_cpu=[],
+        w2=ours,
+        w2_machine=(1.0, 2.0),
+        placement="hosts",
+    )
+    extras = [0.1, 0.1, 0.002, 0.002]
+    peer = _PeerRun(
+        RunFigures(
+            turns=4,
+            wall=1.0,
+            cpu=1.0,
+            ttfc=[W2_FIRST + e for e in extras],
+            latency=[W2_FIRST + W2_SPAN + e for e in extras],
+            sizes={},
+        ),
+        closed_bytes=0,
+        first_ttfc=[],
+        turns=[1, 1, 2, 2],
+    )
+    settings = _Settings.__new__(_Settings)
+    settings.w2_sessions, settings.w2_turns = 2, 2
+    for given in (peer, None):
+        rep = Report()
+        _report_w2(rep, settings, figures, given)
+        rep.print()
+        rows = _rows(capsys.readouterr().out)
+        first = rows["first turns (binding): added TTFC p50 / p95"]
+        if given is None:
+            assert first == [200.0, 300.0]
+        else:  # LangGraph 100 / 100 ms, thinkray 200 / 300 ms, ratio of the p50s 2x
+            assert first == [100.0, 100.0, 200.0, 300.0, 2.0]
+            assert rows["later turns (bound): added end p50 / p95"][:2] == [2.0, 2.0]

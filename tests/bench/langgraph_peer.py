@@ -1,4 +1,4 @@
-"""W1 on the peer: LangGraph 1.x with its SQLite checkpointer (issue 10).
+"""W1 and W2 on the peer: LangGraph 1.x with its SQLite checkpointer (issues 10, 22).
 
 The program a LangGraph user would write for the workload: a ``StateGraph`` over
 ``MessagesState`` with a model node and the prebuilt ``ToolNode`` routed by
@@ -6,14 +6,17 @@ The program a LangGraph user would write for the workload: a ``StateGraph`` over
 with ``stream_mode="messages"``. The fake chat model follows W1 exactly as
 :mod:`tests.bench.workloads` does for thinkray: 200 text chunks a turn,
 on every 5th turn a ``lookup`` tool call first (then the 200 chunks), and 50 chunks
-after the tool result, with no delay between chunks.
+after the tool result, with no delay between chunks. For W2 (:class:`W2ChatModel`) it
+follows W2's timing as :func:`tests.bench.workloads.w2_model` does: the first chunk
+``first`` seconds after the request, ``chunks`` chunks evenly over ``span`` seconds,
+no tool.
 
 - Sequential turns: the sync API (``graph.stream`` with ``SqliteSaver``) and the async
   one (``graph.astream`` with ``AsyncSqliteSaver``), one session (``thread_id``) per
   turn at a time.
 - Concurrent sessions: asyncio, ``AsyncSqliteSaver`` (one aiosqlite connection, as
   ``from_conn_string`` makes it) shared by every session of one graph; each session
-  takes its turns in order, all sessions at once. ``SqliteSaver`` is documented as not
+  takes its turns in order, all sessions at once. W2 is such a run with the W2 model. ``SqliteSaver`` is documented as not
   meant for threads, so threads are not used.
 
 Every session of a run shares one SQLite file (the idiomatic setup: one checkpointer,
@@ -52,7 +55,15 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
-__all__ = ["W1ChatModel", "build_graph", "lookup", "main", "run_async", "sequential_sync"]
+__all__ = [
+    "W1ChatModel",
+    "W2ChatModel",
+    "build_graph",
+    "lookup",
+    "main",
+    "run_async",
+    "sequential_sync",
+]
 
 
 @tool
@@ -141,6 +152,72 @@ class W1ChatModel(BaseChatModel):
             yield ChatGenerationChunk(message=chunk)
 
 
+class W2ChatModel(BaseChatModel):
+    """The W2 fake chat model: the first text chunk ``first`` seconds after the request,
+    ``chunks`` text chunks evenly over ``span`` seconds (scheduled against the request,
+    so a late loop does not stretch the stream), the step ending at ``first + span``.
+    No tool calls."""
+
+    first: float = 0.5
+    span: float = 4.0
+    chunks: int = 200
+
+    @property
+    def _llm_type(self) -> str:
+        return "w2-fake"
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> "W2ChatModel":
+        """W2 never calls a tool: binding changes nothing."""
+        return self
+
+    def _offsets(self) -> list[float]:
+        gap = self.span / self.chunks
+        return [self.first + i * gap for i in range(self.chunks)]
+
+    def _usage(self) -> AIMessageChunk:
+        usage = {"input_tokens": 10, "output_tokens": self.chunks, "total_tokens": 10 + self.chunks}
+        return AIMessageChunk(content="", usage_metadata=usage)  # type: ignore[arg-type]
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        time.sleep(self.first + self.span)
+        text = "".join(f"w{i} " for i in range(self.chunks))
+        return ChatResult(generations=[ChatGeneration(message=AIMessage(content=text))])
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        start = time.monotonic()
+        for i, offset in enumerate(self._offsets()):
+            time.sleep(max(0.0, start + offset - time.monotonic()))
+            yield ChatGenerationChunk(message=AIMessageChunk(content=f"w{i} "))
+        time.sleep(max(0.0, start + self.first + self.span - time.monotonic()))
+        yield ChatGenerationChunk(message=self._usage())
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        start = time.monotonic()
+        for i, offset in enumerate(self._offsets()):
+            await asyncio.sleep(max(0.0, start + offset - time.monotonic()))
+            yield ChatGenerationChunk(message=AIMessageChunk(content=f"w{i} "))
+        await asyncio.sleep(max(0.0, start + self.first + self.span - time.monotonic()))
+        yield ChatGenerationChunk(message=self._usage())
+
+
 def build_graph(model: BaseChatModel, checkpointer: Any, *, is_async: bool) -> Any:
     """The W1 agent graph: model node, ``ToolNode``, ``tools_condition`` routing, compiled
     with ``checkpointer`` (an async model node for the async API)."""
@@ -163,11 +240,15 @@ def build_graph(model: BaseChatModel, checkpointer: Any, *, is_async: bool) -> A
 
 
 def _expected(spec: dict[str, Any], turn: int) -> int:
+    if spec.get("model") == "w2":
+        return int(spec["w2_chunks"])
     extra = spec["after_tool"] if turn % spec["tool_every"] == 0 else 0
     return int(spec["chunks"]) + int(extra)
 
 
-def _model(spec: dict[str, Any]) -> W1ChatModel:
+def _model(spec: dict[str, Any]) -> BaseChatModel:
+    if spec.get("model") == "w2":
+        return W2ChatModel(first=spec["w2_first"], span=spec["w2_span"], chunks=spec["w2_chunks"])
     return W1ChatModel(
         chunks=spec["chunks"], after_tool=spec["after_tool"], tool_every=spec["tool_every"]
     )
@@ -197,7 +278,7 @@ def _memory_kib() -> dict[str, int]:
 def _check(spec: dict[str, Any], turn: int, texts: int, first: float | None) -> None:
     if first is None or texts != _expected(spec, turn):
         raise RuntimeError(
-            f"LangGraph W1 turn {turn} streamed {texts} text chunks, "
+            f"LangGraph {spec.get('model', 'w1').upper()} turn {turn} streamed {texts} text chunks, "
             f"expected {_expected(spec, turn)}"
         )
 
@@ -240,6 +321,7 @@ async def _session(
     ttfc: list[float],
     latency: list[float],
     first_ttfc: list[float],
+    turn_of: list[int],
 ) -> None:
     config = {"configurable": {"thread_id": session}}
     for turn in range(1, spec["turns"] + 1):
@@ -256,6 +338,7 @@ async def _session(
         assert first is not None
         ttfc.append(first - t0)
         latency.append(t1 - t0)
+        turn_of.append(turn)
         if turn == 1:
             first_ttfc.append(first - t0)
 
@@ -266,22 +349,24 @@ async def run_async(spec: dict[str, Any], path: str, *, concurrent: bool) -> dic
     ttfc: list[float] = []
     latency: list[float] = []
     first_ttfc: list[float] = []
+    turn_of: list[int] = []
     async with AsyncSqliteSaver.from_conn_string(path) as saver:
         graph = build_graph(_model(spec), saver, is_async=True)
         names = [f"s{i}" for i in range(spec["sessions"])]
         cpu0, wall0 = time.process_time(), time.perf_counter()
         if concurrent:
             await asyncio.gather(
-                *(_session(graph, spec, n, ttfc, latency, first_ttfc) for n in names)
+                *(_session(graph, spec, n, ttfc, latency, first_ttfc, turn_of) for n in names)
             )
         else:
             for n in names:
-                await _session(graph, spec, n, ttfc, latency, first_ttfc)
+                await _session(graph, spec, n, ttfc, latency, first_ttfc, turn_of)
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     return {
         "ttfc": ttfc,
         "latency": latency,
         "first_ttfc": first_ttfc,
+        "turns": turn_of,
         "cpu": cpu,
         "wall": wall,
         "sizes": {},
@@ -293,9 +378,11 @@ def main(argv: list[str]) -> int:
 
     The spec: ``root`` (a folder), W1's ``chunks``, ``after_tool`` and ``tool_every``,
     and ``phases``, each ``{"phase": "sync" | "async" | "concurrent", "sessions": n,
-    "turns": n, "sizes_at": [turn, ...]}``. Each phase writes a SQLite file of its own;
-    its result has per-turn ``ttfc`` and ``latency`` (and ``first_ttfc``, each
-    session's first turn, for the async phases), ``cpu`` and ``wall`` seconds,
+    "turns": n, "sizes_at": [turn, ...]}``; a phase with ``"model": "w2"`` (and
+    ``w2_first``, ``w2_span``, ``w2_chunks``) runs W2's model instead of W1's. Each
+    phase writes a SQLite file of its own; its result has per-turn ``ttfc`` and
+    ``latency`` (and, for the async phases, ``first_ttfc``, each session's first turn,
+    and ``turns``, the turn number of each figure), ``cpu`` and ``wall`` seconds,
     ``sizes`` (bytes by turn) and ``closed_bytes`` (the file after the saver closed).
     The process's ``VmRSS``/``VmHWM`` (KiB) come last, as ``memory_kib``."""
     spec = json.loads(argv[0])

@@ -317,6 +317,29 @@ class _PeerRun:
     figures: RunFigures
     closed_bytes: int
     first_ttfc: list[float]
+    turns: list[int]  # the turn number of each figure (async phases; else empty)
+
+    def by_turn(self) -> _Turns:
+        """The run's figures split into first and later turns."""
+        out = _Turns()
+        for turn, ttfc, latency in zip(
+            self.turns, self.figures.ttfc, self.figures.latency, strict=True
+        ):
+            out.add(turn, ttfc, latency)
+        return out
+
+
+def _peer_w2_phase(s: _Settings) -> dict[str, Any]:
+    """The peer's W2: ``w2_sessions`` new threads at once on asyncio, W2's model."""
+    return {
+        "phase": "concurrent",
+        "sessions": s.w2_sessions,
+        "turns": s.w2_turns,
+        "model": "w2",
+        "w2_first": W2_FIRST,
+        "w2_span": W2_SPAN,
+        "w2_chunks": W2_CHUNKS,
+    }
 
 
 def _peer_available() -> str | None:
@@ -361,7 +384,9 @@ def _run_peer(root: Path, phases: list[dict[str, Any]]) -> tuple[list[_PeerRun],
             latency=r["latency"],
             sizes={int(k): v for k, v in r["sizes"].items()},
         )
-        runs.append(_PeerRun(figures, r["closed_bytes"], r.get("first_ttfc", [])))
+        runs.append(
+            _PeerRun(figures, r["closed_bytes"], r.get("first_ttfc", []), r.get("turns", []))
+        )
     return runs, out["memory_kib"]
 
 
@@ -799,6 +824,9 @@ def _run(root: Path, s: _Settings) -> None:
                     base,
                     [{"phase": "concurrent", "sessions": s.sessions, "turns": s.concurrent_turns}],
                 )
+            if s.w2:
+                _progress(f"LangGraph W2: {s.w2_sessions} new threads at once")
+                (peer["w2"],), _ = _run_peer(base, [_peer_w2_phase(s)])
         except Exception as exc:  # the peer failing must not hide thinkray's figures
             peer.clear()
             skipped = f"the LangGraph run failed: {exc}"
@@ -1149,14 +1177,18 @@ def _report_actors(
                 sum(a.idle_cpu) / a.live_agents < IDLE_CPU_BEFORE,
             )
 
-    _report_w2(rep, s, a)
+    _report_w2(rep, s, a, peer.get("w2"))
 
 
-def _report_w2(rep: Report, s: _Settings, a: _ActorFigures) -> None:
-    """The W2 section of one placement's actor figures."""
+def _report_w2(
+    rep: Report, s: _Settings, a: _ActorFigures, peer_run: _PeerRun | None = None
+) -> None:
+    """The W2 section of one placement's actor figures (LangGraph's beside them when
+    ``peer_run``: the same model, as many new threads at once, in one process)."""
     if a.w2 is None or a.w2_machine is None:
         return
     t = a.w2
+    lg = peer_run.by_turn() if peer_run else None
     model_end = W2_FIRST + W2_SPAN
     rep.section(
         f"[placement {a.placement}] W2: first chunk after {W2_FIRST * 1000:.0f} ms, {W2_CHUNKS} chunks over "
@@ -1170,33 +1202,35 @@ def _report_w2(rep: Report, s: _Settings, a: _ActorFigures) -> None:
     rep.note(
         f"added TTFC = TTFC - {W2_FIRST * 1000:.0f} ms; added end = turn - {model_end:.1f} s "
         "(what the model alone takes)"
+        + ("; LangGraph: as many new threads at once, asyncio, AsyncSqliteSaver" if lg else "")
     )
-    for title, ttfc, latency in (
-        ("all turns", t.ttfc, t.latency),
-        ("first turns (binding)", t.first_ttfc, t.first_latency),
-        ("later turns (bound)", t.later_ttfc, t.later_latency),
-    ):
+
+    def picks(turns: _Turns) -> list[tuple[list[float], list[float]]]:
+        return [
+            (turns.ttfc, turns.latency),
+            (turns.first_ttfc, turns.first_latency),
+            (turns.later_ttfc, turns.later_latency),
+        ]
+
+    titles = ("all turns", "first turns (binding)", "later turns (bound)")
+    peers = picks(lg) if lg else [([], [])] * len(titles)
+    for title, (ttfc, latency), (lg_ttfc, lg_latency) in zip(titles, picks(t), peers, strict=True):
         if not latency:
             continue
         head = title == "all turns"
-        added_ttfc = added(ttfc, W2_FIRST)
-        added_end = added(latency, model_end)
-        rep.row(
-            f"{title}: added TTFC p50 / p95",
-            "",
-            _pair(added_ttfc),
-            "",
-            f"p95 <= {TARGET_W2_ADDED_P95 * 1000:.0f} ms" if head else "",
-            pct(added_ttfc, 0.95) <= TARGET_W2_ADDED_P95 if head else None,
-        )
-        rep.row(
-            f"{title}: added end p50 / p95",
-            "",
-            _pair(added_end),
-            "",
-            f"p95 <= {TARGET_W2_ADDED_P95 * 1000:.0f} ms" if head else "",
-            pct(added_end, 0.95) <= TARGET_W2_ADDED_P95 if head else None,
-        )
+        for what, ours, theirs, model in (
+            ("TTFC", ttfc, lg_ttfc, W2_FIRST),
+            ("end", latency, lg_latency, model_end),
+        ):
+            mine, peer_added = added(ours, model), added(theirs, model)
+            rep.row(
+                f"{title}: added {what} p50 / p95",
+                _pair(peer_added) if peer_added else "",
+                _pair(mine),
+                _ratio(pct(mine, 0.5), pct(peer_added, 0.5) if peer_added else None),
+                f"p95 <= {TARGET_W2_ADDED_P95 * 1000:.0f} ms" if head else "",
+                pct(mine, 0.95) <= TARGET_W2_ADDED_P95 if head else None,
+            )
     floor = a.w2_in_process
     if floor is not None:
         rep.note(
