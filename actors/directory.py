@@ -1099,7 +1099,9 @@ class Directory:
         """How long an agent must have been idle to be hibernated for a waiting bind
         now (:func:`~thinkray.actors.pool_policy.reclaim_min_idle`)."""
         waiting = sum(1 for w in self.waiters if not w.future.done())
-        return policy.reclaim_min_idle(self._pool_config(), self._live(), waiting)
+        return policy.reclaim_min_idle(
+            self._pool_config(), self._live(), waiting, self._per_start()
+        )
 
     async def _reclaim_loop(self) -> None:
         """While binds wait: hibernate idle agents for them, least recently used first

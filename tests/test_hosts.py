@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -501,3 +502,29 @@ def test_a_hibernation_whose_file_close_fails_still_stops_the_agent(namespace_fa
         ns.hibernate("fragile")
     assert (flags / "closed-fragile").exists()
     assert ns.get("fragile").message_count.remote().result() == 2
+
+
+def test_binds_waiting_for_a_starting_host_hibernate_no_agent_below_the_cap(namespace_factory):
+    """More binds than one host holds arrive while the live cap has room: they wait
+    for the hosts that start for them instead of hibernating agents just woken (a
+    host start brings its capacity in slots, not one)."""
+    import asyncio
+
+    ns = hosts_ns(namespace_factory, host_capacity=4, max_live=40, max_starting=2)
+
+    async def wake(names: list[str]) -> None:
+        await asyncio.gather(*(ns.get(n).get_sessions.remote() for n in names))
+
+    from thinkray.actors.pool_policy import RECLAIM_IDLE
+
+    first = [f"w{i}" for i in range(4)]
+    asyncio.run(wake(first))
+    second = [f"v{i}" for i in range(8)]
+    began = time.monotonic()
+    asyncio.run(wake(second))  # more than the free slots: some wait for a host start
+    waited = time.monotonic() - began
+    stats = ns.stats()
+    if waited >= RECLAIM_IDLE:  # a machine so loaded that the first agents idled long
+        return  # enough to be taken by design: nothing to conclude
+    assert stats["counters"].get("lru_hibernations", 0) == 0
+    assert sum(h["live"] for h in stats["hosts"].values()) == len(first) + len(second)

@@ -215,6 +215,19 @@ def test_below_the_cap_a_few_binds_take_only_agents_idle_for_long():
     assert reclaim_min_idle(CFG, live=5, waiting=CFG.max_starting + 1) == 0.0  # a burst
 
 
+def test_binds_waiting_for_starting_hosts_take_only_agents_idle_for_long():
+    """Under placement hosts a start brings a host's slots: binds that those starts
+    serve soon hibernate no agent the live cap leaves room for (a ramp of 1,000 wakes
+    into hosts of 250 hibernated ~70 agents it had just woken, with room for 1,250)."""
+    roomy = replace(CFG, max_live=1250)
+    slots_soon = roomy.max_starting * 250
+    assert reclaim_min_idle(roomy, live=500, waiting=32, per_start=250) == RECLAIM_IDLE
+    assert reclaim_min_idle(roomy, live=500, waiting=slots_soon, per_start=250) == RECLAIM_IDLE
+    # more than the starting hosts hold, or at the cap: any idle agent
+    assert reclaim_min_idle(roomy, live=500, waiting=slots_soon + 1, per_start=250) == 0.0
+    assert reclaim_min_idle(roomy, live=1250, waiting=1, per_start=250) == 0.0
+
+
 def test_busy_just_bound_and_short_idle_agents_are_not_takeable():
     assert takeable(report(idle_for=1.0), 0.0)
     assert not takeable(report(idle_for=1.0), RECLAIM_IDLE)
