@@ -29,8 +29,9 @@ an actor start costs about as much CPU as that many hibernate-and-rebind cycles.
 RECLAIM_IDLE = 10.0
 """Below the live cap, a few waiting binds (no more than the agent slots of
 ``max_starting`` starts, which serve them within seconds) take only agents idle this
-long: an agent in a conversation is called again soon, and taking it would cost that call a rebind, which
-would take the next agent's actor, and so on (round-robin sessions all rebinding).
+long: an agent in a conversation is called again soon, and taking it would cost that
+call a rebind, which would take the next agent's actor, and so on (round-robin
+sessions all rebinding).
 A burst of more binds than starts can serve soon, or binds at the live cap, take any
 idle agent, least recently used first."""
 FRESH_GRACE = 2.0
@@ -318,8 +319,8 @@ def keep_released(spares: int, most_spares: int, waiting: bool) -> bool:
 def reclaim_min_idle(config: PoolConfig, live: int, waiting: int, per_start: int = 1) -> float:
     """How long an agent must have been idle to be hibernated for a waiting bind: any
     idle agent at the live cap or when more binds wait than ``max_starting`` starts
-    serve soon, else ``RECLAIM_IDLE`` (see there). ``per_start``: the agent slots one
-    start brings (a host's capacity under placement ``hosts``, else 1): a host start
+    serve soon (``per_start`` each), else ``RECLAIM_IDLE`` (see there). ``per_start``:
+    the agent slots one start brings (a host's capacity under placement ``hosts``, else 1): a host start
     serves that many waiting binds, so a ramp of binds into starting hosts hibernates
     no agent the live cap leaves room for."""
     if live >= config.max_live or waiting > config.max_starting * max(1, per_start):

@@ -510,12 +510,12 @@ def test_binds_waiting_for_a_starting_host_hibernate_no_agent_below_the_cap(name
     host start brings its capacity in slots, not one)."""
     import asyncio
 
+    from thinkray.actors.pool_policy import RECLAIM_IDLE
+
     ns = hosts_ns(namespace_factory, host_capacity=4, max_live=40, max_starting=2)
 
     async def wake(names: list[str]) -> None:
         await asyncio.gather(*(ns.get(n).get_sessions.remote() for n in names))
-
-    from thinkray.actors.pool_policy import RECLAIM_IDLE
 
     first = [f"w{i}" for i in range(4)]
     asyncio.run(wake(first))

@@ -176,7 +176,7 @@ class W2ChatModel(BaseChatModel):
 
     def _usage(self) -> AIMessageChunk:
         usage = {"input_tokens": 10, "output_tokens": self.chunks, "total_tokens": 10 + self.chunks}
-        return AIMessageChunk(content="", usage_metadata=usage)  # type: ignore[arg-type]
+        return AIMessageChunk(content="", usage_metadata=usage)
 
     def _generate(
         self,
