@@ -16,8 +16,9 @@ no tool.
   turn at a time.
 - Concurrent sessions: asyncio, ``AsyncSqliteSaver`` (one aiosqlite connection, as
   ``from_conn_string`` makes it) shared by every session of one graph; each session
-  takes its turns in order, all sessions at once. W2 is such a run with the W2 model. ``SqliteSaver`` is documented as not
-  meant for threads, so threads are not used.
+  takes its turns in order, all sessions at once (W2 is such a run with the W2
+  model). ``SqliteSaver`` is documented as not meant for threads, so threads are not
+  used.
 
 Every session of a run shares one SQLite file (the idiomatic setup: one checkpointer,
 a ``thread_id`` per conversation); the storage figures come from a run with a single
